@@ -1,0 +1,448 @@
+//! The admin's `carma.yaml`: raw form (mirrors the file, unknown keys
+//! rejected) and the validated [`Config`]. A missing file means defaults.
+
+use crate::policy::Policy;
+use crate::units::{parse_duration, parse_size_mib};
+use serde::Deserialize;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/slurm/carma.yaml";
+/// carma.yaml is small; anything bigger is a mistake or an attack.
+const MAX_CONFIG_BYTES: u64 = 256 * 1024;
+
+/// Where live GPU readings come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuSource {
+    /// NVIDIA's NVML, loaded at run time.
+    Nvml,
+    /// A file describing simulated GPUs (nodes without GPUs: CI, demos).
+    Simulated(PathBuf),
+}
+
+/// What a step does when no GPU passes the preconditions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoFitAction {
+    /// Re-check with back-off until `timeouts.wait`, then fail the step.
+    Wait,
+    /// Fail the step at once with the reason.
+    Fail,
+}
+
+/// How an OOM-crashed job is rerun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// On GPU(s) no other CARMA job shares.
+    Exclusive,
+    /// Not at all.
+    None,
+    /// On a GPU with the crashed run's peak plus a margin free.
+    Looser,
+}
+
+impl RecoveryMode {
+    pub fn parse(s: &str) -> Option<RecoveryMode> {
+        match s {
+            "exclusive" => Some(RecoveryMode::Exclusive),
+            "none" => Some(RecoveryMode::None),
+            "looser" => Some(RecoveryMode::Looser),
+            _ => None,
+        }
+    }
+}
+
+/// What to assume for a job that declared neither a model nor `--carma-mem`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownEstimate {
+    /// Give it whole GPU(s).
+    Exclusive,
+    /// Assume this many MiB.
+    Mib(u64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeouts {
+    /// Longest wait for the node state lock.
+    pub lock: Duration,
+    /// Longest wait for a GPU when none fits (with `no_fit: wait`).
+    pub wait: Duration,
+    /// First re-check interval while waiting; doubles up to 8x.
+    pub poll: Duration,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where this config was read from (or would have been).
+    pub path: PathBuf,
+    pub default_policy: Policy,
+    /// A GPU whose windowed SM activity exceeds this is not a collocation target.
+    pub sm_activity_cap: f64,
+    /// Free memory that must remain after a job's estimate.
+    pub headroom_mib: u64,
+    /// Averaging window for SM activity.
+    pub monitor_window: Duration,
+    pub gpu_source: GpuSource,
+    /// Root-owned directory for node-local state.
+    pub state_dir: PathBuf,
+    /// Optional log file in addition to syslog/Slurm's log.
+    pub log_file: Option<PathBuf>,
+    pub unknown_estimate: UnknownEstimate,
+    pub no_fit: NoFitAction,
+    pub recovery_mode: RecoveryMode,
+    pub max_recoveries: u32,
+    pub looser_margin_mib: u64,
+    /// Substrings that mark an out-of-memory crash in a job's output.
+    pub oom_patterns: Vec<String>,
+    pub timeouts: Timeouts,
+}
+
+/// Output lines of the common frameworks when the GPU runs out of memory.
+pub const DEFAULT_OOM_PATTERNS: &[&str] = &[
+    "CUDA out of memory",
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "ResourceExhaustedError",
+    "OOM when allocating tensor",
+    "RESOURCE_EXHAUSTED: Out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "Cuda failure 'out of memory'",
+    "cudaErrorMemoryAllocation",
+];
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            path: PathBuf::from(DEFAULT_CONFIG_PATH),
+            default_policy: Policy::Magm,
+            sm_activity_cap: 0.80,
+            headroom_mib: 2048,
+            monitor_window: Duration::from_secs(60),
+            gpu_source: GpuSource::Nvml,
+            state_dir: PathBuf::from("/var/lib/carma"),
+            log_file: None,
+            unknown_estimate: UnknownEstimate::Exclusive,
+            no_fit: NoFitAction::Wait,
+            recovery_mode: RecoveryMode::Exclusive,
+            max_recoveries: 1,
+            looser_margin_mib: 2048,
+            oom_patterns: DEFAULT_OOM_PATTERNS.iter().map(|s| s.to_string()).collect(),
+            timeouts: Timeouts {
+                lock: Duration::from_secs(5),
+                wait: Duration::from_secs(600),
+                poll: Duration::from_secs(2),
+            },
+        }
+    }
+}
+
+/// One line: the file, the key and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "config {}: {}", self.path.display(), self.message)
+        } else {
+            write!(f, "config {}: {}: {}", self.path.display(), self.key, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A YAML scalar that may be written as a number or as text (`2048` or `2G`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Scalar {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Int(n) => write!(f, "{n}"),
+            Scalar::Float(x) => write!(f, "{x}"),
+            Scalar::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRecovery {
+    mode: Option<String>,
+    max_recoveries: Option<u32>,
+    looser_margin: Option<Scalar>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTimeouts {
+    lock: Option<Scalar>,
+    wait: Option<Scalar>,
+    poll: Option<Scalar>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    default_policy: Option<String>,
+    sm_activity_cap: Option<f64>,
+    headroom: Option<Scalar>,
+    monitor_window: Option<Scalar>,
+    gpu_source: Option<serde_yaml::Value>,
+    state_dir: Option<String>,
+    log_file: Option<String>,
+    unknown_estimate: Option<Scalar>,
+    no_fit: Option<String>,
+    recovery: Option<RawRecovery>,
+    oom_patterns: Option<Vec<String>>,
+    extra_oom_patterns: Option<Vec<String>>,
+    timeouts: Option<RawTimeouts>,
+}
+
+impl Config {
+    /// Reads and validates `path`. A missing file gives the documented
+    /// defaults; any other problem is an error naming the key.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let err = |message: String| ConfigError {
+            path: path.to_path_buf(),
+            key: String::new(),
+            message,
+        };
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Config { path: path.to_path_buf(), ..Config::default() });
+            }
+            Err(e) => return Err(err(format!("cannot open: {e}"))),
+        };
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| err(format!("cannot read: {e}")))?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
+        }
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates YAML text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|e| ConfigError {
+                path: path.to_path_buf(),
+                key: String::new(),
+                message: e.to_string().replace('\n', " "),
+            })?
+        };
+        raw.validate(path)
+    }
+}
+
+impl RawConfig {
+    fn validate(self, path: &Path) -> Result<Config, ConfigError> {
+        let bad = |key: &str, message: String| ConfigError {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            message,
+        };
+        let size = |key: &str, v: &Scalar| {
+            parse_size_mib(&v.to_string()).map_err(|e| bad(key, format!("{e}; write a size like 2G or 2048M")))
+        };
+        let duration = |key: &str, v: &Scalar| {
+            parse_duration(&v.to_string()).map_err(|e| bad(key, format!("{e}; write a duration like 60s or 5m")))
+        };
+        let abs_path = |key: &str, v: &str| {
+            let p = PathBuf::from(v);
+            if p.is_absolute() {
+                Ok(p)
+            } else {
+                Err(bad(key, format!("'{v}' is not an absolute path")))
+            }
+        };
+
+        let mut c = Config { path: path.to_path_buf(), ..Config::default() };
+        if let Some(p) = self.default_policy {
+            c.default_policy = p.parse().map_err(|e| bad("default_policy", e))?;
+        }
+        if let Some(cap) = self.sm_activity_cap {
+            if !(0.05..=1.0).contains(&cap) {
+                return Err(bad("sm_activity_cap", format!("{cap} is out of range; use a fraction from 0.05 to 1.0")));
+            }
+            c.sm_activity_cap = cap;
+        }
+        if let Some(v) = &self.headroom {
+            c.headroom_mib = size("headroom", v)?;
+        }
+        if let Some(v) = &self.monitor_window {
+            c.monitor_window = duration("monitor_window", v)?;
+            if c.monitor_window < Duration::from_secs(1) {
+                return Err(bad("monitor_window", "must be at least 1s".into()));
+            }
+        }
+        if let Some(v) = self.gpu_source {
+            c.gpu_source = parse_gpu_source(&v).map_err(|m| bad("gpu_source", m))?;
+            if let GpuSource::Simulated(p) = &c.gpu_source {
+                abs_path("gpu_source.simulated", &p.to_string_lossy())?;
+            }
+        }
+        if let Some(d) = self.state_dir {
+            c.state_dir = abs_path("state_dir", &d)?;
+        }
+        if let Some(f) = self.log_file {
+            c.log_file = Some(abs_path("log_file", &f)?);
+        }
+        if let Some(v) = &self.unknown_estimate {
+            c.unknown_estimate = match v {
+                Scalar::Text(t) if t == "exclusive" => UnknownEstimate::Exclusive,
+                other => UnknownEstimate::Mib(size("unknown_estimate", other).map_err(|_| {
+                    bad("unknown_estimate", format!("'{other}' is neither 'exclusive' nor a size like 8G"))
+                })?),
+            };
+        }
+        if let Some(a) = self.no_fit {
+            c.no_fit = match a.as_str() {
+                "wait" => NoFitAction::Wait,
+                "fail" => NoFitAction::Fail,
+                _ => return Err(bad("no_fit", format!("'{a}' is not an action; use wait or fail"))),
+            };
+        }
+        if let Some(r) = self.recovery {
+            if let Some(m) = r.mode {
+                c.recovery_mode = RecoveryMode::parse(&m)
+                    .ok_or_else(|| bad("recovery.mode", format!("'{m}' is not a mode; use exclusive, none or looser")))?;
+            }
+            if let Some(n) = r.max_recoveries {
+                if n > 10 {
+                    return Err(bad("recovery.max_recoveries", format!("{n} is out of range; use 0 to 10")));
+                }
+                c.max_recoveries = n;
+            }
+            if let Some(v) = &r.looser_margin {
+                c.looser_margin_mib = size("recovery.looser_margin", v)?;
+            }
+        }
+        if let Some(p) = self.oom_patterns {
+            c.oom_patterns = p;
+        }
+        c.oom_patterns.extend(self.extra_oom_patterns.unwrap_or_default());
+        if let Some(i) = c.oom_patterns.iter().position(|p| p.trim().len() < 4) {
+            return Err(bad(
+                "oom_patterns",
+                format!("pattern {} is shorter than 4 characters and would match almost anything", i + 1),
+            ));
+        }
+        if let Some(t) = self.timeouts {
+            if let Some(v) = &t.lock {
+                c.timeouts.lock = duration("timeouts.lock", v)?;
+            }
+            if let Some(v) = &t.wait {
+                c.timeouts.wait = duration("timeouts.wait", v)?;
+            }
+            if let Some(v) = &t.poll {
+                c.timeouts.poll = duration("timeouts.poll", v)?;
+            }
+            if c.timeouts.lock.is_zero() || c.timeouts.poll.is_zero() {
+                return Err(bad("timeouts", "lock and poll must be longer than 0".into()));
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn parse_gpu_source(v: &serde_yaml::Value) -> Result<GpuSource, String> {
+    const HINT: &str = "use 'nvml' or '{simulated: /path/to/gpus.yaml}'";
+    match v {
+        serde_yaml::Value::String(s) if s == "nvml" => Ok(GpuSource::Nvml),
+        serde_yaml::Value::Mapping(m) if m.len() == 1 => match m.get("simulated") {
+            Some(serde_yaml::Value::String(p)) => Ok(GpuSource::Simulated(PathBuf::from(p))),
+            _ => Err(format!("unknown source; {HINT}")),
+        },
+        _ => Err(format!("unknown source; {HINT}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/slurm/carma.yaml"))
+    }
+
+    #[test]
+    fn empty_and_missing_give_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+        let c = Config::load(Path::new("/nonexistent/carma.yaml")).unwrap();
+        assert_eq!(c.sm_activity_cap, 0.80);
+        assert_eq!(c.headroom_mib, 2048);
+        assert_eq!(c.gpu_source, GpuSource::Nvml);
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            "default_policy: bf\nsm_activity_cap: 0.7\nheadroom: 1G\nmonitor_window: 30s\n\
+             gpu_source: {simulated: /var/lib/carma-sim/gpus.yaml}\nstate_dir: /var/lib/carma\n\
+             unknown_estimate: 8G\nno_fit: fail\nrecovery: {mode: looser, max_recoveries: 2, looser_margin: 1024}\n\
+             extra_oom_patterns: [\"MyFramework OOM\"]\ntimeouts: {lock: 2s, wait: 5m, poll: 500ms}\n",
+        )
+        .unwrap();
+        assert_eq!(c.default_policy, Policy::BestFit);
+        assert_eq!(c.headroom_mib, 1024);
+        assert_eq!(c.gpu_source, GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into()));
+        assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
+        assert_eq!(c.no_fit, NoFitAction::Fail);
+        assert_eq!(c.recovery_mode, RecoveryMode::Looser);
+        assert_eq!(c.max_recoveries, 2);
+        assert_eq!(c.looser_margin_mib, 1024);
+        assert!(c.oom_patterns.contains(&"MyFramework OOM".to_string()));
+        assert!(c.oom_patterns.contains(&"CUDA out of memory".to_string()));
+        assert_eq!(c.timeouts.poll, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn errors_name_the_key_on_one_line() {
+        let cases = [
+            ("sm_activity_cap: 1.5\n", "sm_activity_cap"),
+            ("headroom: lots\n", "headroom"),
+            ("default_policy: fastest\n", "default_policy"),
+            ("gpu_source: cuda\n", "gpu_source"),
+            ("gpu_source: {simulated: relative.yaml}\n", "gpu_source.simulated"),
+            ("state_dir: var/lib\n", "state_dir"),
+            ("no_fit: pray\n", "no_fit"),
+            ("recovery: {mode: twice}\n", "recovery.mode"),
+            ("timeouts: {lock: 0s}\n", "timeouts"),
+            ("oom_patterns: [\"\"]\n", "oom_patterns"),
+            ("sm_activity_cup: 0.5\n", "sm_activity_cup"),
+            ("recovery: {retries: 3}\n", "retries"),
+        ];
+        for (text, key) in cases {
+            let line = parse(text).unwrap_err().to_string();
+            assert!(line.starts_with("config /etc/slurm/carma.yaml: "), "{line}");
+            assert!(line.contains(key), "{text:?} -> {line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+    }
+
+    #[test]
+    fn hostile_yaml_is_an_error_not_a_panic() {
+        for text in ["[1, 2", "{{{{", "\u{0}\u{1}", "- a\n- b\n", "a: &x [*x]\n", ": :"] {
+            assert!(parse(text).is_err(), "{text:?}");
+        }
+    }
+}

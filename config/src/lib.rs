@@ -1,0 +1,21 @@
+//! Configuration for CARMA: the admin's `carma.yaml`, the plugstack.conf
+//! arguments and the users' `--carma-*` option values.
+//!
+//! Everything is parsed in two steps, ripgrep-style: a raw form that mirrors
+//! the text, then validation into typed values. Every error is a single line
+//! that names the offending key or option and says what is accepted.
+
+mod file;
+mod options;
+mod plugstack;
+mod policy;
+mod units;
+
+pub use file::{
+    Config, ConfigError, GpuSource, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
+    DEFAULT_CONFIG_PATH,
+};
+pub use options::{JobRequest, OptionError, OptionName};
+pub use plugstack::{PluginArgs, PluginArgsError};
+pub use policy::Policy;
+pub use units::{parse_duration, parse_size_mib};

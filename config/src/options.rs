@@ -1,0 +1,328 @@
+//! The users' `--carma-*` options: names, environment fallbacks and
+//! validation. Shared by the SPANK plugin (srun/sbatch/slurmstepd) and the
+//! command-line tools so that every context accepts exactly the same values.
+
+use crate::policy::Policy;
+use crate::units::parse_size_mib;
+use std::fmt;
+use std::path::PathBuf;
+
+/// Largest accepted `--carma-gpus`: more GPUs than any node carries.
+pub const MAX_GPUS: u32 = 64;
+/// Largest accepted `--carma-batch-size`.
+pub const MAX_BATCH_SIZE: u32 = 1 << 20;
+/// Longest accepted option value in bytes (paths included).
+pub const MAX_VALUE_LEN: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OptionName {
+    Policy,
+    Model,
+    BatchSize,
+    Mem,
+    Gpus,
+}
+
+impl OptionName {
+    pub const ALL: [OptionName; 5] = [
+        OptionName::Policy,
+        OptionName::Model,
+        OptionName::BatchSize,
+        OptionName::Mem,
+        OptionName::Gpus,
+    ];
+
+    /// The long option without dashes, as registered with SPANK.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OptionName::Policy => "carma-policy",
+            OptionName::Model => "carma-model",
+            OptionName::BatchSize => "carma-batch-size",
+            OptionName::Mem => "carma-mem",
+            OptionName::Gpus => "carma-gpus",
+        }
+    }
+
+    /// The environment variable read when the option is absent; also the
+    /// name under which the resolved value travels to the job
+    /// (`SLURM_SPANK_<env>` in the job, `SPANK_<env>` in prolog/epilog).
+    pub fn env(self) -> &'static str {
+        match self {
+            OptionName::Policy => "CARMA_POLICY",
+            OptionName::Model => "CARMA_MODEL",
+            OptionName::BatchSize => "CARMA_BATCH_SIZE",
+            OptionName::Mem => "CARMA_MEM",
+            OptionName::Gpus => "CARMA_GPUS",
+        }
+    }
+
+    pub fn arginfo(self) -> &'static str {
+        match self {
+            OptionName::Policy => "POLICY",
+            OptionName::Model => "PATH",
+            OptionName::BatchSize => "N",
+            OptionName::Mem => "SIZE",
+            OptionName::Gpus => "N",
+        }
+    }
+
+    pub fn usage(self) -> &'static str {
+        match self {
+            OptionName::Policy => {
+                "CARMA GPU placement policy: exclusive, rr, magm, ff, bf or lug (env CARMA_POLICY)"
+            }
+            OptionName::Model => {
+                "CARMA: model file (ONNX, torchsummary text, HF config.json) used to estimate GPU memory (env CARMA_MODEL)"
+            }
+            OptionName::BatchSize => "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)",
+            OptionName::Mem => "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)",
+            OptionName::Gpus => "CARMA: number of GPUs the job uses (default 1) (env CARMA_GPUS)",
+        }
+    }
+
+    pub fn expected(self) -> String {
+        match self {
+            OptionName::Policy => format!("one of {}", Policy::ACCEPTED),
+            OptionName::Model => "a readable file path".into(),
+            OptionName::BatchSize => format!("an integer from 1 to {MAX_BATCH_SIZE}"),
+            OptionName::Mem => "a size such as 12G, 12000M or 512M".into(),
+            OptionName::Gpus => format!("an integer from 1 to {MAX_GPUS}"),
+        }
+    }
+
+    /// Stable small integer used as the SPANK option `val`.
+    pub fn id(self) -> i32 {
+        OptionName::ALL.iter().position(|o| *o == self).unwrap_or(0) as i32
+    }
+
+    pub fn from_id(id: i32) -> Option<OptionName> {
+        usize::try_from(id).ok().and_then(|i| OptionName::ALL.get(i).copied())
+    }
+}
+
+/// One bad option value: prints as a single line naming the option, the
+/// value (truncated, control characters escaped) and what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    pub option: OptionName,
+    /// Where the value came from: `--carma-policy` or `CARMA_POLICY`.
+    pub source: String,
+    pub value: String,
+    pub reason: String,
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid {}={}: {}; expected {}",
+            self.source,
+            self.value,
+            self.reason,
+            self.option.expected()
+        )
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+/// Makes a user-supplied value safe to print on one log line.
+fn shown(raw: &[u8]) -> String {
+    let mut s: String = String::from_utf8_lossy(&raw[..raw.len().min(80)])
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if raw.len() > 80 {
+        s.push_str("...");
+    }
+    s
+}
+
+/// What the user asked CARMA for. Every field is optional: a job without
+/// any `--carma-*` option or `CARMA_*` variable is not touched by CARMA.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobRequest {
+    pub policy: Option<Policy>,
+    pub model: Option<PathBuf>,
+    pub batch_size: Option<u32>,
+    pub mem_mib: Option<u64>,
+    pub gpus: Option<u32>,
+}
+
+impl JobRequest {
+    /// True when the user asked for CARMA in any way.
+    pub fn is_empty(&self) -> bool {
+        *self == JobRequest::default()
+    }
+
+    /// Validates one raw value and stores it. `source` names where it came
+    /// from for the error line (`--carma-mem`, `CARMA_MEM`, ...).
+    pub fn set(&mut self, option: OptionName, raw: &[u8], source: &str) -> Result<(), OptionError> {
+        let err = |reason: String| OptionError {
+            option,
+            source: source.to_string(),
+            value: shown(raw),
+            reason,
+        };
+        if raw.len() > MAX_VALUE_LEN {
+            return Err(err(format!("value longer than {MAX_VALUE_LEN} bytes")));
+        }
+        let text = std::str::from_utf8(raw).map_err(|_| err("value is not UTF-8".into()))?;
+        if text.is_empty() {
+            return Err(err("empty value".into()));
+        }
+        match option {
+            OptionName::Policy => {
+                self.policy = Some(text.parse().map_err(|_| err("unknown policy".into()))?);
+            }
+            OptionName::Model => {
+                if text.contains('\0') || text.chars().any(char::is_control) {
+                    return Err(err("path contains control characters".into()));
+                }
+                self.model = Some(PathBuf::from(text));
+            }
+            OptionName::BatchSize => {
+                self.batch_size = Some(bounded_int(text, MAX_BATCH_SIZE).map_err(err)?);
+            }
+            OptionName::Mem => {
+                let mib = parse_size_mib(text).map_err(err)?;
+                if mib == 0 {
+                    return Err(err("size must be positive".into()));
+                }
+                self.mem_mib = Some(mib);
+            }
+            OptionName::Gpus => {
+                self.gpus = Some(bounded_int(text, MAX_GPUS).map_err(err)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills every option still unset from `lookup(env name)`. Command-line
+    /// values always win over the environment.
+    pub fn fill_from_env(
+        &mut self,
+        mut lookup: impl FnMut(&str) -> Option<Vec<u8>>,
+    ) -> Result<(), OptionError> {
+        for option in OptionName::ALL {
+            if self.get(option).is_none() {
+                if let Some(raw) = lookup(option.env()) {
+                    self.set(option, &raw, option.env())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The value in canonical text form, as it travels to the job.
+    pub fn get(&self, option: OptionName) -> Option<String> {
+        match option {
+            OptionName::Policy => self.policy.map(|p| p.name().to_string()),
+            OptionName::Model => self.model.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            OptionName::BatchSize => self.batch_size.map(|n| n.to_string()),
+            OptionName::Mem => self.mem_mib.map(|m| format!("{m}M")),
+            OptionName::Gpus => self.gpus.map(|n| n.to_string()),
+        }
+    }
+
+    /// Number of GPUs the job wants CARMA to place (default 1).
+    pub fn gpu_count(&self) -> u32 {
+        self.gpus.unwrap_or(1)
+    }
+}
+
+fn bounded_int(text: &str, max: u32) -> Result<u32, String> {
+    let n: u64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a whole number"))?;
+    if n == 0 || n > u64::from(max) {
+        return Err(format!("{n} is out of range"));
+    }
+    Ok(n as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_good_values() {
+        let mut r = JobRequest::default();
+        assert!(r.is_empty());
+        r.set(OptionName::Policy, b"magm", "--carma-policy").unwrap();
+        r.set(OptionName::Mem, b"12G", "--carma-mem").unwrap();
+        r.set(OptionName::Gpus, b"2", "--carma-gpus").unwrap();
+        r.set(OptionName::BatchSize, b"64", "--carma-batch-size").unwrap();
+        r.set(OptionName::Model, b"/home/u/net.onnx", "--carma-model").unwrap();
+        assert_eq!(r.policy, Some(Policy::Magm));
+        assert_eq!(r.mem_mib, Some(12288));
+        assert_eq!(r.gpu_count(), 2);
+        assert_eq!(r.get(OptionName::Mem).as_deref(), Some("12288M"));
+        assert!(!r.is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_values_with_one_line_naming_the_option() {
+        let cases: [(OptionName, &[u8]); 9] = [
+            (OptionName::Policy, b"fastest"),
+            (OptionName::Policy, b""),
+            (OptionName::Gpus, b"0"),
+            (OptionName::Gpus, b"-1"),
+            (OptionName::Gpus, b"65"),
+            (OptionName::BatchSize, b"99999999999999999999999"),
+            (OptionName::Mem, b"lots"),
+            (OptionName::Mem, b"0G"),
+            (OptionName::Policy, b"\xff\xfe"),
+        ];
+        for (option, raw) in cases {
+            let mut r = JobRequest::default();
+            let source = format!("--{}", option.flag());
+            let e = r.set(option, raw, &source).unwrap_err();
+            let line = e.to_string();
+            assert!(line.starts_with(&format!("invalid --{}=", option.flag())), "{line}");
+            assert!(line.contains("expected"), "{line}");
+            assert!(!line.contains('\n'));
+            assert!(r.is_empty(), "a rejected value must not be stored");
+        }
+    }
+
+    #[test]
+    fn long_and_control_values_are_not_echoed_raw() {
+        let mut r = JobRequest::default();
+        let long = vec![b'a'; 10_000];
+        let line = r.set(OptionName::Model, &long, "--carma-model").unwrap_err().to_string();
+        assert!(line.len() < 400);
+        let line = r
+            .set(OptionName::Policy, b"x\ny\x1b[31m", "--carma-policy")
+            .unwrap_err()
+            .to_string();
+        assert!(!line.contains('\n') && !line.contains('\x1b'));
+    }
+
+    #[test]
+    fn command_line_wins_over_environment() {
+        let mut r = JobRequest::default();
+        r.set(OptionName::Policy, b"ff", "--carma-policy").unwrap();
+        r.fill_from_env(|name| match name {
+            "CARMA_POLICY" => Some(b"magm".to_vec()),
+            "CARMA_GPUS" => Some(b"3".to_vec()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(r.policy, Some(Policy::FirstFit));
+        assert_eq!(r.gpus, Some(3));
+        let e = JobRequest::default()
+            .fill_from_env(|n| (n == "CARMA_MEM").then(|| b"12Q".to_vec()))
+            .unwrap_err();
+        assert!(e.to_string().starts_with("invalid CARMA_MEM=12Q"), "{e}");
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        for o in OptionName::ALL {
+            assert_eq!(OptionName::from_id(o.id()), Some(o));
+        }
+        assert_eq!(OptionName::from_id(-1), None);
+        assert_eq!(OptionName::from_id(99), None);
+    }
+}

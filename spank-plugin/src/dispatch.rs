@@ -1,0 +1,50 @@
+//! Routes each SPANK hook to the module of the context it runs in.
+
+use crate::ctx;
+use crate::error::Error;
+use crate::options;
+use crate::spank::{Context, Spank, context};
+
+pub fn init(sp: &Spank, args: &[String]) -> Result<(), Error> {
+    options::set_args(args)?;
+    match context() {
+        Context::Local | Context::Allocator | Context::Remote => sp.register_options(),
+        _ => Ok(()),
+    }
+}
+
+pub fn option(id: i32, value: &[u8], _remote: bool) -> Result<(), Error> {
+    options::set(id, value)
+}
+
+pub fn init_post_opt(sp: &Spank, _args: &[String]) -> Result<(), Error> {
+    match context() {
+        Context::Local | Context::Allocator => ctx::submit::init_post_opt(sp),
+        _ => Ok(()),
+    }
+}
+
+pub fn user_init(sp: &Spank, _args: &[String]) -> Result<(), Error> {
+    ctx::remote::user_init(sp)
+}
+
+pub fn task_init(sp: &Spank, _args: &[String]) -> Result<(), Error> {
+    ctx::remote::task_init(sp)
+}
+
+pub fn exit(sp: &Spank, _args: &[String]) -> Result<(), Error> {
+    match context() {
+        Context::Remote => ctx::remote::exit(sp),
+        _ => Ok(()),
+    }
+}
+
+pub fn job_prolog(sp: &Spank, args: &[String]) -> Result<(), Error> {
+    options::set_args(args)?;
+    ctx::job_script::prolog(sp)
+}
+
+pub fn job_epilog(sp: &Spank, args: &[String]) -> Result<(), Error> {
+    options::set_args(args)?;
+    ctx::job_script::epilog(sp)
+}

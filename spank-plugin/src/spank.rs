@@ -1,0 +1,240 @@
+//! The FFI boundary, and the only module with `unsafe`.
+//!
+//! It exports the symbols Slurm looks for, defines every `extern "C"` hook
+//! as a one-liner into [`crate::guard`] + [`crate::dispatch`], and wraps the
+//! `spank_*` calls in a typed handle whose methods return `Result`. C return
+//! codes are turned into errors in exactly one place: [`check`].
+
+#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+
+use crate::dispatch;
+use crate::error::Error;
+use crate::guard::guard;
+use carma_config::OptionName;
+use std::ffi::{CStr, CString, c_char, c_int, c_uint};
+
+mod sys {
+    #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/spank_sys.rs"));
+}
+
+// Unit tests run outside Slurm: they take the spank_* symbols from the
+// library every Slurm binary links. The released .so never links it.
+#[cfg(test)]
+#[link(name = "slurmfull")]
+unsafe extern "C" {}
+
+/// Slurm identifies the plugin by this name; `srun` inside `sbatch` inherits
+/// options through `SLURM_SPANK__SLURM_SPANK_OPTION_carma_*`: keep it stable.
+#[unsafe(no_mangle)]
+pub static plugin_name: [u8; 6] = *b"carma\0";
+#[unsafe(no_mangle)]
+pub static plugin_type: [u8; 6] = *b"spank\0";
+/// Must equal the running Slurm's major.minor, taken from its headers.
+#[unsafe(no_mangle)]
+pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
+
+/// Where the plugin is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Context {
+    /// srun
+    Local,
+    /// slurmstepd
+    Remote,
+    /// sbatch, salloc
+    Allocator,
+    Slurmd,
+    /// prolog/epilog
+    JobScript,
+    Unknown,
+}
+
+pub fn context() -> Context {
+    use sys::spank_context::*;
+    // SAFETY: spank_context takes no arguments and only reads global state.
+    match unsafe { sys::spank_context() } {
+        S_CTX_LOCAL => Context::Local,
+        S_CTX_REMOTE => Context::Remote,
+        S_CTX_ALLOCATOR => Context::Allocator,
+        S_CTX_SLURMD => Context::Slurmd,
+        S_CTX_JOB_SCRIPT => Context::JobScript,
+        _ => Context::Unknown,
+    }
+}
+
+/// Converts a SPANK return code into a `Result`: the one place that does.
+fn check(rc: sys::spank_err_t, what: &str) -> Result<(), Error> {
+    if rc == sys::ESPANK_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: spank_strerror returns a static string for any code.
+    let text = unsafe { CStr::from_ptr(sys::spank_strerror(rc)) }.to_string_lossy();
+    Err(Error::msg(format!("{what}: {text}")))
+}
+
+fn cstring(s: &str, what: &str) -> Result<CString, Error> {
+    CString::new(s).map_err(|_| Error::msg(format!("{what}: contains a NUL byte")))
+}
+
+/// Items of the job that the plugin reads.
+#[derive(Debug, Clone, Copy)]
+pub enum Item {
+    JobId,
+    StepId,
+    Uid,
+    Gid,
+    RestartCount,
+}
+
+/// The handle Slurm passes to each hook.
+pub struct Spank {
+    raw: sys::spank_t,
+}
+
+impl Spank {
+    /// A 32-bit item of the job (ids are `uint32_t*`, uid/gid `uid_t*`).
+    pub fn item_u32(&self, item: Item) -> Result<u32, Error> {
+        use sys::spank_item::*;
+        let code = match item {
+            Item::JobId => S_JOB_ID,
+            Item::StepId => S_JOB_STEPID,
+            Item::Uid => S_JOB_UID,
+            Item::Gid => S_JOB_GID,
+            Item::RestartCount => S_SLURM_RESTART_COUNT,
+        };
+        let mut value: u32 = 0;
+        // SAFETY: each of these items writes one 32-bit value through the pointer.
+        let rc = unsafe { sys::spank_get_item(self.raw, code, &mut value as *mut u32) };
+        check(rc, &format!("spank_get_item({item:?})"))?;
+        Ok(value)
+    }
+
+    /// A variable of the job's environment; `None` if unset.
+    pub fn getenv(&self, name: &str) -> Result<Option<String>, Error> {
+        let cname = cstring(name, "getenv")?;
+        let mut buf = vec![0u8; 8192];
+        // SAFETY: buf is writable for its full length, which we pass.
+        let rc = unsafe {
+            sys::spank_getenv(self.raw, cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len() as c_int)
+        };
+        if rc == sys::slurm_err_t::ESPANK_ENV_NOEXIST {
+            return Ok(None);
+        }
+        check(rc, &format!("getenv {name}"))?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        buf.truncate(end);
+        String::from_utf8(buf)
+            .map(Some)
+            .map_err(|_| Error::msg(format!("getenv {name}: value is not UTF-8")))
+    }
+
+    /// Sets a variable in the job's (task's) environment.
+    pub fn setenv(&self, name: &str, value: &str) -> Result<(), Error> {
+        let (n, v) = (cstring(name, "setenv")?, cstring(value, "setenv")?);
+        // SAFETY: both strings are NUL-terminated and outlive the call.
+        let rc = unsafe { sys::spank_setenv(self.raw, n.as_ptr(), v.as_ptr(), 1) };
+        check(rc, &format!("setenv {name}"))
+    }
+
+    /// Passes a value from srun/sbatch to the job: it appears as
+    /// `SLURM_SPANK_<name>` in the job and `SPANK_<name>` in prolog/epilog.
+    pub fn job_control_setenv(&self, name: &str, value: &str) -> Result<(), Error> {
+        let (n, v) = (cstring(name, "job_control_setenv")?, cstring(value, "job_control_setenv")?);
+        // SAFETY: both strings are NUL-terminated and outlive the call.
+        let rc = unsafe { sys::spank_job_control_setenv(self.raw, n.as_ptr(), v.as_ptr(), 1) };
+        check(rc, &format!("job_control_setenv {name}"))
+    }
+
+    /// Registers the `--carma-*` options (in init, every option context).
+    pub fn register_options(&self) -> Result<(), Error> {
+        for option in OptionName::ALL {
+            // Slurm keeps the pointer for the life of the process: leak one
+            // small struct per option, once per process.
+            let leak = |s: &str| CString::new(s).unwrap_or_default().into_raw();
+            let opt = Box::leak(Box::new(sys::spank_option {
+                name: leak(option.flag()),
+                arginfo: leak(option.arginfo()),
+                usage: leak(option.usage()),
+                has_arg: 1,
+                val: option.id(),
+                cb: Some(option_cb),
+            }));
+            // SAFETY: opt points to a valid, never-freed spank_option.
+            let rc = unsafe { sys::spank_option_register(self.raw, opt) };
+            check(rc, &format!("register --{}", option.flag()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Plugin arguments from plugstack.conf as strings (non-UTF-8 is replaced).
+fn args(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
+    if av.is_null() || ac <= 0 {
+        return Vec::new();
+    }
+    (0..ac as usize)
+        .map(|i| {
+            // SAFETY: Slurm passes `ac` valid C strings in `av`.
+            let p = unsafe { *av.add(i) };
+            if p.is_null() {
+                String::new()
+            } else {
+                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum LogLevel {
+    Error,
+    Info,
+    Verbose,
+    Debug,
+}
+
+/// Logs one line through Slurm's logger (the message is never a format string).
+pub fn slurm_log(level: LogLevel, msg: &str) {
+    let clean: String = msg.chars().filter(|&c| c != '\0').collect();
+    let Ok(c) = CString::new(clean) else { return };
+    let fmt = c"%s".as_ptr();
+    // SAFETY: "%s" with one valid C string argument.
+    unsafe {
+        match level {
+            LogLevel::Error => sys::slurm_error(fmt, c.as_ptr()),
+            LogLevel::Info => sys::slurm_info(fmt, c.as_ptr()),
+            LogLevel::Verbose => sys::slurm_verbose(fmt, c.as_ptr()),
+            LogLevel::Debug => sys::slurm_debug(fmt, c.as_ptr()),
+        }
+    }
+}
+
+extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
+    guard("", || {
+        let value: &[u8] = if optarg.is_null() {
+            b""
+        } else {
+            // SAFETY: Slurm passes the option's argument as a C string.
+            unsafe { CStr::from_ptr(optarg) }.to_bytes()
+        };
+        dispatch::option(val, value, remote != 0)
+    })
+}
+
+/// Defines an exported SPANK hook that runs `handler` behind the guard.
+macro_rules! hook {
+    ($symbol:ident, $label:literal, $handler:path) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $symbol(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> c_int {
+            guard($label, || $handler(&Spank { raw: sp }, &args(ac, av)))
+        }
+    };
+}
+
+hook!(slurm_spank_init, "init", dispatch::init);
+hook!(slurm_spank_init_post_opt, "init_post_opt", dispatch::init_post_opt);
+hook!(slurm_spank_user_init, "user_init", dispatch::user_init);
+hook!(slurm_spank_task_init, "task_init", dispatch::task_init);
+hook!(slurm_spank_exit, "exit", dispatch::exit);
+hook!(slurm_spank_job_prolog, "job_prolog", dispatch::job_prolog);
+hook!(slurm_spank_job_epilog, "job_epilog", dispatch::job_epilog);

@@ -1,0 +1,2 @@
+#include <slurm/slurm_version.h>
+#include <slurm/spank.h>

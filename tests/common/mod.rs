@@ -1,0 +1,126 @@
+//! Helpers for tests that drive the real local Slurm cluster started by
+//! `tests/cluster.sh start`. Every command is bounded by `timeout`.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The unprivileged user jobs run as (created by cluster.sh).
+pub const USER: &str = "carmatest";
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(out: Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    pub fn ok(self) -> Run {
+        assert_eq!(self.code, 0, "command failed\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        self
+    }
+
+    /// Value of `NAME=value` in stdout (as printed by `env`).
+    pub fn var(&self, name: &str) -> Option<String> {
+        let prefix = format!("{name}=");
+        self.stdout.lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+    }
+}
+
+/// Runs a command as root with a time limit, with `CARMA_*` cleared so the
+/// test's own environment cannot leak in.
+pub fn root(args: &[&str], secs: u32) -> Run {
+    let mut c = Command::new("timeout");
+    c.arg(secs.to_string()).args(args).current_dir("/tmp");
+    clean_env(&mut c);
+    Run::from(c.output().expect("cannot run timeout(1)"))
+}
+
+/// Runs a command as the unprivileged test user, with extra env.
+pub fn user_env(env: &[(&str, &str)], args: &[&str], secs: u32) -> Run {
+    let mut c = Command::new("timeout");
+    c.arg(secs.to_string()).args(["runuser", "-u", USER, "--", "env"]);
+    for (k, v) in env {
+        c.arg(format!("{k}={v}"));
+    }
+    c.args(args).current_dir(work_dir());
+    clean_env(&mut c);
+    Run::from(c.output().expect("cannot run timeout(1)"))
+}
+
+pub fn user(args: &[&str], secs: u32) -> Run {
+    user_env(&[], args, secs)
+}
+
+fn clean_env(c: &mut Command) {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CARMA_") || k.starts_with("SLURM_") || k.starts_with("SPANK_") {
+            c.env_remove(k);
+        }
+    }
+}
+
+/// A directory the test user can write job scripts and output to.
+pub fn work_dir() -> PathBuf {
+    let d = PathBuf::from("/tmp/carma-tests");
+    if !d.exists() {
+        std::fs::create_dir_all(&d).unwrap();
+        Command::new("chown").args([USER, d.to_str().unwrap()]).status().unwrap();
+    }
+    d
+}
+
+/// A job name unique to this test process and call.
+pub fn unique(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("t{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), tag)
+}
+
+/// Writes an executable batch script owned by the test user; returns its path.
+pub fn script(name: &str, body: &str) -> String {
+    let p = work_dir().join(format!("{name}.sh"));
+    std::fs::write(&p, format!("#!/bin/bash\nset -u\n{body}\n")).unwrap();
+    Command::new("chmod").args(["755", p.to_str().unwrap()]).status().unwrap();
+    Command::new("chown").args([USER, p.to_str().unwrap()]).status().unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+/// Submits with `sbatch --wait` as the test user; returns the run and the output file's text.
+pub fn sbatch_wait(opts: &[&str], env: &[(&str, &str)], body: &str, secs: u32) -> (Run, String) {
+    let name = unique("job");
+    let path = script(&name, body);
+    let out = work_dir().join(format!("{name}.out"));
+    let out_s = out.to_string_lossy().into_owned();
+    let mut args = vec!["sbatch", "--wait", "-J", &name, "-o", &out_s];
+    args.extend_from_slice(opts);
+    args.push(&path);
+    let run = user_env(env, &args, secs);
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    (run, text)
+}
+
+/// Jobs with this name known to slurmctld (any state).
+pub fn jobs_named(name: &str) -> Vec<String> {
+    let r = root(&["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"], 20);
+    r.stdout.lines().map(str::to_string).collect()
+}
+
+/// Fails the test early with a clear message if the cluster is not up.
+pub fn require_cluster() {
+    let r = root(&["sinfo", "-h", "-o", "%T"], 10);
+    assert!(
+        r.code == 0 && !r.stdout.trim().is_empty(),
+        "the local Slurm cluster is not running: start it with `sudo tests/cluster.sh start`\n{}",
+        r.stderr
+    );
+}

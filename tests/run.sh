@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The project's test command: builds everything, starts the local Slurm
+# cluster with the freshly built plugin, runs unit and integration tests,
+# and stops the cluster. Run as root on a throwaway Debian 12 machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export PROFILE=release
+export CARGO_TERM_COLOR=never
+tests/cluster.sh deps
+command -v cargo >/dev/null || { echo "run.sh: cargo not found (install Rust via rustup)" >&2; exit 1; }
+
+echo "== build"
+cargo build --profile "$PROFILE" --workspace --bins --lib
+tests/cluster.sh start
+trap 'tests/cluster.sh stop' EXIT
+
+echo "== tests"
+# Integration tests share one cluster and its 4 GPUs: run them one at a time.
+cargo test --profile "$PROFILE" --workspace -- --test-threads=1
