@@ -115,7 +115,8 @@ timeouts: {lock: 5s, wait: 60s, poll: 250ms}
 CONF
     owned_write "$SIM" <<CONF
 $MARK
-# Four simulated A100-40GB GPUs.
+# Four simulated A100-40GB GPUs; running carma-fakejobs register in process_dir.
+process_dir: /run/carma-sim
 gpus:
   - {index: 0, uuid: GPU-sim-0, memory_total: 40G}
   - {index: 1, uuid: GPU-sim-1, memory_total: 40G}
@@ -132,6 +133,12 @@ install_carma() {
         [ -f "$t/$b" ] && install -m 0755 "$t/$b" "$PREFIX/bin/$b"
     done
     id "$TEST_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER"
+    # Simulated GPU processes register here (like /tmp: users create, only owners delete).
+    install -d -m 1777 /run/carma-sim
+    rm -f /run/carma-sim/*.json
+    # A fresh cluster has no running jobs: start CARMA's node state empty.
+    install -d -m 0755 -o root -g root /var/lib/carma /var/log/carma
+    rm -f /var/lib/carma/state.json /var/lib/carma/state.json.*
 }
 
 pid_of() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && cat "$1"; }

@@ -152,7 +152,13 @@ impl fmt::Display for ConfigError {
         if self.key.is_empty() {
             write!(f, "config {}: {}", self.path.display(), self.message)
         } else {
-            write!(f, "config {}: {}: {}", self.path.display(), self.key, self.message)
+            write!(
+                f,
+                "config {}: {}: {}",
+                self.path.display(),
+                self.key,
+                self.message
+            )
         }
     }
 }
@@ -224,7 +230,10 @@ impl Config {
         let file = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Config { path: path.to_path_buf(), ..Config::default() });
+                return Ok(Config {
+                    path: path.to_path_buf(),
+                    ..Config::default()
+                });
             }
             Err(e) => return Err(err(format!("cannot open: {e}"))),
         };
@@ -261,10 +270,12 @@ impl RawConfig {
             message,
         };
         let size = |key: &str, v: &Scalar| {
-            parse_size_mib(&v.to_string()).map_err(|e| bad(key, format!("{e}; write a size like 2G or 2048M")))
+            parse_size_mib(&v.to_string())
+                .map_err(|e| bad(key, format!("{e}; write a size like 2G or 2048M")))
         };
         let duration = |key: &str, v: &Scalar| {
-            parse_duration(&v.to_string()).map_err(|e| bad(key, format!("{e}; write a duration like 60s or 5m")))
+            parse_duration(&v.to_string())
+                .map_err(|e| bad(key, format!("{e}; write a duration like 60s or 5m")))
         };
         let abs_path = |key: &str, v: &str| {
             let p = PathBuf::from(v);
@@ -275,13 +286,19 @@ impl RawConfig {
             }
         };
 
-        let mut c = Config { path: path.to_path_buf(), ..Config::default() };
+        let mut c = Config {
+            path: path.to_path_buf(),
+            ..Config::default()
+        };
         if let Some(p) = self.default_policy {
             c.default_policy = p.parse().map_err(|e| bad("default_policy", e))?;
         }
         if let Some(cap) = self.sm_activity_cap {
             if !(0.05..=1.0).contains(&cap) {
-                return Err(bad("sm_activity_cap", format!("{cap} is out of range; use a fraction from 0.05 to 1.0")));
+                return Err(bad(
+                    "sm_activity_cap",
+                    format!("{cap} is out of range; use a fraction from 0.05 to 1.0"),
+                ));
             }
             c.sm_activity_cap = cap;
         }
@@ -310,7 +327,10 @@ impl RawConfig {
             c.unknown_estimate = match v {
                 Scalar::Text(t) if t == "exclusive" => UnknownEstimate::Exclusive,
                 other => UnknownEstimate::Mib(size("unknown_estimate", other).map_err(|_| {
-                    bad("unknown_estimate", format!("'{other}' is neither 'exclusive' nor a size like 8G"))
+                    bad(
+                        "unknown_estimate",
+                        format!("'{other}' is neither 'exclusive' nor a size like 8G"),
+                    )
                 })?),
             };
         }
@@ -318,17 +338,29 @@ impl RawConfig {
             c.no_fit = match a.as_str() {
                 "wait" => NoFitAction::Wait,
                 "fail" => NoFitAction::Fail,
-                _ => return Err(bad("no_fit", format!("'{a}' is not an action; use wait or fail"))),
+                _ => {
+                    return Err(bad(
+                        "no_fit",
+                        format!("'{a}' is not an action; use wait or fail"),
+                    ));
+                }
             };
         }
         if let Some(r) = self.recovery {
             if let Some(m) = r.mode {
-                c.recovery_mode = RecoveryMode::parse(&m)
-                    .ok_or_else(|| bad("recovery.mode", format!("'{m}' is not a mode; use exclusive, none or looser")))?;
+                c.recovery_mode = RecoveryMode::parse(&m).ok_or_else(|| {
+                    bad(
+                        "recovery.mode",
+                        format!("'{m}' is not a mode; use exclusive, none or looser"),
+                    )
+                })?;
             }
             if let Some(n) = r.max_recoveries {
                 if n > 10 {
-                    return Err(bad("recovery.max_recoveries", format!("{n} is out of range; use 0 to 10")));
+                    return Err(bad(
+                        "recovery.max_recoveries",
+                        format!("{n} is out of range; use 0 to 10"),
+                    ));
                 }
                 c.max_recoveries = n;
             }
@@ -339,11 +371,15 @@ impl RawConfig {
         if let Some(p) = self.oom_patterns {
             c.oom_patterns = p;
         }
-        c.oom_patterns.extend(self.extra_oom_patterns.unwrap_or_default());
+        c.oom_patterns
+            .extend(self.extra_oom_patterns.unwrap_or_default());
         if let Some(i) = c.oom_patterns.iter().position(|p| p.trim().len() < 4) {
             return Err(bad(
                 "oom_patterns",
-                format!("pattern {} is shorter than 4 characters and would match almost anything", i + 1),
+                format!(
+                    "pattern {} is shorter than 4 characters and would match almost anything",
+                    i + 1
+                ),
             ));
         }
         if let Some(t) = self.timeouts {
@@ -357,7 +393,10 @@ impl RawConfig {
                 c.timeouts.poll = duration("timeouts.poll", v)?;
             }
             if c.timeouts.lock.is_zero() || c.timeouts.poll.is_zero() {
-                return Err(bad("timeouts", "lock and poll must be longer than 0".into()));
+                return Err(bad(
+                    "timeouts",
+                    "lock and poll must be longer than 0".into(),
+                ));
             }
         }
         Ok(c)
@@ -404,7 +443,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.default_policy, Policy::BestFit);
         assert_eq!(c.headroom_mib, 1024);
-        assert_eq!(c.gpu_source, GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into()));
+        assert_eq!(
+            c.gpu_source,
+            GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into())
+        );
         assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
         assert_eq!(c.no_fit, NoFitAction::Fail);
         assert_eq!(c.recovery_mode, RecoveryMode::Looser);
@@ -422,7 +464,10 @@ mod tests {
             ("headroom: lots\n", "headroom"),
             ("default_policy: fastest\n", "default_policy"),
             ("gpu_source: cuda\n", "gpu_source"),
-            ("gpu_source: {simulated: relative.yaml}\n", "gpu_source.simulated"),
+            (
+                "gpu_source: {simulated: relative.yaml}\n",
+                "gpu_source.simulated",
+            ),
             ("state_dir: var/lib\n", "state_dir"),
             ("no_fit: pray\n", "no_fit"),
             ("recovery: {mode: twice}\n", "recovery.mode"),
@@ -441,7 +486,14 @@ mod tests {
 
     #[test]
     fn hostile_yaml_is_an_error_not_a_panic() {
-        for text in ["[1, 2", "{{{{", "\u{0}\u{1}", "- a\n- b\n", "a: &x [*x]\n", ": :"] {
+        for text in [
+            "[1, 2",
+            "{{{{",
+            "\u{0}\u{1}",
+            "- a\n- b\n",
+            "a: &x [*x]\n",
+            ": :",
+        ] {
             assert!(parse(text).is_err(), "{text:?}");
         }
     }

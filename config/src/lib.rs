@@ -12,8 +12,8 @@ mod policy;
 mod units;
 
 pub use file::{
-    Config, ConfigError, GpuSource, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
-    DEFAULT_CONFIG_PATH,
+    Config, ConfigError, DEFAULT_CONFIG_PATH, GpuSource, NoFitAction, RecoveryMode, Timeouts,
+    UnknownEstimate,
 };
 pub use options::{JobRequest, OptionError, OptionName};
 pub use plugstack::{PluginArgs, PluginArgsError};

@@ -74,8 +74,12 @@ impl OptionName {
             OptionName::Model => {
                 "CARMA: model file (ONNX, torchsummary text, HF config.json) used to estimate GPU memory (env CARMA_MODEL)"
             }
-            OptionName::BatchSize => "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)",
-            OptionName::Mem => "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)",
+            OptionName::BatchSize => {
+                "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)"
+            }
+            OptionName::Mem => {
+                "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)"
+            }
             OptionName::Gpus => "CARMA: number of GPUs the job uses (default 1) (env CARMA_GPUS)",
         }
     }
@@ -96,7 +100,9 @@ impl OptionName {
     }
 
     pub fn from_id(id: i32) -> Option<OptionName> {
-        usize::try_from(id).ok().and_then(|i| OptionName::ALL.get(i).copied())
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| OptionName::ALL.get(i).copied())
     }
 }
 
@@ -218,7 +224,10 @@ impl JobRequest {
     pub fn get(&self, option: OptionName) -> Option<String> {
         match option {
             OptionName::Policy => self.policy.map(|p| p.name().to_string()),
-            OptionName::Model => self.model.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            OptionName::Model => self
+                .model
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
             OptionName::BatchSize => self.batch_size.map(|n| n.to_string()),
             OptionName::Mem => self.mem_mib.map(|m| format!("{m}M")),
             OptionName::Gpus => self.gpus.map(|n| n.to_string()),
@@ -249,11 +258,14 @@ mod tests {
     fn accepts_good_values() {
         let mut r = JobRequest::default();
         assert!(r.is_empty());
-        r.set(OptionName::Policy, b"magm", "--carma-policy").unwrap();
+        r.set(OptionName::Policy, b"magm", "--carma-policy")
+            .unwrap();
         r.set(OptionName::Mem, b"12G", "--carma-mem").unwrap();
         r.set(OptionName::Gpus, b"2", "--carma-gpus").unwrap();
-        r.set(OptionName::BatchSize, b"64", "--carma-batch-size").unwrap();
-        r.set(OptionName::Model, b"/home/u/net.onnx", "--carma-model").unwrap();
+        r.set(OptionName::BatchSize, b"64", "--carma-batch-size")
+            .unwrap();
+        r.set(OptionName::Model, b"/home/u/net.onnx", "--carma-model")
+            .unwrap();
         assert_eq!(r.policy, Some(Policy::Magm));
         assert_eq!(r.mem_mib, Some(12288));
         assert_eq!(r.gpu_count(), 2);
@@ -279,7 +291,10 @@ mod tests {
             let source = format!("--{}", option.flag());
             let e = r.set(option, raw, &source).unwrap_err();
             let line = e.to_string();
-            assert!(line.starts_with(&format!("invalid --{}=", option.flag())), "{line}");
+            assert!(
+                line.starts_with(&format!("invalid --{}=", option.flag())),
+                "{line}"
+            );
             assert!(line.contains("expected"), "{line}");
             assert!(!line.contains('\n'));
             assert!(r.is_empty(), "a rejected value must not be stored");
@@ -290,7 +305,10 @@ mod tests {
     fn long_and_control_values_are_not_echoed_raw() {
         let mut r = JobRequest::default();
         let long = vec![b'a'; 10_000];
-        let line = r.set(OptionName::Model, &long, "--carma-model").unwrap_err().to_string();
+        let line = r
+            .set(OptionName::Model, &long, "--carma-model")
+            .unwrap_err()
+            .to_string();
         assert!(line.len() < 400);
         let line = r
             .set(OptionName::Policy, b"x\ny\x1b[31m", "--carma-policy")

@@ -1,1 +1,20 @@
-//! placeholder
+//! CARMA's placement engine, free of Slurm and NVML types so that the SPANK
+//! plugin, the admin CLI and the trace simulator all run the same code.
+//!
+//! - [`gpu`]: what a GPU source reports; [`source`]: NVML and simulated GPUs.
+//! - [`state`]: the node-local, file-locked record of what CARMA promised.
+//! - [`policy`]: preconditions and the six policies, as pure functions.
+//! - [`place`]: lock → read → garbage-collect → decide → write → unlock.
+
+pub mod gpu;
+pub mod place;
+pub mod policy;
+pub mod procs;
+pub mod source;
+pub mod state;
+
+pub use gpu::{GpuProcess, GpuReading};
+pub use place::{Decision, LinuxProcesses, PlaceError, Placer, Processes, Request, StepRef};
+pub use policy::{Demand, NoFit, Params, choose};
+pub use source::{GpuSource, SourceError, open_source};
+pub use state::{Holding, NodeState, Reservation, StateStore};

@@ -20,12 +20,11 @@ pub fn option(id: i32, value: &[u8], _remote: bool) -> Result<(), Error> {
 pub fn init_post_opt(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     match context() {
         Context::Local | Context::Allocator => ctx::submit::init_post_opt(sp),
+        // slurmstepd still runs as root here (user_init runs as the user),
+        // so this is where the step is placed and the state written.
+        Context::Remote => ctx::remote::place(sp),
         _ => Ok(()),
     }
-}
-
-pub fn user_init(sp: &Spank, _args: &[String]) -> Result<(), Error> {
-    ctx::remote::user_init(sp)
 }
 
 pub fn task_init(sp: &Spank, _args: &[String]) -> Result<(), Error> {

@@ -40,6 +40,7 @@ from_display!(
     carma_config::ConfigError,
     carma_config::OptionError,
     carma_config::PluginArgsError,
+    carma_placement::PlaceError,
     std::io::Error
 );
 

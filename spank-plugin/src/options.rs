@@ -19,7 +19,8 @@ static CONFIG: OnceCell<Config> = OnceCell::new();
 
 /// Stores one option value; a bad value fails srun/sbatch before submission.
 pub fn set(id: i32, value: &[u8]) -> Result<(), Error> {
-    let option = OptionName::from_id(id).ok_or_else(|| Error::msg(format!("unknown option id {id}")))?;
+    let option =
+        OptionName::from_id(id).ok_or_else(|| Error::msg(format!("unknown option id {id}")))?;
     let mut req = REQUEST.lock().unwrap_or_else(|p| p.into_inner());
     req.set(option, value, &format!("--{}", option.flag()))?;
     Ok(())

@@ -5,7 +5,12 @@
 //! `spank_*` calls in a typed handle whose methods return `Result`. C return
 //! codes are turned into errors in exactly one place: [`check`].
 
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code
+)]
 
 use crate::dispatch;
 use crate::error::Error;
@@ -14,7 +19,12 @@ use carma_config::OptionName;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint};
 
 mod sys {
-    #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+    #![allow(
+        non_upper_case_globals,
+        non_camel_case_types,
+        non_snake_case,
+        dead_code
+    )]
     include!(concat!(env!("OUT_DIR"), "/spank_sys.rs"));
 }
 
@@ -115,7 +125,12 @@ impl Spank {
         let mut buf = vec![0u8; 8192];
         // SAFETY: buf is writable for its full length, which we pass.
         let rc = unsafe {
-            sys::spank_getenv(self.raw, cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len() as c_int)
+            sys::spank_getenv(
+                self.raw,
+                cname.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len() as c_int,
+            )
         };
         if rc == sys::slurm_err_t::ESPANK_ENV_NOEXIST {
             return Ok(None);
@@ -139,7 +154,10 @@ impl Spank {
     /// Passes a value from srun/sbatch to the job: it appears as
     /// `SLURM_SPANK_<name>` in the job and `SPANK_<name>` in prolog/epilog.
     pub fn job_control_setenv(&self, name: &str, value: &str) -> Result<(), Error> {
-        let (n, v) = (cstring(name, "job_control_setenv")?, cstring(value, "job_control_setenv")?);
+        let (n, v) = (
+            cstring(name, "job_control_setenv")?,
+            cstring(value, "job_control_setenv")?,
+        );
         // SAFETY: both strings are NUL-terminated and outlive the call.
         let rc = unsafe { sys::spank_job_control_setenv(self.raw, n.as_ptr(), v.as_ptr(), 1) };
         check(rc, &format!("job_control_setenv {name}"))
@@ -232,8 +250,11 @@ macro_rules! hook {
 }
 
 hook!(slurm_spank_init, "init", dispatch::init);
-hook!(slurm_spank_init_post_opt, "init_post_opt", dispatch::init_post_opt);
-hook!(slurm_spank_user_init, "user_init", dispatch::user_init);
+hook!(
+    slurm_spank_init_post_opt,
+    "init_post_opt",
+    dispatch::init_post_opt
+);
 hook!(slurm_spank_task_init, "task_init", dispatch::task_init);
 hook!(slurm_spank_exit, "exit", dispatch::exit);
 hook!(slurm_spank_job_prolog, "job_prolog", dispatch::job_prolog);

@@ -1,12 +1,92 @@
-//! Prolog/epilog context (a fresh process run by slurmd as root).
+//! Prolog/epilog context: a fresh process that slurmd runs as root with an
+//! environment Slurm sets (users cannot forge it). A failure here would
+//! drain the node, so problems are logged and never returned.
 
-use crate::error::Error;
+use crate::error::{Context as _, Error};
+use crate::log;
+use crate::options;
 use crate::spank::Spank;
+use carma_placement::Placer;
 
-pub fn prolog(_sp: &Spank) -> Result<(), Error> {
+fn job_id() -> Option<u32> {
+    std::env::var("SLURM_JOB_ID").ok()?.parse().ok()
+}
+
+/// Parses Slurm's GPU index list ("0,1", "0-2,5").
+pub fn parse_gpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 1024 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+fn never_fail(what: &str, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    if let Err(e) = body() {
+        log::error(&format!(
+            "{what}: {e} (the job continues; the node is not drained)"
+        ));
+    }
     Ok(())
 }
 
+/// Records the GPUs Slurm allocated to the job as held whole, until a step
+/// shows that it shares them (shards or CARMA).
+pub fn prolog(_sp: &Spank) -> Result<(), Error> {
+    never_fail("job_prolog", || {
+        let (Some(job), Ok(list)) = (job_id(), std::env::var("SLURM_JOB_GPUS")) else {
+            return Ok(());
+        };
+        let Some(gpus) = parse_gpu_list(&list).filter(|g| !g.is_empty()) else {
+            return Ok(());
+        };
+        let cfg = options::config()?;
+        log::set_log_file(cfg.log_file.clone());
+        Placer::from_config(cfg, log::event)
+            .context("placement")?
+            .record_whole(job, &gpus)
+            .context("placement")?;
+        Ok(())
+    })
+}
+
+/// Releases whatever the job still holds on this node.
 pub fn epilog(_sp: &Spank) -> Result<(), Error> {
-    Ok(())
+    never_fail("job_epilog", || {
+        let Some(job) = job_id() else { return Ok(()) };
+        let cfg = options::config()?;
+        log::set_log_file(cfg.log_file.clone());
+        if let Some(r) = Placer::from_config(cfg, log::event)
+            .context("release")?
+            .release_job(job)
+            .context("release")?
+        {
+            log::event(&format!("job {job} ended: released GPU {:?}", r.gpus));
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_gpu_list;
+
+    #[test]
+    fn gpu_lists() {
+        assert_eq!(parse_gpu_list("0,1"), Some(vec![0, 1]));
+        assert_eq!(parse_gpu_list("0-2,5"), Some(vec![0, 1, 2, 5]));
+        assert_eq!(parse_gpu_list(""), Some(vec![]));
+        assert_eq!(parse_gpu_list("a"), None);
+        assert_eq!(parse_gpu_list("3-1"), None);
+        assert_eq!(parse_gpu_list("0-4000000000"), None);
+    }
 }

@@ -1,47 +1,130 @@
-//! slurmstepd (remote): runs as root. The placement decision is made once
-//! per step in `user_init`, before tasks fork; `task_init` (in each forked
-//! task) only copies the decision into the task's environment.
+//! slurmstepd (remote). The placement decision is made once per step in
+//! `init_post_opt`, the last hook that runs as root before tasks fork
+//! (`user_init` already runs as the job's user and could not write the
+//! root-owned state); `task_init` (in each forked task, as the user) only
+//! copies the decision into the task's environment; `exit` (root again)
+//! releases the step's hold on its GPUs.
 
-use crate::error::Error;
+use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::{Item, Spank};
+use carma_config::{Config, JobRequest, NoFitAction, UnknownEstimate};
+use carma_placement::{Placer, Request, StepRef};
 use once_cell::sync::OnceCell;
+use std::time::Duration;
 
-/// The step's decision, made in user_init, read after fork (lock-free).
+/// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
     gpus: String,
     summary: String,
+    step: StepRef,
 }
 static DECISION: OnceCell<Decision> = OnceCell::new();
 
-pub fn user_init(sp: &Spank) -> Result<(), Error> {
+/// Options given to this step win; then values resolved at submit time
+/// (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
+/// --export=NONE); then CARMA_* in the step's environment (a direct srun
+/// exports the user's environment, already validated by srun).
+fn request(sp: &Spank) -> Result<JobRequest, Error> {
     let mut req = options::request();
-    // Options given to this step win; then values resolved at submit time
-    // (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
-    // --export=NONE); then CARMA_* in the step's environment (a direct srun
-    // exports the user's environment, already validated by srun).
     req.fill_from_env(|name| {
         let spank = sp.getenv(&format!("SLURM_SPANK_{name}")).ok().flatten();
-        spank.or_else(|| sp.getenv(name).ok().flatten()).map(String::into_bytes)
+        spank
+            .or_else(|| sp.getenv(name).ok().flatten())
+            .map(String::into_bytes)
     })?;
+    Ok(req)
+}
+
+/// The per-GPU estimate and where it came from.
+fn estimate(req: &JobRequest, cfg: &Config) -> (Option<u64>, String) {
+    if let Some(mib) = req.mem_mib {
+        return (Some(mib), "declared".into());
+    }
+    match cfg.unknown_estimate {
+        UnknownEstimate::Exclusive => (None, "unknown".into()),
+        UnknownEstimate::Mib(m) => (Some(m), "default".into()),
+    }
+}
+
+pub fn place(sp: &Spank) -> Result<(), Error> {
+    let req = request(sp)?;
+    let shards = sp.getenv("SLURM_SHARDS_ON_NODE")?.is_some();
+    if req.is_empty() && !shards {
+        // Not a CARMA step and not sharing: nothing to do, no lock taken.
+        return Ok(());
+    }
+    let cfg = options::config()?;
+    log::set_log_file(cfg.log_file.clone());
+    let job = sp.item_u32(Item::JobId)?;
+    let step_id = sp.item_u32(Item::StepId)?;
+    let step = StepRef {
+        job,
+        holder: std::process::id(),
+    };
+    let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
+    if shards || slurm_gpus(sp)?.is_none() {
+        // The prolog recorded Slurm's GPUs as held whole; this job shares.
+        placer.drop_whole(job).context("placement")?;
+    }
     if req.is_empty() {
         return Ok(());
     }
-    let job = sp.item_u32(Item::JobId)?;
-    let step = sp.item_u32(Item::StepId)?;
-    let gpus: Vec<String> = (0..req.gpu_count()).map(|i| i.to_string()).collect();
-    let list = gpus.join(",");
-    let policy = req.policy.unwrap_or(options::config()?.default_policy);
-    let summary = format!("policy={policy} gpus={list}");
-    log::info(&format!("job {job} step {step}: {summary}"));
-    let _ = DECISION.set(Decision { gpus: list, summary });
+    let (estimate_mib, estimate_source) = estimate(&req, cfg);
+    let policy = req.policy.unwrap_or(cfg.default_policy);
+    let request = Request {
+        policy,
+        count: req.gpu_count(),
+        estimate_mib,
+        estimate_source: estimate_source.clone(),
+    };
+    let wait = if cfg.no_fit == NoFitAction::Wait {
+        cfg.timeouts.wait
+    } else {
+        Duration::ZERO
+    };
+    let est = estimate_mib
+        .map(|m| format!("{m}M"))
+        .unwrap_or_else(|| "unknown".into());
+    let decision = placer
+        .place(step, &request, wait, cfg.timeouts.poll)
+        .map_err(|e| {
+            Error::msg(format!(
+                "job {job} step {step_id}: policy {policy}, estimate {est} ({estimate_source}): {e}"
+            ))
+        })?;
+    let gpus: Vec<String> = decision.gpus.iter().map(u32::to_string).collect();
+    let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}");
+    log::event(&format!("job {job} step {step_id}: {summary}"));
+    let _ = DECISION.set(Decision {
+        gpus: gpus.join(","),
+        summary,
+        step,
+    });
     Ok(())
 }
 
+/// GPUs Slurm itself allocated to the step (gres/gpu), if any.
+fn slurm_gpus(sp: &Spank) -> Result<Option<String>, Error> {
+    for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
+        if let Some(v) = sp.getenv(var)? {
+            if !v.is_empty() {
+                return Ok(Some(v));
+            }
+        }
+    }
+    Ok(None)
+}
+
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
+    // Runs in the forked task: no locks, no NVML, no logging on success.
     if let Some(d) = DECISION.get() {
-        for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"] {
+        for var in [
+            "CUDA_VISIBLE_DEVICES",
+            "SLURM_STEP_GPUS",
+            "GPU_DEVICE_ORDINAL",
+        ] {
             sp.setenv(var, &d.gpus)?;
         }
         sp.setenv("CARMA_DECISION", &d.summary)?;
@@ -50,5 +133,13 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
 }
 
 pub fn exit(_sp: &Spank) -> Result<(), Error> {
+    let Some(d) = DECISION.get() else {
+        return Ok(());
+    };
+    let cfg = options::config()?;
+    let placer = Placer::from_config(cfg, log::event).context("release")?;
+    if let Some(r) = placer.release(d.step).context("release")? {
+        log::event(&format!("job {} released GPU {:?}", r.job, r.gpus));
+    }
     Ok(())
 }

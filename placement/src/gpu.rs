@@ -1,0 +1,28 @@
+//! One reading of one GPU, as every source reports it.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_mib: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuReading {
+    pub index: u32,
+    pub uuid: String,
+    pub total_mib: u64,
+    pub used_mib: u64,
+    /// SM activity averaged over the monitoring window, 0.0–1.0.
+    pub sm_activity: f64,
+    pub processes: Vec<GpuProcess>,
+    /// Current power draw, where the source knows it.
+    pub power_w: Option<f64>,
+}
+
+impl GpuReading {
+    pub fn free_mib(&self) -> u64 {
+        self.total_mib.saturating_sub(self.used_mib)
+    }
+}

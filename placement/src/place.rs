@@ -1,0 +1,342 @@
+//! One placement: read the GPUs, then under the state lock collect garbage,
+//! reuse the job's GPUs or choose new ones, and record the reservation.
+
+use crate::gpu::GpuReading;
+use crate::policy::{Demand, NoFit, Params, choose};
+use crate::procs;
+use crate::source::{GpuSource, SourceError, open_source};
+use crate::state::{Holding, Logger, NodeState, Reservation, StateError, StateStore, now_secs};
+use carma_config::{Config, Policy};
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// A step of a job on this node; `holder` is its slurmstepd's pid, whose
+/// death releases what the step held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepRef {
+    pub job: u32,
+    pub holder: u32,
+}
+
+/// What the job asks for, with its estimate already resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub policy: Policy,
+    pub count: u32,
+    /// Per-GPU estimate; `None` = unknown, so whole GPUs.
+    pub estimate_mib: Option<u64>,
+    /// Which source decided the estimate, for logs and status.
+    pub estimate_source: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub gpus: Vec<u32>,
+    pub exclusive: bool,
+    /// Per-GPU memory the reservation promises.
+    pub reserve_mib: u64,
+    /// The job already held these GPUs (an earlier step placed it).
+    pub reused: bool,
+    /// Effective free memory of each chosen GPU when chosen (empty if reused).
+    pub free_mib: Vec<u64>,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
+        write!(
+            f,
+            "gpus={} reserve={}M exclusive={}",
+            gpus.join(","),
+            self.reserve_mib,
+            self.exclusive
+        )?;
+        if self.reused {
+            write!(f, " reused=yes")
+        } else {
+            let free: Vec<String> = self.free_mib.iter().map(|m| format!("{m}M")).collect();
+            write!(f, " effective_free={}", free.join(","))
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum PlaceError {
+    State(StateError),
+    Source(SourceError),
+    NoFit(NoFit),
+    TimedOut { waited: Duration, last: NoFit },
+}
+
+impl fmt::Display for PlaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlaceError::State(e) => write!(f, "node state: {e}"),
+            PlaceError::Source(e) => write!(f, "GPU readings: {e}"),
+            PlaceError::NoFit(n) => write!(f, "no GPU fits: {n}"),
+            PlaceError::TimedOut { waited, last } => {
+                write!(
+                    f,
+                    "no GPU fit within {:.0}s (timeouts.wait): {last}",
+                    waited.as_secs_f64()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for PlaceError {}
+
+impl From<StateError> for PlaceError {
+    fn from(e: StateError) -> Self {
+        PlaceError::State(e)
+    }
+}
+
+impl From<SourceError> for PlaceError {
+    fn from(e: SourceError) -> Self {
+        PlaceError::Source(e)
+    }
+}
+
+/// How the placer learns which processes are alive and whose they are.
+/// Linux /proc in production; the simulator supplies its own.
+pub trait Processes {
+    fn alive(&self, pid: u32) -> bool;
+    /// The job still has a step on this node.
+    fn job_running(&self, job: u32) -> bool;
+    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32>;
+}
+
+pub struct LinuxProcesses;
+
+impl Processes for LinuxProcesses {
+    fn alive(&self, pid: u32) -> bool {
+        procs::alive(pid)
+    }
+    fn job_running(&self, job: u32) -> bool {
+        procs::job_has_stepd(job)
+    }
+    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32> {
+        procs::owners(pids.iter().copied(), holders)
+    }
+}
+
+pub struct Placer {
+    store: StateStore,
+    /// Opened on first use: releasing or recording holdings needs no GPU readings.
+    source: Option<Box<dyn GpuSource>>,
+    source_config: Option<(carma_config::GpuSource, Duration)>,
+    params: Params,
+    processes: Box<dyn Processes>,
+    log: Logger,
+}
+
+impl Placer {
+    pub fn new(
+        store: StateStore,
+        source: Box<dyn GpuSource>,
+        params: Params,
+        processes: Box<dyn Processes>,
+        log: Logger,
+    ) -> Placer {
+        Placer {
+            store,
+            source: Some(source),
+            source_config: None,
+            params,
+            processes,
+            log,
+        }
+    }
+
+    fn source(&mut self) -> Result<&mut Box<dyn GpuSource>, PlaceError> {
+        if self.source.is_none() {
+            let (cfg, window) = self.source_config.clone().ok_or_else(|| {
+                PlaceError::Source(SourceError("no GPU source configured".into()))
+            })?;
+            self.source = Some(open_source(&cfg, window)?);
+        }
+        Ok(self.source.as_mut().expect("just opened"))
+    }
+
+    fn read(&mut self) -> Result<Vec<GpuReading>, PlaceError> {
+        Ok(self.source()?.read()?)
+    }
+
+    /// The placer of this node as carma.yaml describes it.
+    pub fn from_config(cfg: &Config, log: fn(&str)) -> Result<Placer, PlaceError> {
+        let store = StateStore::open(&cfg.state_dir, cfg.timeouts.lock, Box::new(log))?;
+        let params = Params {
+            sm_activity_cap: cfg.sm_activity_cap,
+            headroom_mib: cfg.headroom_mib,
+        };
+        Ok(Placer {
+            store,
+            source: None,
+            source_config: Some((cfg.gpu_source.clone(), cfg.monitor_window)),
+            params,
+            processes: Box::new(LinuxProcesses),
+            log: Box::new(log),
+        })
+    }
+
+    pub fn params(&self) -> Params {
+        self.params
+    }
+
+    pub fn source_name(&mut self) -> Result<&'static str, PlaceError> {
+        Ok(self.source()?.name())
+    }
+
+    /// Live readings and the recorded state (shared lock), for status.
+    pub fn status(&mut self) -> Result<(Vec<GpuReading>, NodeState), PlaceError> {
+        let readings = self.read()?;
+        Ok((readings, self.store.snapshot()?))
+    }
+
+    fn collect(&self, st: &mut NodeState) {
+        for r in st.collect_garbage(
+            |pid| self.processes.alive(pid),
+            |job| self.processes.job_running(job),
+        ) {
+            (self.log)(&format!(
+                "released job {} from GPU {:?}: its steps are gone",
+                r.job, r.gpus
+            ));
+        }
+    }
+
+    /// One attempt: reuse the job's GPUs or choose new ones.
+    pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
+        let readings = self.read()?;
+        let pids: Vec<u32> = readings
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .collect();
+        let demand = Demand {
+            policy: req.policy,
+            count: req.count,
+            estimate_mib: req.estimate_mib,
+        };
+        let params = self.params;
+        let out = self.store.update(|st| {
+            self.collect(st);
+            if let Some(r) = st.job_mut(step.job) {
+                if !r.holders.contains(&step.holder) {
+                    r.holders.push(step.holder);
+                }
+                return Ok(Decision {
+                    gpus: r.gpus.clone(),
+                    exclusive: r.exclusive,
+                    reserve_mib: r.estimate_mib,
+                    reused: true,
+                    free_mib: vec![],
+                });
+            }
+            let holders: Vec<u32> = st
+                .reservations
+                .iter()
+                .flat_map(|r| r.holders.iter().copied())
+                .collect();
+            let owners = self.processes.owners(&pids, &holders);
+            let choice = choose(&readings, st, &demand, &params, &owners)?;
+            st.reservations.push(Reservation {
+                job: step.job,
+                gpus: choice.gpus.clone(),
+                estimate_mib: choice.reserve_mib,
+                estimate_source: req.estimate_source.clone(),
+                exclusive: choice.exclusive,
+                holding: Holding::Carma,
+                policy: Some(req.policy),
+                since: now_secs(),
+                holders: vec![step.holder],
+            });
+            Ok(Decision {
+                gpus: choice.gpus,
+                exclusive: choice.exclusive,
+                reserve_mib: choice.reserve_mib,
+                reused: false,
+                free_mib: choice.free_mib,
+            })
+        })?;
+        out.map_err(PlaceError::NoFit)
+    }
+
+    /// Places, re-checking with back-off (poll, doubling up to 8×poll)
+    /// while no GPU fits, for at most `wait`. `wait` zero = one attempt.
+    pub fn place(
+        &mut self,
+        step: StepRef,
+        req: &Request,
+        wait: Duration,
+        poll: Duration,
+    ) -> Result<Decision, PlaceError> {
+        let start = Instant::now();
+        let mut pause = poll;
+        loop {
+            match self.try_place(step, req) {
+                Err(PlaceError::NoFit(last)) => {
+                    let waited = start.elapsed();
+                    if waited >= wait {
+                        return Err(if wait.is_zero() {
+                            PlaceError::NoFit(last)
+                        } else {
+                            PlaceError::TimedOut { waited, last }
+                        });
+                    }
+                    std::thread::sleep(pause.min(wait - waited));
+                    pause = (pause * 2).min(poll * 8);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Records GPUs that Slurm allocated to a job (from the prolog's trusted
+    /// environment) as held whole, so that CARMA never places another job on
+    /// them. A step that turns out to share (shards, CARMA) calls
+    /// [`Placer::drop_whole`].
+    pub fn record_whole(&self, job: u32, gpus: &[u32]) -> Result<(), PlaceError> {
+        self.store.update(|st| {
+            self.collect(st);
+            if st.job(job).is_some() {
+                return;
+            }
+            st.reservations.push(Reservation {
+                job,
+                gpus: gpus.to_vec(),
+                estimate_mib: 0,
+                estimate_source: "slurm".into(),
+                exclusive: true,
+                holding: Holding::SlurmWhole,
+                policy: None,
+                since: now_secs(),
+                holders: vec![],
+            });
+        })?;
+        Ok(())
+    }
+
+    /// The job shares its GPUs after all (shards or CARMA placement): forget
+    /// the whole-GPU record the prolog made. Returns true if one existed.
+    pub fn drop_whole(&self, job: u32) -> Result<bool, PlaceError> {
+        Ok(self.store.update(|st| match st.job(job) {
+            Some(r) if r.holding == Holding::SlurmWhole => st.release_job(job).is_some(),
+            _ => false,
+        })?)
+    }
+
+    /// A step ended: the job's GPUs are released when no step holds them.
+    pub fn release(&self, step: StepRef) -> Result<Option<Reservation>, PlaceError> {
+        Ok(self
+            .store
+            .update(|st| st.release_holder(step.job, step.holder))?)
+    }
+
+    /// The job ended (epilog): release whatever it still holds.
+    pub fn release_job(&self, job: u32) -> Result<Option<Reservation>, PlaceError> {
+        Ok(self.store.update(|st| st.release_job(job))?)
+    }
+}

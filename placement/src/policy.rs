@@ -1,0 +1,207 @@
+//! CARMA's preconditions and policies as pure functions over a GPU reading
+//! and the node state, so that they can be tested on hand-built states and
+//! reused by the simulator.
+
+use crate::gpu::GpuReading;
+use crate::state::{Holding, NodeState};
+use carma_config::Policy;
+use std::collections::HashMap;
+use std::fmt;
+
+/// Thresholds from carma.yaml.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    pub sm_activity_cap: f64,
+    pub headroom_mib: u64,
+}
+
+/// What a job asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    pub policy: Policy,
+    /// Distinct GPUs wanted.
+    pub count: u32,
+    /// Expected peak per GPU; `None` = unknown, so whole GPUs are needed.
+    pub estimate_mib: Option<u64>,
+}
+
+/// Why each GPU was passed over; prints as one line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoFit {
+    pub wanted: u32,
+    pub reasons: Vec<(u32, String)>,
+}
+
+impl fmt::Display for NoFit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let eligible = self.reasons.iter().filter(|(_, r)| r.is_empty()).count();
+        write!(
+            f,
+            "{eligible} of {} GPUs qualify, {} needed",
+            self.reasons.len(),
+            self.wanted
+        )?;
+        for (gpu, why) in self.reasons.iter().filter(|(_, r)| !r.is_empty()) {
+            write!(f, "; GPU{gpu}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A placement: GPUs in the order the policy ranked them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub gpus: Vec<u32>,
+    /// True when the job gets the GPUs to itself.
+    pub exclusive: bool,
+    /// Per-GPU memory the reservation promises (the whole GPU if exclusive).
+    pub reserve_mib: u64,
+    /// Effective free memory of each chosen GPU at decision time.
+    pub free_mib: Vec<u64>,
+}
+
+/// Memory promised on `gpu` to placed jobs that have not allocated it yet:
+/// for each CARMA reservation, its estimate minus what its processes use
+/// there now, never below zero. `owners` maps GPU process pids to the
+/// holder (slurmstepd) they descend from.
+pub fn promised_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u32>) -> u64 {
+    state
+        .reservations
+        .iter()
+        .filter(|r| r.holding == Holding::Carma && r.gpus.contains(&gpu.index))
+        .map(|r| {
+            let used: u64 = gpu
+                .processes
+                .iter()
+                .filter(|p| owners.get(&p.pid).is_some_and(|h| r.holders.contains(h)))
+                .map(|p| p.used_mib)
+                .sum();
+            r.estimate_mib.saturating_sub(used)
+        })
+        .sum()
+}
+
+/// Live free memory minus promised memory.
+pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u32>) -> u64 {
+    gpu.free_mib()
+        .saturating_sub(promised_mib(gpu, state, owners))
+}
+
+/// Why `gpu` cannot take the demand, or `None` if it can.
+fn reject(
+    gpu: &GpuReading,
+    state: &NodeState,
+    owners: &HashMap<u32, u32>,
+    need_whole: bool,
+    est: u64,
+    p: &Params,
+) -> Option<String> {
+    let on_gpu: Vec<_> = state
+        .reservations
+        .iter()
+        .filter(|r| r.gpus.contains(&gpu.index))
+        .collect();
+    if let Some(r) = on_gpu.iter().find(|r| r.holding == Holding::SlurmWhole) {
+        return Some(format!("held whole by Slurm job {}", r.job));
+    }
+    if let Some(r) = on_gpu.iter().find(|r| r.exclusive) {
+        return Some(format!("held exclusively by job {}", r.job));
+    }
+    if need_whole {
+        if let Some(r) = on_gpu.first() {
+            return Some(format!("not idle (job {} placed here)", r.job));
+        }
+        if !gpu.processes.is_empty() {
+            return Some(format!(
+                "not idle ({} processes, {} MiB used)",
+                gpu.processes.len(),
+                gpu.used_mib
+            ));
+        }
+        return None;
+    }
+    if gpu.sm_activity > p.sm_activity_cap {
+        return Some(format!(
+            "SM activity {:.2} > cap {:.2}",
+            gpu.sm_activity, p.sm_activity_cap
+        ));
+    }
+    let free = effective_free_mib(gpu, state, owners);
+    if free < est + p.headroom_mib {
+        return Some(format!(
+            "effective free {free} MiB < {est} MiB estimate + {} MiB headroom",
+            p.headroom_mib
+        ));
+    }
+    None
+}
+
+/// Chooses `demand.count` distinct GPUs, or says why it cannot. May move
+/// the round-robin cursor in `state`.
+pub fn choose(
+    gpus: &[GpuReading],
+    state: &mut NodeState,
+    demand: &Demand,
+    params: &Params,
+    owners: &HashMap<u32, u32>,
+) -> Result<Choice, NoFit> {
+    let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
+    let need_whole = match demand.estimate_mib {
+        None => true,
+        Some(est) => demand.policy == Policy::Exclusive || est + params.headroom_mib > smallest,
+    };
+    let est = demand.estimate_mib.unwrap_or(smallest);
+    let mut reasons = Vec::with_capacity(gpus.len());
+    let mut ok: Vec<(&GpuReading, u64)> = Vec::new();
+    for g in gpus {
+        let why = reject(g, state, owners, need_whole, est, params);
+        if why.is_none() {
+            ok.push((g, effective_free_mib(g, state, owners)));
+        }
+        reasons.push((g.index, why.unwrap_or_default()));
+    }
+    let want = demand.count as usize;
+    if ok.len() < want || want == 0 {
+        return Err(NoFit {
+            wanted: demand.count,
+            reasons,
+        });
+    }
+    // Stable sorts keep ties in GPU-index order, so decisions are repeatable.
+    ok.sort_by_key(|(g, _)| g.index);
+    match if need_whole {
+        Policy::FirstFit
+    } else {
+        demand.policy
+    } {
+        Policy::Exclusive | Policy::FirstFit => {}
+        Policy::Magm => ok.sort_by(|a, b| b.1.cmp(&a.1)),
+        Policy::BestFit => ok.sort_by(|a, b| a.1.cmp(&b.1)),
+        Policy::LeastUtilized => ok.sort_by(|a, b| {
+            a.0.sm_activity
+                .total_cmp(&b.0.sm_activity)
+                .then(b.1.cmp(&a.1))
+        }),
+        Policy::RoundRobin => {
+            let cursor = state.rr_cursor;
+            ok.sort_by_key(|(g, _)| (g.index < cursor, g.index));
+        }
+    }
+    ok.truncate(want);
+    if demand.policy == Policy::RoundRobin {
+        state.rr_cursor = ok.iter().map(|(g, _)| g.index).max().unwrap_or(0) + 1;
+        if gpus.iter().all(|g| g.index < state.rr_cursor) {
+            state.rr_cursor = 0;
+        }
+    }
+    let reserve_mib = if need_whole { smallest.max(est) } else { est };
+    Ok(Choice {
+        gpus: ok.iter().map(|(g, _)| g.index).collect(),
+        exclusive: need_whole,
+        reserve_mib,
+        free_mib: ok.iter().map(|(_, f)| *f).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,72 @@
+//! Which job a GPU process belongs to: a process belongs to a holder (a
+//! slurmstepd) when the holder is among its ancestors. Reads /proc only.
+
+use std::collections::HashMap;
+
+/// Parent pid from /proc/<pid>/stat; `None` if the process is gone.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: skip
+    // past the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub fn alive(pid: u32) -> bool {
+    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Maps each pid to the first of `holders` found among its ancestors.
+pub fn owners(pids: impl IntoIterator<Item = u32>, holders: &[u32]) -> HashMap<u32, u32> {
+    let mut out = HashMap::new();
+    for pid in pids {
+        let mut cur = pid;
+        // Bounded walk: process trees are shallow; a cycle cannot hang us.
+        for _ in 0..64 {
+            if holders.contains(&cur) {
+                out.insert(pid, cur);
+                break;
+            }
+            match parent_of(cur) {
+                Some(p) if p != 0 && p != cur => cur = p,
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// True if a slurmstepd of `job` runs on this node: slurmstepd titles
+/// itself `slurmstepd: [JOB.STEP]`.
+pub fn job_has_stepd(job: u32) -> bool {
+    let prefix = format!("slurmstepd: [{job}.");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.len() < 4096 && c.starts_with(prefix.as_bytes()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_owned_by_its_parent() {
+        let me = std::process::id();
+        let parent = parent_of(me).expect("own parent");
+        let map = owners([me], &[parent]);
+        assert_eq!(map.get(&me), Some(&parent));
+        assert!(owners([me], &[999_999_999]).is_empty());
+        assert!(alive(me));
+        assert!(!alive(0));
+    }
+}

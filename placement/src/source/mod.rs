@@ -1,0 +1,43 @@
+//! Where GPU readings come from: NVML on GPU nodes, a file of simulated GPUs
+//! elsewhere. Chosen by `gpu_source` in carma.yaml, never by build flags.
+
+mod nvml;
+pub mod simulated;
+
+use crate::gpu::GpuReading;
+use carma_config::GpuSource as SourceConfig;
+use std::fmt;
+use std::time::Duration;
+
+pub use nvml::NvmlSource;
+pub use simulated::SimulatedGpus;
+
+pub trait GpuSource {
+    /// One reading of every GPU of the node, ordered by index.
+    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError>;
+    /// Short name for log lines.
+    fn name(&self) -> &'static str;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceError(pub String);
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+/// Opens the configured source. NVML is loaded at run time: on a node
+/// without a driver this returns an error in well under a millisecond.
+pub fn open_source(
+    cfg: &SourceConfig,
+    window: Duration,
+) -> Result<Box<dyn GpuSource>, SourceError> {
+    match cfg {
+        SourceConfig::Nvml => Ok(Box::new(NvmlSource::init(window)?)),
+        SourceConfig::Simulated(path) => Ok(Box::new(SimulatedGpus::load(path)?)),
+    }
+}

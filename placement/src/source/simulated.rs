@@ -1,0 +1,421 @@
+//! Simulated GPUs for nodes without GPUs (CI, the demo, the simulator).
+//!
+//! An admin-written YAML file describes the GPUs; running workloads
+//! (`carma-fakejob`) register their memory and SM use as one small JSON file
+//! per process in `process_dir` (mode 1777, like /tmp), which readers treat
+//! like NVML's process list: files of dead processes are ignored.
+//!
+//! ```yaml
+//! process_dir: /run/carma-sim      # default
+//! gpus:
+//!   - {index: 0, uuid: GPU-sim-0, memory_total: 40G}
+//!   - {index: 1, memory_total: 40G, memory_used: 1G, sm_activity: 0.2}   # baseline load
+//! ```
+
+use super::{GpuSource, SourceError};
+use crate::gpu::{GpuProcess, GpuReading};
+use crate::procs::alive;
+use fs2::FileExt;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const MAX_FILE_BYTES: u64 = 64 * 1024;
+const MAX_PROCESS_FILES: usize = 4096;
+pub const DEFAULT_PROCESS_DIR: &str = "/run/carma-sim";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    gpus: Vec<RawGpu>,
+    process_dir: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpu {
+    index: u32,
+    uuid: Option<String>,
+    memory_total: serde_yaml::Value,
+    memory_used: Option<serde_yaml::Value>,
+    sm_activity: Option<f64>,
+    power_w: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+struct SimGpu {
+    index: u32,
+    uuid: String,
+    total_mib: u64,
+    base_used_mib: u64,
+    base_sm: f64,
+    power_w: Option<f64>,
+}
+
+/// One process's use of each GPU it runs on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimProcess {
+    pub pid: u32,
+    pub gpus: Vec<SimUse>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimUse {
+    pub index: u32,
+    pub used_mib: u64,
+    pub sm: f64,
+}
+
+/// Raised when a simulated allocation does not fit (the fake workload
+/// turns it into PyTorch's OOM message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimOom {
+    pub gpu: u32,
+    pub total_mib: u64,
+    pub used_mib: u64,
+    pub asked_mib: u64,
+}
+
+pub struct SimulatedGpus {
+    file: PathBuf,
+    gpus: Vec<SimGpu>,
+    process_dir: PathBuf,
+}
+
+fn size(v: &serde_yaml::Value, key: &str, file: &Path) -> Result<u64, SourceError> {
+    let text = match v {
+        serde_yaml::Value::Number(n) => n.to_string(),
+        serde_yaml::Value::String(s) => s.clone(),
+        _ => String::new(),
+    };
+    carma_config::parse_size_mib(&text)
+        .map_err(|e| SourceError(format!("simulated GPU file {}: {key}: {e}", file.display())))
+}
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    if !f.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    Ok(buf)
+}
+
+impl SimulatedGpus {
+    pub fn load(file: &Path) -> Result<SimulatedGpus, SourceError> {
+        let bad = |m: String| SourceError(format!("simulated GPU file {}: {m}", file.display()));
+        let bytes = read_bounded(file).map_err(bad)?;
+        let raw: RawFile =
+            serde_yaml::from_slice(&bytes).map_err(|e| bad(e.to_string().replace('\n', " ")))?;
+        if raw.gpus.is_empty() || raw.gpus.len() > 64 {
+            return Err(bad("gpus: list 1 to 64 GPUs".into()));
+        }
+        let mut gpus = Vec::new();
+        for (i, g) in raw.gpus.into_iter().enumerate() {
+            if g.index as usize != i {
+                return Err(bad(format!(
+                    "gpus: entry {i} has index {}; list GPUs in index order from 0",
+                    g.index
+                )));
+            }
+            let total_mib = size(&g.memory_total, "memory_total", file)?;
+            let base_used_mib = g
+                .memory_used
+                .as_ref()
+                .map(|v| size(v, "memory_used", file))
+                .transpose()?
+                .unwrap_or(0);
+            let base_sm = g.sm_activity.unwrap_or(0.0);
+            if total_mib == 0 || base_used_mib > total_mib || !(0.0..=1.0).contains(&base_sm) {
+                return Err(bad(format!(
+                    "gpus[{i}]: need 0 < memory_used <= memory_total and 0 <= sm_activity <= 1"
+                )));
+            }
+            gpus.push(SimGpu {
+                index: g.index,
+                uuid: g.uuid.unwrap_or_else(|| format!("GPU-sim-{i}")),
+                total_mib,
+                base_used_mib,
+                base_sm,
+                power_w: g.power_w,
+            });
+        }
+        let process_dir = PathBuf::from(
+            raw.process_dir
+                .unwrap_or_else(|| DEFAULT_PROCESS_DIR.into()),
+        );
+        Ok(SimulatedGpus {
+            file: file.to_path_buf(),
+            gpus,
+            process_dir,
+        })
+    }
+
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    pub fn process_dir(&self) -> &Path {
+        &self.process_dir
+    }
+
+    /// Live processes' registrations, skipping dead ones and bad files.
+    fn processes(&self, skip_pid: Option<u32>) -> Vec<SimProcess> {
+        let Ok(entries) = fs::read_dir(&self.process_dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten().take(MAX_PROCESS_FILES) {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Some(pid) == skip_pid || !alive(pid) {
+                continue;
+            }
+            let Ok(bytes) = read_bounded(&entry.path()) else {
+                continue;
+            };
+            match serde_json::from_slice::<SimProcess>(&bytes) {
+                Ok(p) if p.pid == pid => out.push(p),
+                _ => continue,
+            }
+        }
+        out
+    }
+
+    fn readings(&self, procs: &[SimProcess]) -> Vec<GpuReading> {
+        self.gpus
+            .iter()
+            .map(|g| {
+                let mine: Vec<(u32, &SimUse)> = procs
+                    .iter()
+                    .flat_map(|p| {
+                        p.gpus
+                            .iter()
+                            .filter(|u| u.index == g.index)
+                            .map(move |u| (p.pid, u))
+                    })
+                    .collect();
+                GpuReading {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    total_mib: g.total_mib,
+                    used_mib: g.base_used_mib + mine.iter().map(|(_, u)| u.used_mib).sum::<u64>(),
+                    sm_activity: (g.base_sm + mine.iter().map(|(_, u)| u.sm).sum::<f64>()).min(1.0),
+                    processes: mine
+                        .iter()
+                        .map(|(pid, u)| GpuProcess {
+                            pid: *pid,
+                            used_mib: u.used_mib,
+                        })
+                        .collect(),
+                    power_w: g.power_w,
+                }
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> std::io::Result<fs::File> {
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o666)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.process_dir.join(".lock"))?;
+        let start = Instant::now();
+        loop {
+            match f.try_lock_exclusive() {
+                Ok(()) => return Ok(f),
+                Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Registers `pid` as using `used_mib` and `sm` on each of `gpus`
+    /// (replacing its earlier registration), unless a GPU lacks the memory.
+    pub fn allocate(
+        &self,
+        pid: u32,
+        gpus: &[u32],
+        used_mib: u64,
+        sm: f64,
+    ) -> Result<Result<(), SimOom>, SourceError> {
+        let ioerr = |e: std::io::Error| {
+            SourceError(format!(
+                "simulated GPUs {}: {e}",
+                self.process_dir.display()
+            ))
+        };
+        let _lock = self.lock().map_err(ioerr)?;
+        let others = self.readings(&self.processes(Some(pid)));
+        for &i in gpus {
+            let g = others
+                .iter()
+                .find(|g| g.index == i)
+                .ok_or_else(|| SourceError(format!("GPU {i} is not in {}", self.file.display())))?;
+            if g.used_mib + used_mib > g.total_mib {
+                return Ok(Err(SimOom {
+                    gpu: i,
+                    total_mib: g.total_mib,
+                    used_mib: g.used_mib,
+                    asked_mib: used_mib,
+                }));
+            }
+        }
+        let entry = SimProcess {
+            pid,
+            gpus: gpus
+                .iter()
+                .map(|&index| SimUse {
+                    index,
+                    used_mib,
+                    sm,
+                })
+                .collect(),
+        };
+        let path = self.process_dir.join(format!("{pid}.json"));
+        let tmp = self.process_dir.join(format!(".{pid}.tmp"));
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(ioerr)?;
+        f.write_all(&serde_json::to_vec(&entry).unwrap_or_default())
+            .map_err(ioerr)?;
+        fs::rename(&tmp, &path).map_err(ioerr)?;
+        Ok(Ok(()))
+    }
+
+    /// Removes `pid`'s registration (its memory is freed).
+    pub fn release(&self, pid: u32) {
+        let _ = fs::remove_file(self.process_dir.join(format!("{pid}.json")));
+    }
+}
+
+impl GpuSource for SimulatedGpus {
+    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
+        Ok(self.readings(&self.processes(None)))
+    }
+
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests_support::TempDir;
+
+    fn sim(dir: &Path, extra: &str) -> SimulatedGpus {
+        let f = dir.join("gpus.yaml");
+        fs::write(
+            &f,
+            format!(
+                "process_dir: {}\ngpus:\n  - {{index: 0, memory_total: 40G}}\n  - {{index: 1, memory_total: 16384, memory_used: 1G, sm_activity: 0.25}}\n{extra}",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        SimulatedGpus::load(&f).unwrap()
+    }
+
+    #[test]
+    fn reads_baseline_and_registered_processes() {
+        let d = TempDir::new();
+        let mut s = sim(&d.0, "");
+        let me = std::process::id();
+        assert_eq!(s.allocate(me, &[1], 4096, 0.5).unwrap(), Ok(()));
+        let r = s.read().unwrap();
+        assert_eq!(r[0].used_mib, 0);
+        assert_eq!(r[1].used_mib, 1024 + 4096);
+        assert_eq!(r[1].sm_activity, 0.75);
+        assert_eq!(
+            r[1].processes,
+            vec![GpuProcess {
+                pid: me,
+                used_mib: 4096
+            }]
+        );
+        // Re-registering replaces; an allocation that does not fit is an OOM.
+        assert_eq!(s.allocate(me, &[1], 8192, 0.5).unwrap(), Ok(()));
+        assert_eq!(s.read().unwrap()[1].used_mib, 1024 + 8192);
+        let oom = s.allocate(me, &[1], 16000, 0.5).unwrap().unwrap_err();
+        assert_eq!((oom.gpu, oom.used_mib, oom.asked_mib), (1, 1024, 16000));
+        s.release(me);
+        assert_eq!(s.read().unwrap()[1].used_mib, 1024);
+    }
+
+    #[test]
+    fn dead_processes_and_junk_files_are_ignored() {
+        let d = TempDir::new();
+        let mut s = sim(&d.0, "");
+        // pid_max is at most 2^22 on Linux: this pid cannot be alive.
+        fs::write(
+            d.0.join("4194999.json"),
+            r#"{"pid":4194999,"gpus":[{"index":0,"used_mib":100,"sm":0.1}]}"#,
+        )
+        .unwrap();
+        fs::write(
+            d.0.join(format!("{}.json", std::process::id())),
+            b"\x00garbage",
+        )
+        .unwrap();
+        fs::write(d.0.join("notapid.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", d.0.join("1.json")).unwrap();
+        let r = s.read().unwrap();
+        assert_eq!(r[0].used_mib, 0);
+        assert!(r[0].processes.is_empty());
+    }
+
+    #[test]
+    fn bad_files_give_one_line_naming_the_field() {
+        let d = TempDir::new();
+        for (text, needle) in [
+            ("gpus: []\n", "gpus"),
+            ("gpus:\n  - {index: 1, memory_total: 40G}\n", "index order"),
+            (
+                "gpus:\n  - {index: 0, memory_total: lots}\n",
+                "memory_total",
+            ),
+            (
+                "gpus:\n  - {index: 0, memory_total: 4G, colour: red}\n",
+                "colour",
+            ),
+            ("\u{0}\u{1}", "simulated GPU file"),
+        ] {
+            let f = d.0.join("bad.yaml");
+            fs::write(&f, text).unwrap();
+            let e = SimulatedGpus::load(&f).err().unwrap().to_string();
+            assert!(e.contains(needle) && !e.contains('\n'), "{text:?}: {e}");
+        }
+        let e = SimulatedGpus::load(&d.0.join("missing.yaml"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("missing.yaml"));
+    }
+}

@@ -1,0 +1,545 @@
+//! Node-local state: which job holds which GPUs, with what estimate, since
+//! when, under which policy. One JSON file under the configured directory,
+//! guarded by an flock with a bounded wait, replaced atomically (temp file +
+//! fsync + rename + directory fsync). A corrupt, unreadable or future-version
+//! file is moved aside with a log line and the state is rebuilt.
+
+use carma_config::Policy;
+use fs2::FileExt;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub const STATE_VERSION: u32 = 1;
+const STATE_FILE: &str = "state.json";
+const LOCK_FILE: &str = "state.lock";
+/// Far above any real state (64 GPUs × hundreds of jobs is ~100 KiB).
+const MAX_STATE_BYTES: u64 = 16 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Holding {
+    /// Placed by CARMA.
+    Carma,
+    /// Whole GPUs Slurm gave a job that does not use CARMA: never shared.
+    SlurmWhole,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub job: u32,
+    pub gpus: Vec<u32>,
+    /// Expected peak per GPU, MiB (the whole GPU for exclusive holdings).
+    pub estimate_mib: u64,
+    /// Which estimator source decided the estimate (declared, gpumemnet, ...).
+    pub estimate_source: String,
+    /// No other job may be placed on these GPUs.
+    pub exclusive: bool,
+    pub holding: Holding,
+    pub policy: Option<Policy>,
+    /// Unix seconds.
+    pub since: u64,
+    /// slurmstepd pids of the job's running steps on this node; a
+    /// reservation without live holders is released. Empty = a job-level
+    /// record (made by the prolog before any step), kept while the job runs.
+    pub holders: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeState {
+    pub version: u32,
+    /// Next GPU index the round-robin policy starts from.
+    pub rr_cursor: u32,
+    pub reservations: Vec<Reservation>,
+}
+
+impl Default for NodeState {
+    fn default() -> NodeState {
+        NodeState {
+            version: STATE_VERSION,
+            rr_cursor: 0,
+            reservations: Vec::new(),
+        }
+    }
+}
+
+impl NodeState {
+    pub fn job(&self, job: u32) -> Option<&Reservation> {
+        self.reservations.iter().find(|r| r.job == job)
+    }
+
+    pub fn job_mut(&mut self, job: u32) -> Option<&mut Reservation> {
+        self.reservations.iter_mut().find(|r| r.job == job)
+    }
+
+    /// Drops dead holders, then reservations left without any whose job no
+    /// longer runs on this node; returns the released reservations.
+    pub fn collect_garbage(
+        &mut self,
+        alive: impl Fn(u32) -> bool,
+        job_running: impl Fn(u32) -> bool,
+    ) -> Vec<Reservation> {
+        for r in &mut self.reservations {
+            r.holders.retain(|&pid| alive(pid));
+        }
+        let (keep, gone) = std::mem::take(&mut self.reservations)
+            .into_iter()
+            .partition(|r| !r.holders.is_empty() || job_running(r.job));
+        self.reservations = keep;
+        gone
+    }
+
+    /// Removes one holder of a job; releases the job when none is left.
+    pub fn release_holder(&mut self, job: u32, holder: u32) -> Option<Reservation> {
+        let r = self.job_mut(job)?;
+        if !r.holders.contains(&holder) {
+            return None;
+        }
+        r.holders.retain(|&p| p != holder);
+        if r.holders.is_empty() {
+            self.release_job(job)
+        } else {
+            None
+        }
+    }
+
+    pub fn release_job(&mut self, job: u32) -> Option<Reservation> {
+        let i = self.reservations.iter().position(|r| r.job == job)?;
+        Some(self.reservations.remove(i))
+    }
+}
+
+#[derive(Debug)]
+pub enum StateError {
+    /// The lock was not obtained within the configured time.
+    LockTimeout {
+        path: PathBuf,
+        waited: Duration,
+    },
+    /// The state directory is missing, unsafe or unwritable.
+    Dir(String),
+    Io {
+        what: String,
+        err: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::LockTimeout { path, waited } => write!(
+                f,
+                "state lock {} not obtained within {:.1}s (another process holds it; raise timeouts.lock or find the holder with `fuser {}`)",
+                path.display(),
+                waited.as_secs_f64(),
+                path.display()
+            ),
+            StateError::Dir(m) => f.write_str(m),
+            StateError::Io { what, err } => write!(f, "{what}: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StateError {
+    let what = what.into();
+    move |err| StateError::Io { what, err }
+}
+
+pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The state directory and its lock.
+pub struct StateStore {
+    dir: PathBuf,
+    lock_timeout: Duration,
+    log: Logger,
+}
+
+impl StateStore {
+    /// Opens (creating if needed, mode 0755) the state directory. It must be
+    /// owned by the effective user and writable by nobody else: users must
+    /// not be able to change what CARMA promised.
+    pub fn open(dir: &Path, lock_timeout: Duration, log: Logger) -> Result<StateStore, StateError> {
+        if !dir.exists() {
+            fs::create_dir_all(dir).map_err(io(format!("creating state_dir {}", dir.display())))?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+                .map_err(io(format!("chmod state_dir {}", dir.display())))?;
+        }
+        let meta = fs::symlink_metadata(dir).map_err(io(format!("state_dir {}", dir.display())))?;
+        // SAFETY: geteuid touches no memory and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if !meta.is_dir() {
+            return Err(StateError::Dir(format!(
+                "state_dir {} is not a directory",
+                dir.display()
+            )));
+        }
+        if meta.uid() != euid || meta.mode() & 0o022 != 0 {
+            return Err(StateError::Dir(format!(
+                "state_dir {} must be owned by uid {euid} and writable only by it (found uid {}, mode {:o}); fix with chown {euid} and chmod 755",
+                dir.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            )));
+        }
+        Ok(StateStore {
+            dir: dir.to_path_buf(),
+            lock_timeout,
+            log,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Runs `f` on the state under the exclusive lock; writes the state back
+    /// atomically if `f` changed it. The lock wait is bounded.
+    pub fn update<T>(&self, f: impl FnOnce(&mut NodeState) -> T) -> Result<T, StateError> {
+        let _lock = self.lock(true)?;
+        let before = self.load();
+        let mut state = before.clone();
+        let out = f(&mut state);
+        if state != before || !self.state_path().exists() {
+            self.store(&state)?;
+        }
+        Ok(out)
+    }
+
+    /// A consistent snapshot under a shared lock (for status displays).
+    pub fn snapshot(&self) -> Result<NodeState, StateError> {
+        let _lock = self.lock(false)?;
+        Ok(self.load())
+    }
+
+    fn lock(&self, exclusive: bool) -> Result<File, StateError> {
+        let path = self.dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let got = if exclusive {
+                file.try_lock_exclusive()
+            } else {
+                FileExt::try_lock_shared(&file)
+            };
+            match got {
+                Ok(()) => return Ok(file),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+                Err(e) => {
+                    return Err(StateError::Io {
+                        what: format!("locking {}", path.display()),
+                        err: e,
+                    });
+                }
+            }
+            let waited = start.elapsed();
+            if waited >= self.lock_timeout {
+                return Err(StateError::LockTimeout { path, waited });
+            }
+            std::thread::sleep(pause.min(self.lock_timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    /// Reads the state; anything unreadable is moved aside and replaced by
+    /// an empty state, with a log line. Never fails, never drops silently.
+    fn load(&self) -> NodeState {
+        let path = self.state_path();
+        let text = match read_bounded(&path) {
+            Ok(Some(t)) => t,
+            Ok(None) => return NodeState::default(),
+            Err(e) => return self.set_aside(&path, &e),
+        };
+        match serde_json::from_slice::<NodeState>(&text) {
+            Ok(s) if s.version == STATE_VERSION => s,
+            Ok(s) => self.set_aside(
+                &path,
+                &format!(
+                    "schema version {} (this build reads {STATE_VERSION})",
+                    s.version
+                ),
+            ),
+            Err(e) => self.set_aside(&path, &format!("not valid state JSON ({e})")),
+        }
+    }
+
+    fn set_aside(&self, path: &Path, why: &str) -> NodeState {
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let aside = self.dir.join(format!("{STATE_FILE}.corrupt.{stamp}"));
+        match fs::rename(path, &aside) {
+            Ok(()) => (self.log)(&format!(
+                "state file {} unreadable: {why}; moved to {}; rebuilding from live GPU readings",
+                path.display(),
+                aside.display()
+            )),
+            Err(e) => (self.log)(&format!(
+                "state file {} unreadable: {why}; could not move it aside ({e}); rebuilding from live GPU readings",
+                path.display()
+            )),
+        }
+        NodeState::default()
+    }
+
+    fn store(&self, state: &NodeState) -> Result<(), StateError> {
+        let path = self.state_path();
+        let tmp = self
+            .dir
+            .join(format!("{STATE_FILE}.tmp.{}", std::process::id()));
+        let bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Io {
+            what: "encoding state".into(),
+            err: std::io::Error::other(e),
+        })?;
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            StateError::Io {
+                what: format!("writing {}", path.display()),
+                err: e,
+            }
+        })
+    }
+}
+
+/// Reads a regular file (not a symlink) of bounded size; `None` if absent.
+fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open ({e})")),
+    };
+    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut buf = Vec::new();
+    file.take(MAX_STATE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read ({e})"))?;
+    if buf.len() as u64 > MAX_STATE_BYTES {
+        return Err(format!("larger than {MAX_STATE_BYTES} bytes"));
+    }
+    Ok(Some(buf))
+}
+
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    /// A fresh mode-0755 directory removed on drop.
+    pub struct TempDir(pub std::path::PathBuf);
+    impl TempDir {
+        pub fn new() -> TempDir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "carma-test-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            TempDir(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    fn store() -> (TempDir, StateStore, Arc<Mutex<Vec<String>>>) {
+        let d = TempDir::new();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l2 = lines.clone();
+        let s = StateStore::open(
+            &d.0,
+            Duration::from_millis(300),
+            Box::new(move |m| l2.lock().unwrap().push(m.to_string())),
+        )
+        .unwrap();
+        (d, s, lines)
+    }
+
+    use super::tests_support::TempDir;
+
+    fn res(job: u32, holder: u32) -> Reservation {
+        Reservation {
+            job,
+            gpus: vec![0],
+            estimate_mib: 1000,
+            estimate_source: "declared".into(),
+            exclusive: false,
+            holding: Holding::Carma,
+            policy: Some(Policy::Magm),
+            since: 1,
+            holders: vec![holder],
+        }
+    }
+
+    #[test]
+    fn update_persists_atomically_and_round_trips() {
+        let (_d, s, _) = store();
+        s.update(|st| st.reservations.push(res(7, 1))).unwrap();
+        assert_eq!(s.snapshot().unwrap().reservations, vec![res(7, 1)]);
+        let names: Vec<_> = fs::read_dir(s.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.contains(".tmp.")),
+            "temp file left behind: {names:?}"
+        );
+    }
+
+    #[test]
+    fn corrupt_future_and_truncated_files_are_set_aside_with_a_log_line() {
+        for bad in [
+            &b"{\"version\": 1, \"rr_cursor\": 0, \"reserv"[..],
+            b"\x00\xff garbage",
+            b"{\"version\": 99, \"rr_cursor\": 0, \"reservations\": []}",
+        ] {
+            let (_d, s, lines) = store();
+            fs::write(s.state_path(), bad).unwrap();
+            let st = s.update(|st| st.clone()).unwrap();
+            assert_eq!(st, NodeState::default());
+            let lines = lines.lock().unwrap();
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(
+                lines[0].contains("unreadable") && lines[0].contains("moved to"),
+                "{}",
+                lines[0]
+            );
+            let aside = fs::read_dir(s.dir())
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .contains(".corrupt.")
+                })
+                .count();
+            assert_eq!(aside, 1, "the bad file must be kept for inspection");
+            // The rewritten state is valid again.
+            assert_eq!(s.snapshot().unwrap(), NodeState::default());
+        }
+    }
+
+    #[test]
+    fn symlinked_state_file_is_not_followed() {
+        let (_d, s, lines) = store();
+        std::os::unix::fs::symlink("/etc/passwd", s.state_path()).unwrap();
+        let st = s.snapshot().unwrap();
+        assert_eq!(st, NodeState::default());
+        assert!(lines.lock().unwrap()[0].contains("cannot open"));
+    }
+
+    #[test]
+    fn lock_wait_is_bounded() {
+        let (_d, s, _) = store();
+        let holder = File::create(s.dir().join(LOCK_FILE)).unwrap();
+        holder.lock_exclusive().unwrap();
+        let t = Instant::now();
+        let e = s.update(|_| ()).unwrap_err();
+        assert!(matches!(e, StateError::LockTimeout { .. }), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(e.to_string().contains("not obtained within"));
+        FileExt::unlock(&holder).unwrap();
+        s.update(|_| ()).unwrap();
+    }
+
+    #[test]
+    fn unsafe_directory_is_refused() {
+        let d = TempDir::new();
+        fs::set_permissions(&d.0, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = StateStore::open(&d.0, Duration::from_secs(1), Box::new(|_| {}))
+            .err()
+            .expect("world-writable dir accepted");
+        assert!(e.to_string().contains("writable only by it"), "{e}");
+    }
+
+    #[test]
+    fn garbage_collection_and_release() {
+        let mut st = NodeState::default();
+        st.reservations = vec![
+            res(1, 10),
+            res(2, 20),
+            Reservation {
+                holders: vec![30, 31],
+                ..res(3, 30)
+            },
+        ];
+        st.reservations.push(Reservation {
+            holders: vec![],
+            ..res(4, 0)
+        });
+        st.reservations.push(Reservation {
+            holders: vec![],
+            ..res(5, 0)
+        });
+        let gone = st.collect_garbage(|pid| pid != 20 && pid != 30, |job| job == 4);
+        assert_eq!(
+            gone.iter().map(|r| r.job).collect::<Vec<_>>(),
+            vec![2, 5],
+            "job 4 still runs"
+        );
+        assert_eq!(st.job(3).unwrap().holders, vec![31]);
+        assert!(
+            st.release_holder(1, 99).is_none(),
+            "unknown holder must not release"
+        );
+        assert_eq!(st.release_holder(1, 10).map(|r| r.job), Some(1));
+        assert!(st.job(1).is_none());
+    }
+}

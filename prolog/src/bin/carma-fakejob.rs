@@ -1,0 +1,139 @@
+//! A simulated GPU training job for nodes without GPUs. It registers its
+//! memory and SM use on the simulated GPUs in its CUDA_VISIBLE_DEVICES while
+//! it runs and removes them when it ends. Like PyTorch, it prints
+//! `torch.OutOfMemoryError: CUDA out of memory. ...` and exits 1 when a GPU
+//! lacks the memory.
+//!
+//! carma-fakejob --mem 8G [--sm 0.6] [--seconds 30] [--ramp 2]
+//!               [--grow-to 30G --grow-after 5] [--config /etc/slurm/carma.yaml]
+
+use carma_config::{Config, GpuSource, parse_size_mib};
+use carma_placement::source::SimulatedGpus;
+use carma_tools::args::Args;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn main() {
+    match run() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("carma-fakejob: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn secs(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .ok_or_else(|| "expected seconds >= 0".into())
+}
+
+fn run() -> Result<i32, String> {
+    let a = Args::parse(
+        std::env::args().skip(1),
+        &[
+            "mem",
+            "sm",
+            "seconds",
+            "ramp",
+            "grow-to",
+            "grow-after",
+            "config",
+        ],
+        &[],
+    )?;
+    let mem = a
+        .parsed("mem", parse_size_mib)?
+        .ok_or("--mem SIZE is required")?;
+    let sm = a
+        .parsed("sm", |v| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| (0.0..=1.0).contains(s))
+                .ok_or("expected 0.0 to 1.0".into())
+        })?
+        .unwrap_or(0.5);
+    let seconds = a.parsed("seconds", secs)?.unwrap_or(10.0);
+    let ramp = a.parsed("ramp", secs)?.unwrap_or(0.0);
+    let grow_to = a.parsed("grow-to", parse_size_mib)?;
+    let grow_after = a.parsed("grow-after", secs)?.unwrap_or(0.0);
+    let config = Config::load(Path::new(
+        a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH),
+    ))
+    .map_err(|e| e.to_string())?;
+    let GpuSource::Simulated(file) = &config.gpu_source else {
+        return Err(format!(
+            "{} does not configure simulated GPUs (gpu_source: {{simulated: FILE}})",
+            config.path.display()
+        ));
+    };
+    let sim = SimulatedGpus::load(file).map_err(|e| e.to_string())?;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+        .map_err(|_| "CUDA_VISIBLE_DEVICES is not set: no GPU visible".to_string())?;
+    let gpus: Vec<u32> = visible
+        .split(',')
+        .map(|g| {
+            g.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("CUDA_VISIBLE_DEVICES={visible}: not a list of GPU indices"))
+        })
+        .collect::<Result<_, _>>()?;
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let pid = std::process::id();
+    let start = Instant::now();
+    println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, {seconds} s");
+    let code = loop {
+        let t = start.elapsed().as_secs_f64();
+        if t >= seconds || STOP.load(Ordering::SeqCst) {
+            break 0;
+        }
+        // Memory grows linearly over the ramp, as a framework allocates.
+        let mut want = if ramp > 0.0 {
+            ((mem as f64) * (t / ramp).min(1.0)).ceil() as u64
+        } else {
+            mem
+        };
+        if let Some(g) = grow_to.filter(|_| t >= grow_after) {
+            want = want.max(g);
+        }
+        match sim
+            .allocate(pid, &gpus, want.max(1), sm)
+            .map_err(|e| e.to_string())?
+        {
+            Ok(()) => {}
+            Err(oom) => {
+                let free = oom.total_mib.saturating_sub(oom.used_mib);
+                println!("carma-fakejob: allocation failed after {t:.1} s");
+                eprintln!(
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {} MiB. GPU {} has a total capacity of {:.2} GiB of which {} MiB is free.",
+                    oom.asked_mib,
+                    oom.gpu,
+                    oom.total_mib as f64 / 1024.0,
+                    free
+                );
+                break 1;
+            }
+        }
+        std::thread::sleep(
+            Duration::from_millis(100).min(Duration::from_secs_f64((seconds - t).max(0.0))),
+        );
+    };
+    sim.release(pid);
+    if code == 0 {
+        println!("carma-fakejob: done");
+    }
+    Ok(code)
+}

@@ -1,0 +1,5 @@
+//! Shared pieces of CARMA's command-line tools: `carma` (admin CLI),
+//! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
+
+pub mod args;
+pub mod status;
