@@ -4,13 +4,7 @@
 mod common;
 use common::*;
 
-const FLAGS: [&str; 5] = [
-    "--carma-policy",
-    "--carma-model",
-    "--carma-batch-size",
-    "--carma-mem",
-    "--carma-gpus",
-];
+const FLAGS: [&str; 5] = ["--carma-policy", "--carma-model", "--carma-batch-size", "--carma-mem", "--carma-gpus"];
 
 #[test]
 fn options_are_listed_by_help_of_srun_sbatch_salloc() {
@@ -28,18 +22,10 @@ fn options_are_listed_by_help_of_srun_sbatch_salloc() {
 fn bad_option_value_fails_at_submit_and_submits_nothing() {
     require_cluster();
     for (cmd, opt, shown) in [
-        (
-            "srun",
-            "--carma-policy=fastest",
-            "invalid --carma-policy=fastest",
-        ),
+        ("srun", "--carma-policy=fastest", "invalid --carma-policy=fastest"),
         ("sbatch", "--carma-gpus=0", "invalid --carma-gpus=0"),
         ("salloc", "--carma-mem=lots", "invalid --carma-mem=lots"),
-        (
-            "sbatch",
-            "--carma-batch-size=-3",
-            "invalid --carma-batch-size=-3",
-        ),
+        ("sbatch", "--carma-batch-size=-3", "invalid --carma-batch-size=-3"),
     ] {
         let name = unique("bad");
         let script = script(&name, "true");
@@ -52,14 +38,8 @@ fn bad_option_value_fails_at_submit_and_submits_nothing() {
             .lines()
             .find(|l| l.contains(shown))
             .unwrap_or_else(|| panic!("{cmd} {opt}: no error line in {:?}", r.stderr));
-        assert!(
-            line.contains("carma: ") && line.contains("expected"),
-            "{line}"
-        );
-        assert!(
-            jobs_named(&name).is_empty(),
-            "{cmd} {opt}: a job was submitted"
-        );
+        assert!(line.contains("carma: ") && line.contains("expected"), "{line}");
+        assert!(jobs_named(&name).is_empty(), "{cmd} {opt}: a job was submitted");
     }
 }
 
@@ -70,24 +50,11 @@ fn bad_environment_value_fails_at_submit_naming_the_variable() {
     let s = script(&name, "true");
     let r = user_env(&[("CARMA_MEM", "12Q")], &["sbatch", "-J", &name, &s], 30);
     assert_ne!(r.code, 0);
-    assert!(
-        r.stderr
-            .contains("carma: init_post_opt: invalid CARMA_MEM=12Q"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("carma: init_post_opt: invalid CARMA_MEM=12Q"), "{}", r.stderr);
     assert!(jobs_named(&name).is_empty());
-    let r = user_env(
-        &[("CARMA_POLICY", "bogus")],
-        &["srun", "-J", &name, "true"],
-        30,
-    );
+    let r = user_env(&[("CARMA_POLICY", "bogus")], &["srun", "-J", &name, "true"], 30);
     assert_ne!(r.code, 0);
-    assert!(
-        r.stderr.contains("invalid CARMA_POLICY=bogus"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("invalid CARMA_POLICY=bogus"), "{}", r.stderr);
 }
 
 #[test]
@@ -99,52 +66,26 @@ fn sbatch_policy_reaches_batch_step_and_inner_srun() {
     let (r, out) = sbatch_wait(&["--carma-policy=magm", "--carma-mem=4G"], &[], body, 90);
     r.ok();
     for tag in ["BATCH ", "STEP "] {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(tag))
-            .unwrap_or_else(|| panic!("no {tag} line in {out}"));
+        let line = out.lines().find(|l| l.starts_with(tag)).unwrap_or_else(|| panic!("no {tag} line in {out}"));
         let fields: Vec<&str> = line[tag.len()..].split('|').collect();
         assert!(fields[0].contains("policy=magm"), "{line}");
         assert!(!fields[1].is_empty(), "CUDA_VISIBLE_DEVICES unset: {line}");
         assert_eq!(fields[1], fields[2], "SLURM_STEP_GPUS differs: {line}");
         assert_eq!(fields[1], fields[3], "GPU_DEVICE_ORDINAL differs: {line}");
     }
-    let over = out
-        .lines()
-        .find(|l| l.starts_with("OVERRIDE "))
-        .expect("no OVERRIDE line");
+    let over = out.lines().find(|l| l.starts_with("OVERRIDE ")).expect("no OVERRIDE line");
     assert!(over.contains("policy=ff"), "{over}");
 }
 
 #[test]
 fn environment_fallback_reaches_the_job() {
     require_cluster();
-    let (r, out) = sbatch_wait(
-        &[],
-        &[("CARMA_POLICY", "bf"), ("CARMA_MEM", "3G")],
-        "echo \"D=$CARMA_DECISION\"",
-        60,
-    );
+    let (r, out) = sbatch_wait(&[], &[("CARMA_POLICY", "bf"), ("CARMA_MEM", "3G")], "echo \"D=$CARMA_DECISION\"", 60);
     r.ok();
     assert!(out.contains("policy=bf"), "{out}");
-    let r = user_env(
-        &[("CARMA_POLICY", "lug")],
-        &["srun", "printenv", "CARMA_DECISION"],
-        60,
-    )
-    .ok();
+    let r = user_env(&[("CARMA_POLICY", "lug")], &["srun", "printenv", "CARMA_DECISION"], 60).ok();
     assert!(r.stdout.contains("policy=lug"), "{}", r.stdout);
-    let r = user(
-        &[
-            "salloc",
-            "--carma-policy=rr",
-            "srun",
-            "printenv",
-            "CARMA_DECISION",
-        ],
-        60,
-    )
-    .ok();
+    let r = user(&["salloc", "--carma-policy=rr", "srun", "printenv", "CARMA_DECISION"], 60).ok();
     assert!(r.stdout.contains("policy=rr"), "{}", r.stdout);
 }
 

@@ -152,13 +152,7 @@ impl fmt::Display for ConfigError {
         if self.key.is_empty() {
             write!(f, "config {}: {}", self.path.display(), self.message)
         } else {
-            write!(
-                f,
-                "config {}: {}: {}",
-                self.path.display(),
-                self.key,
-                self.message
-            )
+            write!(f, "config {}: {}: {}", self.path.display(), self.key, self.message)
         }
     }
 }
@@ -222,25 +216,16 @@ impl Config {
     /// Reads and validates `path`. A missing file gives the documented
     /// defaults; any other problem is an error naming the key.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let err = |message: String| ConfigError {
-            path: path.to_path_buf(),
-            key: String::new(),
-            message,
-        };
+        let err = |message: String| ConfigError { path: path.to_path_buf(), key: String::new(), message };
         let file = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Config {
-                    path: path.to_path_buf(),
-                    ..Config::default()
-                });
+                return Ok(Config { path: path.to_path_buf(), ..Config::default() });
             }
             Err(e) => return Err(err(format!("cannot open: {e}"))),
         };
         let mut text = String::new();
-        file.take(MAX_CONFIG_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| err(format!("cannot read: {e}")))?;
+        file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text).map_err(|e| err(format!("cannot read: {e}")))?;
         if text.len() as u64 > MAX_CONFIG_BYTES {
             return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
         }
@@ -264,41 +249,25 @@ impl Config {
 
 impl RawConfig {
     fn validate(self, path: &Path) -> Result<Config, ConfigError> {
-        let bad = |key: &str, message: String| ConfigError {
-            path: path.to_path_buf(),
-            key: key.to_string(),
-            message,
-        };
+        let bad = |key: &str, message: String| ConfigError { path: path.to_path_buf(), key: key.to_string(), message };
         let size = |key: &str, v: &Scalar| {
-            parse_size_mib(&v.to_string())
-                .map_err(|e| bad(key, format!("{e}; write a size like 2G or 2048M")))
+            parse_size_mib(&v.to_string()).map_err(|e| bad(key, format!("{e}; write a size like 2G or 2048M")))
         };
         let duration = |key: &str, v: &Scalar| {
-            parse_duration(&v.to_string())
-                .map_err(|e| bad(key, format!("{e}; write a duration like 60s or 5m")))
+            parse_duration(&v.to_string()).map_err(|e| bad(key, format!("{e}; write a duration like 60s or 5m")))
         };
         let abs_path = |key: &str, v: &str| {
             let p = PathBuf::from(v);
-            if p.is_absolute() {
-                Ok(p)
-            } else {
-                Err(bad(key, format!("'{v}' is not an absolute path")))
-            }
+            if p.is_absolute() { Ok(p) } else { Err(bad(key, format!("'{v}' is not an absolute path"))) }
         };
 
-        let mut c = Config {
-            path: path.to_path_buf(),
-            ..Config::default()
-        };
+        let mut c = Config { path: path.to_path_buf(), ..Config::default() };
         if let Some(p) = self.default_policy {
             c.default_policy = p.parse().map_err(|e| bad("default_policy", e))?;
         }
         if let Some(cap) = self.sm_activity_cap {
             if !(0.05..=1.0).contains(&cap) {
-                return Err(bad(
-                    "sm_activity_cap",
-                    format!("{cap} is out of range; use a fraction from 0.05 to 1.0"),
-                ));
+                return Err(bad("sm_activity_cap", format!("{cap} is out of range; use a fraction from 0.05 to 1.0")));
             }
             c.sm_activity_cap = cap;
         }
@@ -327,10 +296,7 @@ impl RawConfig {
             c.unknown_estimate = match v {
                 Scalar::Text(t) if t == "exclusive" => UnknownEstimate::Exclusive,
                 other => UnknownEstimate::Mib(size("unknown_estimate", other).map_err(|_| {
-                    bad(
-                        "unknown_estimate",
-                        format!("'{other}' is neither 'exclusive' nor a size like 8G"),
-                    )
+                    bad("unknown_estimate", format!("'{other}' is neither 'exclusive' nor a size like 8G"))
                 })?),
             };
         }
@@ -339,28 +305,19 @@ impl RawConfig {
                 "wait" => NoFitAction::Wait,
                 "fail" => NoFitAction::Fail,
                 _ => {
-                    return Err(bad(
-                        "no_fit",
-                        format!("'{a}' is not an action; use wait or fail"),
-                    ));
+                    return Err(bad("no_fit", format!("'{a}' is not an action; use wait or fail")));
                 }
             };
         }
         if let Some(r) = self.recovery {
             if let Some(m) = r.mode {
                 c.recovery_mode = RecoveryMode::parse(&m).ok_or_else(|| {
-                    bad(
-                        "recovery.mode",
-                        format!("'{m}' is not a mode; use exclusive, none or looser"),
-                    )
+                    bad("recovery.mode", format!("'{m}' is not a mode; use exclusive, none or looser"))
                 })?;
             }
             if let Some(n) = r.max_recoveries {
                 if n > 10 {
-                    return Err(bad(
-                        "recovery.max_recoveries",
-                        format!("{n} is out of range; use 0 to 10"),
-                    ));
+                    return Err(bad("recovery.max_recoveries", format!("{n} is out of range; use 0 to 10")));
                 }
                 c.max_recoveries = n;
             }
@@ -371,15 +328,11 @@ impl RawConfig {
         if let Some(p) = self.oom_patterns {
             c.oom_patterns = p;
         }
-        c.oom_patterns
-            .extend(self.extra_oom_patterns.unwrap_or_default());
+        c.oom_patterns.extend(self.extra_oom_patterns.unwrap_or_default());
         if let Some(i) = c.oom_patterns.iter().position(|p| p.trim().len() < 4) {
             return Err(bad(
                 "oom_patterns",
-                format!(
-                    "pattern {} is shorter than 4 characters and would match almost anything",
-                    i + 1
-                ),
+                format!("pattern {} is shorter than 4 characters and would match almost anything", i + 1),
             ));
         }
         if let Some(t) = self.timeouts {
@@ -393,10 +346,7 @@ impl RawConfig {
                 c.timeouts.poll = duration("timeouts.poll", v)?;
             }
             if c.timeouts.lock.is_zero() || c.timeouts.poll.is_zero() {
-                return Err(bad(
-                    "timeouts",
-                    "lock and poll must be longer than 0".into(),
-                ));
+                return Err(bad("timeouts", "lock and poll must be longer than 0".into()));
             }
         }
         Ok(c)
@@ -443,10 +393,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.default_policy, Policy::BestFit);
         assert_eq!(c.headroom_mib, 1024);
-        assert_eq!(
-            c.gpu_source,
-            GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into())
-        );
+        assert_eq!(c.gpu_source, GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into()));
         assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
         assert_eq!(c.no_fit, NoFitAction::Fail);
         assert_eq!(c.recovery_mode, RecoveryMode::Looser);
@@ -464,10 +411,7 @@ mod tests {
             ("headroom: lots\n", "headroom"),
             ("default_policy: fastest\n", "default_policy"),
             ("gpu_source: cuda\n", "gpu_source"),
-            (
-                "gpu_source: {simulated: relative.yaml}\n",
-                "gpu_source.simulated",
-            ),
+            ("gpu_source: {simulated: relative.yaml}\n", "gpu_source.simulated"),
             ("state_dir: var/lib\n", "state_dir"),
             ("no_fit: pray\n", "no_fit"),
             ("recovery: {mode: twice}\n", "recovery.mode"),
@@ -486,14 +430,7 @@ mod tests {
 
     #[test]
     fn hostile_yaml_is_an_error_not_a_panic() {
-        for text in [
-            "[1, 2",
-            "{{{{",
-            "\u{0}\u{1}",
-            "- a\n- b\n",
-            "a: &x [*x]\n",
-            ": :",
-        ] {
+        for text in ["[1, 2", "{{{{", "\u{0}\u{1}", "- a\n- b\n", "a: &x [*x]\n", ": :"] {
             assert!(parse(text).is_err(), "{text:?}");
         }
     }

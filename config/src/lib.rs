@@ -12,8 +12,7 @@ mod policy;
 mod units;
 
 pub use file::{
-    Config, ConfigError, DEFAULT_CONFIG_PATH, GpuSource, NoFitAction, RecoveryMode, Timeouts,
-    UnknownEstimate,
+    Config, ConfigError, DEFAULT_CONFIG_PATH, GpuSource, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
 };
 pub use options::{JobRequest, OptionError, OptionName};
 pub use plugstack::{PluginArgs, PluginArgsError};

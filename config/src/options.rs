@@ -24,13 +24,8 @@ pub enum OptionName {
 }
 
 impl OptionName {
-    pub const ALL: [OptionName; 5] = [
-        OptionName::Policy,
-        OptionName::Model,
-        OptionName::BatchSize,
-        OptionName::Mem,
-        OptionName::Gpus,
-    ];
+    pub const ALL: [OptionName; 5] =
+        [OptionName::Policy, OptionName::Model, OptionName::BatchSize, OptionName::Mem, OptionName::Gpus];
 
     /// The long option without dashes, as registered with SPANK.
     pub fn flag(self) -> &'static str {
@@ -68,18 +63,12 @@ impl OptionName {
 
     pub fn usage(self) -> &'static str {
         match self {
-            OptionName::Policy => {
-                "CARMA GPU placement policy: exclusive, rr, magm, ff, bf or lug (env CARMA_POLICY)"
-            }
+            OptionName::Policy => "CARMA GPU placement policy: exclusive, rr, magm, ff, bf or lug (env CARMA_POLICY)",
             OptionName::Model => {
                 "CARMA: model file (ONNX, torchsummary text, HF config.json) used to estimate GPU memory (env CARMA_MODEL)"
             }
-            OptionName::BatchSize => {
-                "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)"
-            }
-            OptionName::Mem => {
-                "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)"
-            }
+            OptionName::BatchSize => "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)",
+            OptionName::Mem => "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)",
             OptionName::Gpus => "CARMA: number of GPUs the job uses (default 1) (env CARMA_GPUS)",
         }
     }
@@ -100,9 +89,7 @@ impl OptionName {
     }
 
     pub fn from_id(id: i32) -> Option<OptionName> {
-        usize::try_from(id)
-            .ok()
-            .and_then(|i| OptionName::ALL.get(i).copied())
+        usize::try_from(id).ok().and_then(|i| OptionName::ALL.get(i).copied())
     }
 }
 
@@ -119,14 +106,7 @@ pub struct OptionError {
 
 impl fmt::Display for OptionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid {}={}: {}; expected {}",
-            self.source,
-            self.value,
-            self.reason,
-            self.option.expected()
-        )
+        write!(f, "invalid {}={}: {}; expected {}", self.source, self.value, self.reason, self.option.expected())
     }
 }
 
@@ -164,12 +144,7 @@ impl JobRequest {
     /// Validates one raw value and stores it. `source` names where it came
     /// from for the error line (`--carma-mem`, `CARMA_MEM`, ...).
     pub fn set(&mut self, option: OptionName, raw: &[u8], source: &str) -> Result<(), OptionError> {
-        let err = |reason: String| OptionError {
-            option,
-            source: source.to_string(),
-            value: shown(raw),
-            reason,
-        };
+        let err = |reason: String| OptionError { option, source: source.to_string(), value: shown(raw), reason };
         if raw.len() > MAX_VALUE_LEN {
             return Err(err(format!("value longer than {MAX_VALUE_LEN} bytes")));
         }
@@ -206,10 +181,7 @@ impl JobRequest {
 
     /// Fills every option still unset from `lookup(env name)`. Command-line
     /// values always win over the environment.
-    pub fn fill_from_env(
-        &mut self,
-        mut lookup: impl FnMut(&str) -> Option<Vec<u8>>,
-    ) -> Result<(), OptionError> {
+    pub fn fill_from_env(&mut self, mut lookup: impl FnMut(&str) -> Option<Vec<u8>>) -> Result<(), OptionError> {
         for option in OptionName::ALL {
             if self.get(option).is_none() {
                 if let Some(raw) = lookup(option.env()) {
@@ -224,10 +196,7 @@ impl JobRequest {
     pub fn get(&self, option: OptionName) -> Option<String> {
         match option {
             OptionName::Policy => self.policy.map(|p| p.name().to_string()),
-            OptionName::Model => self
-                .model
-                .as_ref()
-                .map(|p| p.to_string_lossy().into_owned()),
+            OptionName::Model => self.model.as_ref().map(|p| p.to_string_lossy().into_owned()),
             OptionName::BatchSize => self.batch_size.map(|n| n.to_string()),
             OptionName::Mem => self.mem_mib.map(|m| format!("{m}M")),
             OptionName::Gpus => self.gpus.map(|n| n.to_string()),
@@ -241,9 +210,7 @@ impl JobRequest {
 }
 
 fn bounded_int(text: &str, max: u32) -> Result<u32, String> {
-    let n: u64 = text
-        .parse()
-        .map_err(|_| format!("'{text}' is not a whole number"))?;
+    let n: u64 = text.parse().map_err(|_| format!("'{text}' is not a whole number"))?;
     if n == 0 || n > u64::from(max) {
         return Err(format!("{n} is out of range"));
     }
@@ -258,14 +225,11 @@ mod tests {
     fn accepts_good_values() {
         let mut r = JobRequest::default();
         assert!(r.is_empty());
-        r.set(OptionName::Policy, b"magm", "--carma-policy")
-            .unwrap();
+        r.set(OptionName::Policy, b"magm", "--carma-policy").unwrap();
         r.set(OptionName::Mem, b"12G", "--carma-mem").unwrap();
         r.set(OptionName::Gpus, b"2", "--carma-gpus").unwrap();
-        r.set(OptionName::BatchSize, b"64", "--carma-batch-size")
-            .unwrap();
-        r.set(OptionName::Model, b"/home/u/net.onnx", "--carma-model")
-            .unwrap();
+        r.set(OptionName::BatchSize, b"64", "--carma-batch-size").unwrap();
+        r.set(OptionName::Model, b"/home/u/net.onnx", "--carma-model").unwrap();
         assert_eq!(r.policy, Some(Policy::Magm));
         assert_eq!(r.mem_mib, Some(12288));
         assert_eq!(r.gpu_count(), 2);
@@ -291,10 +255,7 @@ mod tests {
             let source = format!("--{}", option.flag());
             let e = r.set(option, raw, &source).unwrap_err();
             let line = e.to_string();
-            assert!(
-                line.starts_with(&format!("invalid --{}=", option.flag())),
-                "{line}"
-            );
+            assert!(line.starts_with(&format!("invalid --{}=", option.flag())), "{line}");
             assert!(line.contains("expected"), "{line}");
             assert!(!line.contains('\n'));
             assert!(r.is_empty(), "a rejected value must not be stored");
@@ -305,15 +266,9 @@ mod tests {
     fn long_and_control_values_are_not_echoed_raw() {
         let mut r = JobRequest::default();
         let long = vec![b'a'; 10_000];
-        let line = r
-            .set(OptionName::Model, &long, "--carma-model")
-            .unwrap_err()
-            .to_string();
+        let line = r.set(OptionName::Model, &long, "--carma-model").unwrap_err().to_string();
         assert!(line.len() < 400);
-        let line = r
-            .set(OptionName::Policy, b"x\ny\x1b[31m", "--carma-policy")
-            .unwrap_err()
-            .to_string();
+        let line = r.set(OptionName::Policy, b"x\ny\x1b[31m", "--carma-policy").unwrap_err().to_string();
         assert!(!line.contains('\n') && !line.contains('\x1b'));
     }
 
@@ -329,9 +284,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.policy, Some(Policy::FirstFit));
         assert_eq!(r.gpus, Some(3));
-        let e = JobRequest::default()
-            .fill_from_env(|n| (n == "CARMA_MEM").then(|| b"12Q".to_vec()))
-            .unwrap_err();
+        let e = JobRequest::default().fill_from_env(|n| (n == "CARMA_MEM").then(|| b"12Q".to_vec())).unwrap_err();
         assert!(e.to_string().starts_with("invalid CARMA_MEM=12Q"), "{e}");
     }
 

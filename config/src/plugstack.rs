@@ -29,26 +29,18 @@ impl PluginArgs {
         for arg in args {
             let arg = arg.as_ref();
             let (key, value) = arg.split_once('=').ok_or_else(|| {
-                PluginArgsError(format!(
-                    "argument '{arg}' is not key=value; known keys: {}",
-                    Self::KNOWN
-                ))
+                PluginArgsError(format!("argument '{arg}' is not key=value; known keys: {}", Self::KNOWN))
             })?;
             match key {
                 "config" => {
                     let p = PathBuf::from(value);
                     if !p.is_absolute() {
-                        return Err(PluginArgsError(format!(
-                            "config={value} is not an absolute path"
-                        )));
+                        return Err(PluginArgsError(format!("config={value} is not an absolute path")));
                     }
                     out.config = Some(p);
                 }
                 _ => {
-                    return Err(PluginArgsError(format!(
-                        "unknown argument '{key}'; known keys: {}",
-                        Self::KNOWN
-                    )));
+                    return Err(PluginArgsError(format!("unknown argument '{key}'; known keys: {}", Self::KNOWN)));
                 }
             }
         }
@@ -62,18 +54,10 @@ mod tests {
 
     #[test]
     fn parses_and_rejects() {
-        assert_eq!(
-            PluginArgs::parse::<&str>(&[]).unwrap(),
-            PluginArgs::default()
-        );
+        assert_eq!(PluginArgs::parse::<&str>(&[]).unwrap(), PluginArgs::default());
         let a = PluginArgs::parse(&["config=/etc/carma.yaml"]).unwrap();
         assert_eq!(a.config, Some(PathBuf::from("/etc/carma.yaml")));
-        assert!(
-            PluginArgs::parse(&["conf=/x"])
-                .unwrap_err()
-                .to_string()
-                .contains("unknown argument 'conf'")
-        );
+        assert!(PluginArgs::parse(&["conf=/x"]).unwrap_err().to_string().contains("unknown argument 'conf'"));
         assert!(PluginArgs::parse(&["config"]).is_err());
         assert!(PluginArgs::parse(&["config=rel.yaml"]).is_err());
     }

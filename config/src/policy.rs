@@ -21,14 +21,8 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 6] = [
-        Policy::Exclusive,
-        Policy::RoundRobin,
-        Policy::Magm,
-        Policy::FirstFit,
-        Policy::BestFit,
-        Policy::LeastUtilized,
-    ];
+    pub const ALL: [Policy; 6] =
+        [Policy::Exclusive, Policy::RoundRobin, Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized];
     pub const ACCEPTED: &'static str = "exclusive, rr, magm, ff, bf, lug";
 
     pub fn name(self) -> &'static str {

@@ -10,16 +10,12 @@ pub fn parse_size_mib(text: &str) -> Result<u64, String> {
     if t.is_empty() {
         return Err("empty size".into());
     }
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
         return Err(format!("'{t}' does not start with a number"));
     }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{num}' is not a number"))?;
+    let value: f64 = num.parse().map_err(|_| format!("'{num}' is not a number"))?;
     let per_mib: f64 = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "M" | "MB" | "MIB" => 1.0,
         "K" | "KB" | "KIB" => 1.0 / 1024.0,
@@ -39,16 +35,12 @@ pub fn parse_size_mib(text: &str) -> Result<u64, String> {
 /// `m` or `h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
         return Err(format!("'{t}' does not start with a number"));
     }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{num}' is not a number"))?;
+    let value: f64 = num.parse().map_err(|_| format!("'{num}' is not a number"))?;
     let secs = match unit.trim() {
         "" | "s" => value,
         "ms" => value / 1000.0,

@@ -45,13 +45,7 @@ pub struct Decision {
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
-        write!(
-            f,
-            "gpus={} reserve={}M exclusive={}",
-            gpus.join(","),
-            self.reserve_mib,
-            self.exclusive
-        )?;
+        write!(f, "gpus={} reserve={}M exclusive={}", gpus.join(","), self.reserve_mib, self.exclusive)?;
         if self.reused {
             write!(f, " reused=yes")
         } else {
@@ -76,11 +70,7 @@ impl fmt::Display for PlaceError {
             PlaceError::Source(e) => write!(f, "GPU readings: {e}"),
             PlaceError::NoFit(n) => write!(f, "no GPU fits: {n}"),
             PlaceError::TimedOut { waited, last } => {
-                write!(
-                    f,
-                    "no GPU fit within {:.0}s (timeouts.wait): {last}",
-                    waited.as_secs_f64()
-                )
+                write!(f, "no GPU fit within {:.0}s (timeouts.wait): {last}", waited.as_secs_f64())
             }
         }
     }
@@ -141,21 +131,15 @@ impl Placer {
         processes: Box<dyn Processes>,
         log: Logger,
     ) -> Placer {
-        Placer {
-            store,
-            source: Some(source),
-            source_config: None,
-            params,
-            processes,
-            log,
-        }
+        Placer { store, source: Some(source), source_config: None, params, processes, log }
     }
 
     fn source(&mut self) -> Result<&mut Box<dyn GpuSource>, PlaceError> {
         if self.source.is_none() {
-            let (cfg, window) = self.source_config.clone().ok_or_else(|| {
-                PlaceError::Source(SourceError("no GPU source configured".into()))
-            })?;
+            let (cfg, window) = self
+                .source_config
+                .clone()
+                .ok_or_else(|| PlaceError::Source(SourceError("no GPU source configured".into())))?;
             self.source = Some(open_source(&cfg, window)?);
         }
         Ok(self.source.as_mut().expect("just opened"))
@@ -168,10 +152,7 @@ impl Placer {
     /// The placer of this node as carma.yaml describes it.
     pub fn from_config(cfg: &Config, log: fn(&str)) -> Result<Placer, PlaceError> {
         let store = StateStore::open(&cfg.state_dir, cfg.timeouts.lock, Box::new(log))?;
-        let params = Params {
-            sm_activity_cap: cfg.sm_activity_cap,
-            headroom_mib: cfg.headroom_mib,
-        };
+        let params = Params { sm_activity_cap: cfg.sm_activity_cap, headroom_mib: cfg.headroom_mib };
         Ok(Placer {
             store,
             source: None,
@@ -197,29 +178,16 @@ impl Placer {
     }
 
     fn collect(&self, st: &mut NodeState) {
-        for r in st.collect_garbage(
-            |pid| self.processes.alive(pid),
-            |job| self.processes.job_running(job),
-        ) {
-            (self.log)(&format!(
-                "released job {} from GPU {:?}: its steps are gone",
-                r.job, r.gpus
-            ));
+        for r in st.collect_garbage(|pid| self.processes.alive(pid), |job| self.processes.job_running(job)) {
+            (self.log)(&format!("released job {} from GPU {:?}: its steps are gone", r.job, r.gpus));
         }
     }
 
     /// One attempt: reuse the job's GPUs or choose new ones.
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
         let readings = self.read()?;
-        let pids: Vec<u32> = readings
-            .iter()
-            .flat_map(|g| g.processes.iter().map(|p| p.pid))
-            .collect();
-        let demand = Demand {
-            policy: req.policy,
-            count: req.count,
-            estimate_mib: req.estimate_mib,
-        };
+        let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
+        let demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
         let params = self.params;
         let out = self.store.update(|st| {
             self.collect(st);
@@ -235,11 +203,7 @@ impl Placer {
                     free_mib: vec![],
                 });
             }
-            let holders: Vec<u32> = st
-                .reservations
-                .iter()
-                .flat_map(|r| r.holders.iter().copied())
-                .collect();
+            let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
             let owners = self.processes.owners(&pids, &holders);
             let choice = choose(&readings, st, &demand, &params, &owners)?;
             st.reservations.push(Reservation {
@@ -277,6 +241,10 @@ impl Placer {
         let mut pause = poll;
         loop {
             match self.try_place(step, req) {
+                // More GPUs than the node has: waiting cannot help.
+                Err(PlaceError::NoFit(last)) if (last.reasons.len() as u32) < last.wanted => {
+                    return Err(PlaceError::NoFit(last));
+                }
                 Err(PlaceError::NoFit(last)) => {
                     let waited = start.elapsed();
                     if waited >= wait {
@@ -330,9 +298,7 @@ impl Placer {
 
     /// A step ended: the job's GPUs are released when no step holds them.
     pub fn release(&self, step: StepRef) -> Result<Option<Reservation>, PlaceError> {
-        Ok(self
-            .store
-            .update(|st| st.release_holder(step.job, step.holder))?)
+        Ok(self.store.update(|st| st.release_holder(step.job, step.holder))?)
     }
 
     /// The job ended (epilog): release whatever it still holds.

@@ -35,12 +35,7 @@ pub struct NoFit {
 impl fmt::Display for NoFit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let eligible = self.reasons.iter().filter(|(_, r)| r.is_empty()).count();
-        write!(
-            f,
-            "{eligible} of {} GPUs qualify, {} needed",
-            self.reasons.len(),
-            self.wanted
-        )?;
+        write!(f, "{eligible} of {} GPUs qualify, {} needed", self.reasons.len(), self.wanted)?;
         for (gpu, why) in self.reasons.iter().filter(|(_, r)| !r.is_empty()) {
             write!(f, "; GPU{gpu}: {why}")?;
         }
@@ -83,8 +78,7 @@ pub fn promised_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u
 
 /// Live free memory minus promised memory.
 pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u32>) -> u64 {
-    gpu.free_mib()
-        .saturating_sub(promised_mib(gpu, state, owners))
+    gpu.free_mib().saturating_sub(promised_mib(gpu, state, owners))
 }
 
 /// Why `gpu` cannot take the demand, or `None` if it can.
@@ -96,11 +90,7 @@ fn reject(
     est: u64,
     p: &Params,
 ) -> Option<String> {
-    let on_gpu: Vec<_> = state
-        .reservations
-        .iter()
-        .filter(|r| r.gpus.contains(&gpu.index))
-        .collect();
+    let on_gpu: Vec<_> = state.reservations.iter().filter(|r| r.gpus.contains(&gpu.index)).collect();
     if let Some(r) = on_gpu.iter().find(|r| r.holding == Holding::SlurmWhole) {
         return Some(format!("held whole by Slurm job {}", r.job));
     }
@@ -112,26 +102,16 @@ fn reject(
             return Some(format!("not idle (job {} placed here)", r.job));
         }
         if !gpu.processes.is_empty() {
-            return Some(format!(
-                "not idle ({} processes, {} MiB used)",
-                gpu.processes.len(),
-                gpu.used_mib
-            ));
+            return Some(format!("not idle ({} processes, {} MiB used)", gpu.processes.len(), gpu.used_mib));
         }
         return None;
     }
     if gpu.sm_activity > p.sm_activity_cap {
-        return Some(format!(
-            "SM activity {:.2} > cap {:.2}",
-            gpu.sm_activity, p.sm_activity_cap
-        ));
+        return Some(format!("SM activity {:.2} > cap {:.2}", gpu.sm_activity, p.sm_activity_cap));
     }
     let free = effective_free_mib(gpu, state, owners);
     if free < est + p.headroom_mib {
-        return Some(format!(
-            "effective free {free} MiB < {est} MiB estimate + {} MiB headroom",
-            p.headroom_mib
-        ));
+        return Some(format!("effective free {free} MiB < {est} MiB estimate + {} MiB headroom", p.headroom_mib));
     }
     None
 }
@@ -162,26 +142,15 @@ pub fn choose(
     }
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {
-        return Err(NoFit {
-            wanted: demand.count,
-            reasons,
-        });
+        return Err(NoFit { wanted: demand.count, reasons });
     }
     // Stable sorts keep ties in GPU-index order, so decisions are repeatable.
     ok.sort_by_key(|(g, _)| g.index);
-    match if need_whole {
-        Policy::FirstFit
-    } else {
-        demand.policy
-    } {
+    match if need_whole { Policy::FirstFit } else { demand.policy } {
         Policy::Exclusive | Policy::FirstFit => {}
         Policy::Magm => ok.sort_by(|a, b| b.1.cmp(&a.1)),
         Policy::BestFit => ok.sort_by(|a, b| a.1.cmp(&b.1)),
-        Policy::LeastUtilized => ok.sort_by(|a, b| {
-            a.0.sm_activity
-                .total_cmp(&b.0.sm_activity)
-                .then(b.1.cmp(&a.1))
-        }),
+        Policy::LeastUtilized => ok.sort_by(|a, b| a.0.sm_activity.total_cmp(&b.0.sm_activity).then(b.1.cmp(&a.1))),
         Policy::RoundRobin => {
             let cursor = state.rr_cursor;
             ok.sort_by_key(|(g, _)| (g.index < cursor, g.index));

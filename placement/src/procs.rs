@@ -43,16 +43,9 @@ pub fn job_has_stepd(job: u32) -> bool {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return false;
     };
-    dir.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .any(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .is_ok_and(|c| c.len() < 4096 && c.starts_with(prefix.as_bytes()))
-        })
+    dir.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))).any(|e| {
+        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.len() < 4096 && c.starts_with(prefix.as_bytes()))
+    })
 }
 
 #[cfg(test)]

@@ -58,11 +58,7 @@ pub struct NodeState {
 
 impl Default for NodeState {
     fn default() -> NodeState {
-        NodeState {
-            version: STATE_VERSION,
-            rr_cursor: 0,
-            reservations: Vec::new(),
-        }
+        NodeState { version: STATE_VERSION, rr_cursor: 0, reservations: Vec::new() }
     }
 }
 
@@ -99,11 +95,7 @@ impl NodeState {
             return None;
         }
         r.holders.retain(|&p| p != holder);
-        if r.holders.is_empty() {
-            self.release_job(job)
-        } else {
-            None
-        }
+        if r.holders.is_empty() { self.release_job(job) } else { None }
     }
 
     pub fn release_job(&mut self, job: u32) -> Option<Reservation> {
@@ -173,10 +165,7 @@ impl StateStore {
         // SAFETY: geteuid touches no memory and cannot fail.
         let euid = unsafe { libc::geteuid() };
         if !meta.is_dir() {
-            return Err(StateError::Dir(format!(
-                "state_dir {} is not a directory",
-                dir.display()
-            )));
+            return Err(StateError::Dir(format!("state_dir {} is not a directory", dir.display())));
         }
         if meta.uid() != euid || meta.mode() & 0o022 != 0 {
             return Err(StateError::Dir(format!(
@@ -186,11 +175,7 @@ impl StateStore {
                 meta.mode() & 0o7777
             )));
         }
-        Ok(StateStore {
-            dir: dir.to_path_buf(),
-            lock_timeout,
-            log,
-        })
+        Ok(StateStore { dir: dir.to_path_buf(), lock_timeout, log })
     }
 
     pub fn dir(&self) -> &Path {
@@ -234,21 +219,13 @@ impl StateStore {
         let start = Instant::now();
         let mut pause = Duration::from_micros(200);
         loop {
-            let got = if exclusive {
-                file.try_lock_exclusive()
-            } else {
-                FileExt::try_lock_shared(&file)
-            };
+            let got = if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) };
             match got {
                 Ok(()) => return Ok(file),
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                }
                 Err(e) => {
-                    return Err(StateError::Io {
-                        what: format!("locking {}", path.display()),
-                        err: e,
-                    });
+                    return Err(StateError::Io { what: format!("locking {}", path.display()), err: e });
                 }
             }
             let waited = start.elapsed();
@@ -271,22 +248,13 @@ impl StateStore {
         };
         match serde_json::from_slice::<NodeState>(&text) {
             Ok(s) if s.version == STATE_VERSION => s,
-            Ok(s) => self.set_aside(
-                &path,
-                &format!(
-                    "schema version {} (this build reads {STATE_VERSION})",
-                    s.version
-                ),
-            ),
+            Ok(s) => self.set_aside(&path, &format!("schema version {} (this build reads {STATE_VERSION})", s.version)),
             Err(e) => self.set_aside(&path, &format!("not valid state JSON ({e})")),
         }
     }
 
     fn set_aside(&self, path: &Path, why: &str) -> NodeState {
-        let stamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let aside = self.dir.join(format!("{STATE_FILE}.corrupt.{stamp}"));
         match fs::rename(path, &aside) {
             Ok(()) => (self.log)(&format!(
@@ -304,13 +272,9 @@ impl StateStore {
 
     fn store(&self, state: &NodeState) -> Result<(), StateError> {
         let path = self.state_path();
-        let tmp = self
-            .dir
-            .join(format!("{STATE_FILE}.tmp.{}", std::process::id()));
-        let bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Io {
-            what: "encoding state".into(),
-            err: std::io::Error::other(e),
-        })?;
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp.{}", std::process::id()));
+        let bytes = serde_json::to_vec_pretty(state)
+            .map_err(|e| StateError::Io { what: "encoding state".into(), err: std::io::Error::other(e) })?;
         let write = || -> std::io::Result<()> {
             let mut f = OpenOptions::new()
                 .create(true)
@@ -326,21 +290,14 @@ impl StateStore {
         };
         write().map_err(|e| {
             let _ = fs::remove_file(&tmp);
-            StateError::Io {
-                what: format!("writing {}", path.display()),
-                err: e,
-            }
+            StateError::Io { what: format!("writing {}", path.display()), err: e }
         })
     }
 }
 
 /// Reads a regular file (not a symlink) of bounded size; `None` if absent.
 fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    {
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot open ({e})")),
@@ -350,9 +307,7 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
         return Err("not a regular file".into());
     }
     let mut buf = Vec::new();
-    file.take(MAX_STATE_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read ({e})"))?;
+    file.take(MAX_STATE_BYTES + 1).read_to_end(&mut buf).map_err(|e| format!("cannot read ({e})"))?;
     if buf.len() as u64 > MAX_STATE_BYTES {
         return Err(format!("larger than {MAX_STATE_BYTES} bytes"));
     }
@@ -360,10 +315,7 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
 }
 
 pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -381,8 +333,7 @@ pub(crate) mod tests_support {
             ));
             let _ = std::fs::remove_dir_all(&p);
             std::fs::create_dir_all(&p).unwrap();
-            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
             TempDir(p)
         }
     }
@@ -432,14 +383,9 @@ mod tests {
         let (_d, s, _) = store();
         s.update(|st| st.reservations.push(res(7, 1))).unwrap();
         assert_eq!(s.snapshot().unwrap().reservations, vec![res(7, 1)]);
-        let names: Vec<_> = fs::read_dir(s.dir())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert!(
-            !names.iter().any(|n| n.contains(".tmp.")),
-            "temp file left behind: {names:?}"
-        );
+        let names: Vec<_> =
+            fs::read_dir(s.dir()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert!(!names.iter().any(|n| n.contains(".tmp.")), "temp file left behind: {names:?}");
     }
 
     #[test]
@@ -455,20 +401,10 @@ mod tests {
             assert_eq!(st, NodeState::default());
             let lines = lines.lock().unwrap();
             assert_eq!(lines.len(), 1, "{lines:?}");
-            assert!(
-                lines[0].contains("unreadable") && lines[0].contains("moved to"),
-                "{}",
-                lines[0]
-            );
+            assert!(lines[0].contains("unreadable") && lines[0].contains("moved to"), "{}", lines[0]);
             let aside = fs::read_dir(s.dir())
                 .unwrap()
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .contains(".corrupt.")
-                })
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".corrupt."))
                 .count();
             assert_eq!(aside, 1, "the bad file must be kept for inspection");
             // The rewritten state is valid again.
@@ -512,33 +448,13 @@ mod tests {
     #[test]
     fn garbage_collection_and_release() {
         let mut st = NodeState::default();
-        st.reservations = vec![
-            res(1, 10),
-            res(2, 20),
-            Reservation {
-                holders: vec![30, 31],
-                ..res(3, 30)
-            },
-        ];
-        st.reservations.push(Reservation {
-            holders: vec![],
-            ..res(4, 0)
-        });
-        st.reservations.push(Reservation {
-            holders: vec![],
-            ..res(5, 0)
-        });
+        st.reservations = vec![res(1, 10), res(2, 20), Reservation { holders: vec![30, 31], ..res(3, 30) }];
+        st.reservations.push(Reservation { holders: vec![], ..res(4, 0) });
+        st.reservations.push(Reservation { holders: vec![], ..res(5, 0) });
         let gone = st.collect_garbage(|pid| pid != 20 && pid != 30, |job| job == 4);
-        assert_eq!(
-            gone.iter().map(|r| r.job).collect::<Vec<_>>(),
-            vec![2, 5],
-            "job 4 still runs"
-        );
+        assert_eq!(gone.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2, 5], "job 4 still runs");
         assert_eq!(st.job(3).unwrap().holders, vec![31]);
-        assert!(
-            st.release_holder(1, 99).is_none(),
-            "unknown holder must not release"
-        );
+        assert!(st.release_holder(1, 99).is_none(), "unknown holder must not release");
         assert_eq!(st.release_holder(1, 10).map(|r| r.job), Some(1));
         assert!(st.job(1).is_none());
     }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+#[derive(Debug)]
 pub struct Args {
     values: HashMap<String, String>,
     switches: Vec<String>,
@@ -16,11 +17,7 @@ impl Args {
         with_value: &[&str],
         switches: &[&str],
     ) -> Result<Args, String> {
-        let mut a = Args {
-            values: HashMap::new(),
-            switches: Vec::new(),
-            positional: Vec::new(),
-        };
+        let mut a = Args { values: HashMap::new(), switches: Vec::new(), positional: Vec::new() };
         let mut it = argv.into_iter();
         while let Some(arg) = it.next() {
             if let Some(flag) = arg.strip_prefix("--") {
@@ -29,23 +26,14 @@ impl Args {
                     None => (flag.to_string(), None),
                 };
                 if with_value.contains(&name.as_str()) {
-                    let v = inline
-                        .or_else(|| it.next())
-                        .ok_or_else(|| format!("--{name} needs a value"))?;
+                    let v = inline.or_else(|| it.next()).ok_or_else(|| format!("--{name} needs a value"))?;
                     a.values.insert(name, v);
                 } else if switches.contains(&name.as_str()) && inline.is_none() {
                     a.switches.push(name);
                 } else {
-                    let mut known: Vec<String> = with_value
-                        .iter()
-                        .chain(switches)
-                        .map(|f| format!("--{f}"))
-                        .collect();
+                    let mut known: Vec<String> = with_value.iter().chain(switches).map(|f| format!("--{f}")).collect();
                     known.sort();
-                    return Err(format!(
-                        "unknown option --{name}; known: {}",
-                        known.join(" ")
-                    ));
+                    return Err(format!("unknown option --{name}; known: {}", known.join(" ")));
                 }
             } else {
                 a.positional.push(arg);
@@ -63,14 +51,8 @@ impl Args {
     }
 
     /// Parses a value with `f`, naming the flag in the error.
-    pub fn parsed<T>(
-        &self,
-        name: &str,
-        f: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<Option<T>, String> {
-        self.get(name)
-            .map(|v| f(v).map_err(|e| format!("--{name}={v}: {e}")))
-            .transpose()
+    pub fn parsed<T>(&self, name: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Option<T>, String> {
+        self.get(name).map(|v| f(v).map_err(|e| format!("--{name}={v}: {e}"))).transpose()
     }
 }
 
@@ -79,11 +61,7 @@ mod tests {
     use super::*;
 
     fn p(v: &[&str]) -> Result<Args, String> {
-        Args::parse(
-            v.iter().map(|s| s.to_string()),
-            &["mem", "seconds"],
-            &["json"],
-        )
+        Args::parse(v.iter().map(|s| s.to_string()), &["mem", "seconds"], &["json"])
     }
 
     #[test]
@@ -94,14 +72,8 @@ mod tests {
         assert!(a.has("json"));
         assert_eq!(a.positional, vec!["x"]);
         assert!(p(&["--mem"]).unwrap_err().contains("--mem needs a value"));
-        assert!(
-            p(&["--bogus"])
-                .unwrap_err()
-                .contains("unknown option --bogus")
-        );
-        let e = a.parsed("seconds", |v| {
-            v.parse::<u8>().map_err(|_| "bad".to_string())
-        });
+        assert!(p(&["--bogus"]).unwrap_err().contains("unknown option --bogus"));
+        let e = a.parsed("seconds", |v| v.parse::<u8>().map_err(|_| "bad".to_string()));
         assert_eq!(e, Ok(Some(3)));
     }
 }

@@ -6,15 +6,8 @@ use serde_json::json;
 use std::collections::HashMap;
 
 fn owners(gpus: &[GpuReading], state: &NodeState) -> HashMap<u32, u32> {
-    let pids: Vec<u32> = gpus
-        .iter()
-        .flat_map(|g| g.processes.iter().map(|p| p.pid))
-        .collect();
-    let holders: Vec<u32> = state
-        .reservations
-        .iter()
-        .flat_map(|r| r.holders.iter().copied())
-        .collect();
+    let pids: Vec<u32> = gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
+    let holders: Vec<u32> = state.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
     LinuxProcesses.owners(&pids, &holders)
 }
 
@@ -44,11 +37,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             promised_mib(g, state, &owners),
             effective_free_mib(g, state, &owners),
             g.sm_activity,
-            if jobs.is_empty() {
-                "-".into()
-            } else {
-                jobs.join(" ")
-            }
+            if jobs.is_empty() { "-".into() } else { jobs.join(" ") }
         ));
     }
     out

@@ -6,9 +6,21 @@ use crate::options;
 use crate::spank::{Context, Spank, context};
 
 pub fn init(sp: &Spank, args: &[String]) -> Result<(), Error> {
-    options::set_args(args)?;
+    let parsed = options::set_args(args);
     match context() {
-        Context::Local | Context::Allocator | Context::Remote => sp.register_options(),
+        // srun/sbatch/salloc refuse to run: the admin sees the bad line at once.
+        Context::Local | Context::Allocator => {
+            parsed?;
+            sp.register_options()
+        }
+        // In slurmstepd a failure would drain the node: log; CARMA steps then
+        // fail in task_init with the reason (options::config reports it).
+        Context::Remote => {
+            if let Err(e) = parsed {
+                crate::log::error(&format!("init: {e}"));
+            }
+            sp.register_options()
+        }
         _ => Ok(()),
     }
 }

@@ -12,11 +12,7 @@ pub fn guard_with(hook: &str, log: &dyn Fn(&str), body: impl FnOnce() -> Result<
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => SPANK_OK,
         Ok(Err(e)) => {
-            log(&if hook.is_empty() {
-                e.to_string()
-            } else {
-                format!("{hook}: {e}")
-            });
+            log(&if hook.is_empty() { e.to_string() } else { format!("{hook}: {e}") });
             SPANK_FAIL
         }
         Err(payload) => {
@@ -25,10 +21,7 @@ pub fn guard_with(hook: &str, log: &dyn Fn(&str), body: impl FnOnce() -> Result<
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            log(&format!(
-                "{hook}: internal error: {}",
-                crate::error::one_line(&what)
-            ));
+            log(&format!("{hook}: internal error: {}", crate::error::one_line(&what)));
             SPANK_FAIL
         }
     }
@@ -46,11 +39,7 @@ mod tests {
 
     fn run(body: impl FnOnce() -> Result<(), Error>) -> (i32, Vec<String>) {
         let lines = RefCell::new(Vec::new());
-        let rc = guard_with(
-            "init_post_opt",
-            &|l: &str| lines.borrow_mut().push(l.to_string()),
-            body,
-        );
+        let rc = guard_with("init_post_opt", &|l: &str| lines.borrow_mut().push(l.to_string()), body);
         (rc, lines.into_inner())
     }
 
@@ -63,10 +52,7 @@ mod tests {
     fn error_returns_minus_one_with_one_line() {
         let (rc, lines) = run(|| Err(Error::msg("state lock: timed out after 5s")));
         assert_eq!(rc, SPANK_FAIL);
-        assert_eq!(
-            lines,
-            vec!["init_post_opt: state lock: timed out after 5s".to_string()]
-        );
+        assert_eq!(lines, vec!["init_post_opt: state lock: timed out after 5s".to_string()]);
     }
 
     #[test]
@@ -74,10 +60,7 @@ mod tests {
         let (rc, lines) = run(|| panic!("index out of bounds\nsecond line"));
         assert_eq!(rc, SPANK_FAIL);
         assert_eq!(lines.len(), 1);
-        assert!(
-            lines[0].starts_with("init_post_opt: internal error: index out of bounds"),
-            "{lines:?}"
-        );
+        assert!(lines[0].starts_with("init_post_opt: internal error: index out of bounds"), "{lines:?}");
         assert!(!lines[0].contains('\n'));
         let (rc, lines) = run(|| {
             let v: Vec<u32> = Vec::new();

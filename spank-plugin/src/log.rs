@@ -64,10 +64,7 @@ fn append(path: &PathBuf, msg: &str) {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path);
     if let Ok(mut f) = file {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let _ = writeln!(f, "{secs} carma[{}]: {msg}", std::process::id());
     }
 }

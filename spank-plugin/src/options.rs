@@ -7,20 +7,14 @@ use once_cell::sync::OnceCell;
 use std::path::Path;
 use std::sync::Mutex;
 
-static REQUEST: Mutex<JobRequest> = Mutex::new(JobRequest {
-    policy: None,
-    model: None,
-    batch_size: None,
-    mem_mib: None,
-    gpus: None,
-});
-static ARGS: OnceCell<PluginArgs> = OnceCell::new();
+static REQUEST: Mutex<JobRequest> =
+    Mutex::new(JobRequest { policy: None, model: None, batch_size: None, mem_mib: None, gpus: None });
+static ARGS: OnceCell<Result<PluginArgs, String>> = OnceCell::new();
 static CONFIG: OnceCell<Config> = OnceCell::new();
 
 /// Stores one option value; a bad value fails srun/sbatch before submission.
 pub fn set(id: i32, value: &[u8]) -> Result<(), Error> {
-    let option =
-        OptionName::from_id(id).ok_or_else(|| Error::msg(format!("unknown option id {id}")))?;
+    let option = OptionName::from_id(id).ok_or_else(|| Error::msg(format!("unknown option id {id}")))?;
     let mut req = REQUEST.lock().unwrap_or_else(|p| p.into_inner());
     req.set(option, value, &format!("--{}", option.flag()))?;
     Ok(())
@@ -33,20 +27,19 @@ pub fn request() -> JobRequest {
 
 /// Parses and remembers the plugstack.conf arguments; unknown keys fail.
 pub fn set_args(args: &[String]) -> Result<(), Error> {
-    let parsed = PluginArgs::parse(args)?;
-    let _ = ARGS.set(parsed);
-    Ok(())
+    let parsed = ARGS.get_or_init(|| PluginArgs::parse(args).map_err(|e| e.to_string()));
+    parsed.as_ref().map(|_| ()).map_err(|e| Error::msg(e.clone()))
 }
 
 /// carma.yaml, read once per process from `config=` or the default path.
 pub fn config() -> Result<&'static Config, Error> {
-    CONFIG
-        .get_or_try_init(|| {
-            let path = ARGS
-                .get()
-                .and_then(|a| a.config.clone())
-                .unwrap_or_else(|| carma_config::DEFAULT_CONFIG_PATH.into());
-            Config::load(Path::new(&path))
-        })
-        .map_err(Error::from)
+    CONFIG.get_or_try_init(|| {
+        let args = match ARGS.get() {
+            Some(Err(e)) => return Err(Error::msg(e.clone())),
+            Some(Ok(a)) => a.config.clone(),
+            None => None,
+        };
+        let path = args.unwrap_or_else(|| carma_config::DEFAULT_CONFIG_PATH.into());
+        Config::load(Path::new(&path)).map_err(Error::from)
+    })
 }

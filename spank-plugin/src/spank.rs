@@ -5,12 +5,7 @@
 //! `spank_*` calls in a typed handle whose methods return `Result`. C return
 //! codes are turned into errors in exactly one place: [`check`].
 
-#![allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code
-)]
+#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
 
 use crate::dispatch;
 use crate::error::Error;
@@ -19,12 +14,7 @@ use carma_config::OptionName;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint};
 
 mod sys {
-    #![allow(
-        non_upper_case_globals,
-        non_camel_case_types,
-        non_snake_case,
-        dead_code
-    )]
+    #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
     include!(concat!(env!("OUT_DIR"), "/spank_sys.rs"));
 }
 
@@ -124,23 +114,14 @@ impl Spank {
         let cname = cstring(name, "getenv")?;
         let mut buf = vec![0u8; 8192];
         // SAFETY: buf is writable for its full length, which we pass.
-        let rc = unsafe {
-            sys::spank_getenv(
-                self.raw,
-                cname.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len() as c_int,
-            )
-        };
+        let rc = unsafe { sys::spank_getenv(self.raw, cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len() as c_int) };
         if rc == sys::slurm_err_t::ESPANK_ENV_NOEXIST {
             return Ok(None);
         }
         check(rc, &format!("getenv {name}"))?;
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         buf.truncate(end);
-        String::from_utf8(buf)
-            .map(Some)
-            .map_err(|_| Error::msg(format!("getenv {name}: value is not UTF-8")))
+        String::from_utf8(buf).map(Some).map_err(|_| Error::msg(format!("getenv {name}: value is not UTF-8")))
     }
 
     /// Sets a variable in the job's (task's) environment.
@@ -154,10 +135,7 @@ impl Spank {
     /// Passes a value from srun/sbatch to the job: it appears as
     /// `SLURM_SPANK_<name>` in the job and `SPANK_<name>` in prolog/epilog.
     pub fn job_control_setenv(&self, name: &str, value: &str) -> Result<(), Error> {
-        let (n, v) = (
-            cstring(name, "job_control_setenv")?,
-            cstring(value, "job_control_setenv")?,
-        );
+        let (n, v) = (cstring(name, "job_control_setenv")?, cstring(value, "job_control_setenv")?);
         // SAFETY: both strings are NUL-terminated and outlive the call.
         let rc = unsafe { sys::spank_job_control_setenv(self.raw, n.as_ptr(), v.as_ptr(), 1) };
         check(rc, &format!("job_control_setenv {name}"))
@@ -194,11 +172,7 @@ fn args(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
         .map(|i| {
             // SAFETY: Slurm passes `ac` valid C strings in `av`.
             let p = unsafe { *av.add(i) };
-            if p.is_null() {
-                String::new()
-            } else {
-                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-            }
+            if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
         })
         .collect()
 }
@@ -250,11 +224,7 @@ macro_rules! hook {
 }
 
 hook!(slurm_spank_init, "init", dispatch::init);
-hook!(
-    slurm_spank_init_post_opt,
-    "init_post_opt",
-    dispatch::init_post_opt
-);
+hook!(slurm_spank_init_post_opt, "init_post_opt", dispatch::init_post_opt);
 hook!(slurm_spank_task_init, "task_init", dispatch::task_init);
 hook!(slurm_spank_exit, "exit", dispatch::exit);
 hook!(slurm_spank_job_prolog, "job_prolog", dispatch::job_prolog);

@@ -26,20 +26,14 @@ impl Run {
     }
 
     pub fn ok(self) -> Run {
-        assert_eq!(
-            self.code, 0,
-            "command failed\nstdout: {}\nstderr: {}",
-            self.stdout, self.stderr
-        );
+        assert_eq!(self.code, 0, "command failed\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
         self
     }
 
     /// Value of `NAME=value` in stdout (as printed by `env`).
     pub fn var(&self, name: &str) -> Option<String> {
         let prefix = format!("{name}=");
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        self.stdout.lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
     }
 }
 
@@ -55,8 +49,7 @@ pub fn root(args: &[&str], secs: u32) -> Run {
 /// Runs a command as the unprivileged test user, with extra env.
 pub fn user_env(env: &[(&str, &str)], args: &[&str], secs: u32) -> Run {
     let mut c = Command::new("timeout");
-    c.arg(secs.to_string())
-        .args(["runuser", "-u", USER, "--", "env"]);
+    c.arg(secs.to_string()).args(["runuser", "-u", USER, "--", "env"]);
     for (k, v) in env {
         c.arg(format!("{k}={v}"));
     }
@@ -82,10 +75,7 @@ pub fn work_dir() -> PathBuf {
     let d = PathBuf::from("/tmp/carma-tests");
     if !d.exists() {
         std::fs::create_dir_all(&d).unwrap();
-        Command::new("chown")
-            .args([USER, d.to_str().unwrap()])
-            .status()
-            .unwrap();
+        Command::new("chown").args([USER, d.to_str().unwrap()]).status().unwrap();
     }
     d
 }
@@ -93,26 +83,15 @@ pub fn work_dir() -> PathBuf {
 /// A job name unique to this test process and call.
 pub fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "t{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        tag
-    )
+    format!("t{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), tag)
 }
 
 /// Writes an executable batch script owned by the test user; returns its path.
 pub fn script(name: &str, body: &str) -> String {
     let p = work_dir().join(format!("{name}.sh"));
     std::fs::write(&p, format!("#!/bin/bash\nset -u\n{body}\n")).unwrap();
-    Command::new("chmod")
-        .args(["755", p.to_str().unwrap()])
-        .status()
-        .unwrap();
-    Command::new("chown")
-        .args([USER, p.to_str().unwrap()])
-        .status()
-        .unwrap();
+    Command::new("chmod").args(["755", p.to_str().unwrap()]).status().unwrap();
+    Command::new("chown").args([USER, p.to_str().unwrap()]).status().unwrap();
     p.to_string_lossy().into_owned()
 }
 

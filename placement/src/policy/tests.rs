@@ -3,10 +3,7 @@ use crate::gpu::GpuProcess;
 use crate::state::Reservation;
 use proptest::prelude::*;
 
-const P: Params = Params {
-    sm_activity_cap: 0.8,
-    headroom_mib: 2048,
-};
+const P: Params = Params { sm_activity_cap: 0.8, headroom_mib: 2048 };
 
 fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
     GpuReading {
@@ -15,24 +12,13 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
         total_mib: 40960,
         used_mib: used,
         sm_activity: sm,
-        processes: if used > 0 {
-            vec![GpuProcess {
-                pid: 1000 + index,
-                used_mib: used,
-            }]
-        } else {
-            vec![]
-        },
+        processes: if used > 0 { vec![GpuProcess { pid: 1000 + index, used_mib: used }] } else { vec![] },
         power_w: None,
     }
 }
 
 fn demand(policy: Policy, est: u64) -> Demand {
-    Demand {
-        policy,
-        count: 1,
-        estimate_mib: Some(est),
-    }
+    Demand { policy, count: 1, estimate_mib: Some(est) }
 }
 
 fn pick(gpus: &[GpuReading], state: &mut NodeState, d: Demand) -> Result<Vec<u32>, NoFit> {
@@ -55,42 +41,19 @@ fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
 
 /// GPU0 20 GiB used, GPU1 10 GiB, GPU2 30 GiB, GPU3 idle but 0.9 busy.
 fn node() -> Vec<GpuReading> {
-    vec![
-        gpu(0, 20480, 0.3),
-        gpu(1, 10240, 0.5),
-        gpu(2, 30720, 0.1),
-        gpu(3, 0, 0.9),
-    ]
+    vec![gpu(0, 20480, 0.3), gpu(1, 10240, 0.5), gpu(2, 30720, 0.1), gpu(3, 0, 0.9)]
 }
 
 #[test]
 fn each_policy_picks_its_gpu() {
     let mut st = NodeState::default();
     let g = node();
-    assert_eq!(
-        pick(&g, &mut st, demand(Policy::Magm, 4096)).unwrap(),
-        vec![1],
-        "most free memory, GPU3 too busy"
-    );
-    assert_eq!(
-        pick(&g, &mut st, demand(Policy::BestFit, 4096)).unwrap(),
-        vec![2],
-        "least free that fits"
-    );
-    assert_eq!(
-        pick(&g, &mut st, demand(Policy::FirstFit, 4096)).unwrap(),
-        vec![0]
-    );
-    assert_eq!(
-        pick(&g, &mut st, demand(Policy::LeastUtilized, 4096)).unwrap(),
-        vec![2],
-        "lowest SM activity"
-    );
+    assert_eq!(pick(&g, &mut st, demand(Policy::Magm, 4096)).unwrap(), vec![1], "most free memory, GPU3 too busy");
+    assert_eq!(pick(&g, &mut st, demand(Policy::BestFit, 4096)).unwrap(), vec![2], "least free that fits");
+    assert_eq!(pick(&g, &mut st, demand(Policy::FirstFit, 4096)).unwrap(), vec![0]);
+    assert_eq!(pick(&g, &mut st, demand(Policy::LeastUtilized, 4096)).unwrap(), vec![2], "lowest SM activity");
     // Exclusive needs an idle GPU: only GPU3 has no processes (SM cap does not apply).
-    assert_eq!(
-        pick(&g, &mut st, demand(Policy::Exclusive, 4096)).unwrap(),
-        vec![3]
-    );
+    assert_eq!(pick(&g, &mut st, demand(Policy::Exclusive, 4096)).unwrap(), vec![3]);
 }
 
 #[test]
@@ -101,34 +64,17 @@ fn preconditions_sm_cap_and_headroom() {
     assert!(e.to_string().contains("SM activity 0.81 > cap 0.80"), "{e}");
     // 40960 - 30720 = 10240 free: 8192 + 2048 fits exactly, 8193 does not.
     let g = vec![gpu(0, 30720, 0.0)];
-    assert_eq!(
-        pick(&g, &mut st, demand(Policy::Magm, 8192)).unwrap(),
-        vec![0]
-    );
+    assert_eq!(pick(&g, &mut st, demand(Policy::Magm, 8192)).unwrap(), vec![0]);
     let e = pick(&g, &mut st, demand(Policy::Magm, 8193)).unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("effective free 10240 MiB < 8193 MiB estimate + 2048 MiB headroom"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("effective free 10240 MiB < 8193 MiB estimate + 2048 MiB headroom"), "{e}");
 }
 
 #[test]
 fn ties_break_by_gpu_index() {
     let g = vec![gpu(0, 0, 0.0), gpu(1, 0, 0.0), gpu(2, 0, 0.0)];
-    for policy in [
-        Policy::Magm,
-        Policy::BestFit,
-        Policy::FirstFit,
-        Policy::LeastUtilized,
-        Policy::Exclusive,
-    ] {
+    for policy in [Policy::Magm, Policy::BestFit, Policy::FirstFit, Policy::LeastUtilized, Policy::Exclusive] {
         let mut st = NodeState::default();
-        assert_eq!(
-            pick(&g, &mut st, demand(policy, 1000)).unwrap(),
-            vec![0],
-            "{policy}"
-        );
+        assert_eq!(pick(&g, &mut st, demand(policy, 1000)).unwrap(), vec![0], "{policy}");
     }
 }
 
@@ -147,31 +93,18 @@ fn round_robin_cycles_and_skips_ineligible() {
 fn multi_gpu_jobs_get_distinct_gpus_or_none() {
     let mut st = NodeState::default();
     let g = node();
-    let d = Demand {
-        policy: Policy::Magm,
-        count: 2,
-        estimate_mib: Some(4096),
-    };
-    assert_eq!(
-        choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap().gpus,
-        vec![1, 0]
-    );
+    let d = Demand { policy: Policy::Magm, count: 2, estimate_mib: Some(4096) };
+    assert_eq!(choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap().gpus, vec![1, 0]);
     let d = Demand { count: 4, ..d };
     let e = choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap_err();
-    assert!(
-        e.to_string().starts_with("3 of 4 GPUs qualify, 4 needed"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("3 of 4 GPUs qualify, 4 needed"), "{e}");
 }
 
 #[test]
 fn promised_but_not_yet_allocated_memory_counts() {
     // Job 7 was promised 16 GiB on GPU0 and has allocated 6 GiB of it so far.
     let mut g = vec![gpu(0, 6144, 0.2)];
-    g[0].processes = vec![GpuProcess {
-        pid: 500,
-        used_mib: 6144,
-    }];
+    g[0].processes = vec![GpuProcess { pid: 500, used_mib: 6144 }];
     let mut st = NodeState::default();
     st.reservations.push(carma(7, vec![0], 16384, 42));
     let owners: HashMap<u32, u32> = [(500, 42)].into();
@@ -192,21 +125,11 @@ fn promised_but_not_yet_allocated_memory_counts() {
 fn exclusive_and_slurm_whole_gpus_are_never_targets() {
     let g = vec![gpu(0, 0, 0.0), gpu(1, 0, 0.0)];
     let mut st = NodeState::default();
-    st.reservations.push(Reservation {
-        exclusive: true,
-        ..carma(1, vec![0], 40960, 9)
-    });
-    st.reservations.push(Reservation {
-        holding: Holding::SlurmWhole,
-        ..carma(2, vec![1], 40960, 8)
-    });
+    st.reservations.push(Reservation { exclusive: true, ..carma(1, vec![0], 40960, 9) });
+    st.reservations.push(Reservation { holding: Holding::SlurmWhole, ..carma(2, vec![1], 40960, 8) });
     let e = pick(&g, &mut st, demand(Policy::Magm, 1000)).unwrap_err();
     let s = e.to_string();
-    assert!(
-        s.contains("GPU0: held exclusively by job 1")
-            && s.contains("GPU1: held whole by Slurm job 2"),
-        "{s}"
-    );
+    assert!(s.contains("GPU0: held exclusively by job 1") && s.contains("GPU1: held whole by Slurm job 2"), "{s}");
 }
 
 #[test]
@@ -214,14 +137,7 @@ fn exclusive_policy_never_shares_and_is_not_shared() {
     let g = vec![gpu(0, 0, 0.0), gpu(1, 0, 0.0)];
     let mut st = NodeState::default();
     st.reservations.push(carma(1, vec![0], 1000, 9));
-    let c = choose(
-        &g,
-        &mut st,
-        &demand(Policy::Exclusive, 1000),
-        &P,
-        &HashMap::new(),
-    )
-    .unwrap();
+    let c = choose(&g, &mut st, &demand(Policy::Exclusive, 1000), &P, &HashMap::new()).unwrap();
     assert_eq!(c.gpus, vec![1], "GPU0 has a job");
     assert!(c.exclusive);
     assert_eq!(c.reserve_mib, 40960);
@@ -231,26 +147,11 @@ fn exclusive_policy_never_shares_and_is_not_shared() {
 fn unknown_or_oversized_estimate_needs_whole_gpus() {
     let g = vec![gpu(0, 100, 0.0), gpu(1, 0, 0.0)];
     let mut st = NodeState::default();
-    let d = Demand {
-        policy: Policy::Magm,
-        count: 1,
-        estimate_mib: None,
-    };
+    let d = Demand { policy: Policy::Magm, count: 1, estimate_mib: None };
     let c = choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap();
     assert_eq!((c.gpus, c.exclusive), (vec![1], true));
-    let c = choose(
-        &g,
-        &mut st,
-        &demand(Policy::Magm, 39000),
-        &P,
-        &HashMap::new(),
-    )
-    .unwrap();
-    assert_eq!(
-        (c.gpus, c.exclusive),
-        (vec![1], true),
-        "39000 + 2048 headroom exceeds 40960"
-    );
+    let c = choose(&g, &mut st, &demand(Policy::Magm, 39000), &P, &HashMap::new()).unwrap();
+    assert_eq!((c.gpus, c.exclusive), (vec![1], true), "39000 + 2048 headroom exceeds 40960");
 }
 
 /// A model node: placed jobs allocate part of their estimate over time.
@@ -264,11 +165,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0usize..6, 512u64..30000, 1u32..3).prop_map(|(policy, est, count)| Op::Place {
-            policy,
-            est,
-            count
-        }),
+        (0usize..6, 512u64..30000, 1u32..3).prop_map(|(policy, est, count)| Op::Place { policy, est, count }),
         (0usize..16, 0.0f64..1.0).prop_map(|(job, fraction)| Op::Allocate { job, fraction }),
         (0usize..16).prop_map(|job| Op::Release { job }),
         (0usize..16).prop_map(|job| Op::Crash { job }),

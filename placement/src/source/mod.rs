@@ -32,10 +32,7 @@ impl std::error::Error for SourceError {}
 
 /// Opens the configured source. NVML is loaded at run time: on a node
 /// without a driver this returns an error in well under a millisecond.
-pub fn open_source(
-    cfg: &SourceConfig,
-    window: Duration,
-) -> Result<Box<dyn GpuSource>, SourceError> {
+pub fn open_source(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {
     match cfg {
         SourceConfig::Nvml => Ok(Box::new(NvmlSource::init(window)?)),
         SourceConfig::Simulated(path) => Ok(Box::new(SimulatedGpus::load(path)?)),

@@ -16,11 +16,8 @@ pub struct NvmlSource {
 
 impl NvmlSource {
     pub fn init(window: Duration) -> Result<NvmlSource, SourceError> {
-        let nvml = Nvml::init().map_err(|e| {
-            SourceError(format!(
-                "NVML unavailable ({e}); is the NVIDIA driver installed?"
-            ))
-        })?;
+        let nvml = Nvml::init()
+            .map_err(|e| SourceError(format!("NVML unavailable ({e}); is the NVIDIA driver installed?")))?;
         Ok(NvmlSource { nvml, window })
     }
 }
@@ -42,13 +39,8 @@ fn mean_sample(samples: &[nvml_wrapper::struct_wrappers::device::Sample]) -> Opt
 
 impl GpuSource for NvmlSource {
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
-        let err = |what: &str, e: nvml_wrapper::error::NvmlError| {
-            SourceError(format!("NVML {what}: {e}"))
-        };
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(|e| err("device count", e))?;
+        let err = |what: &str, e: nvml_wrapper::error::NvmlError| SourceError(format!("NVML {what}: {e}"));
+        let count = self.nvml.device_count().map_err(|e| err("device count", e))?;
         let since_us = SystemTime::now()
             .checked_sub(self.window)
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -56,10 +48,7 @@ impl GpuSource for NvmlSource {
             .unwrap_or(0);
         let mut out = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(index)
-                .map_err(|e| err("device", e))?;
+            let dev = self.nvml.device_by_index(index).map_err(|e| err("device", e))?;
             let mem = dev.memory_info().map_err(|e| err("memory info", e))?;
             let processes = dev
                 .running_compute_processes()
@@ -79,11 +68,7 @@ impl GpuSource for NvmlSource {
                 .samples(Sampling::GpuUtilization, since_us)
                 .ok()
                 .and_then(|s| mean_sample(&s))
-                .or_else(|| {
-                    dev.utilization_rates()
-                        .ok()
-                        .map(|u| f64::from(u.gpu) / 100.0)
-                })
+                .or_else(|| dev.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0))
                 .unwrap_or(1.0);
             out.push(GpuReading {
                 index,

@@ -105,9 +105,7 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
         return Err("not a regular file".into());
     }
     let mut buf = Vec::new();
-    f.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| e.to_string())?;
+    f.take(MAX_FILE_BYTES + 1).read_to_end(&mut buf).map_err(|e| e.to_string())?;
     if buf.len() as u64 > MAX_FILE_BYTES {
         return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
     }
@@ -118,31 +116,20 @@ impl SimulatedGpus {
     pub fn load(file: &Path) -> Result<SimulatedGpus, SourceError> {
         let bad = |m: String| SourceError(format!("simulated GPU file {}: {m}", file.display()));
         let bytes = read_bounded(file).map_err(bad)?;
-        let raw: RawFile =
-            serde_yaml::from_slice(&bytes).map_err(|e| bad(e.to_string().replace('\n', " ")))?;
+        let raw: RawFile = serde_yaml::from_slice(&bytes).map_err(|e| bad(e.to_string().replace('\n', " ")))?;
         if raw.gpus.is_empty() || raw.gpus.len() > 64 {
             return Err(bad("gpus: list 1 to 64 GPUs".into()));
         }
         let mut gpus = Vec::new();
         for (i, g) in raw.gpus.into_iter().enumerate() {
             if g.index as usize != i {
-                return Err(bad(format!(
-                    "gpus: entry {i} has index {}; list GPUs in index order from 0",
-                    g.index
-                )));
+                return Err(bad(format!("gpus: entry {i} has index {}; list GPUs in index order from 0", g.index)));
             }
             let total_mib = size(&g.memory_total, "memory_total", file)?;
-            let base_used_mib = g
-                .memory_used
-                .as_ref()
-                .map(|v| size(v, "memory_used", file))
-                .transpose()?
-                .unwrap_or(0);
+            let base_used_mib = g.memory_used.as_ref().map(|v| size(v, "memory_used", file)).transpose()?.unwrap_or(0);
             let base_sm = g.sm_activity.unwrap_or(0.0);
             if total_mib == 0 || base_used_mib > total_mib || !(0.0..=1.0).contains(&base_sm) {
-                return Err(bad(format!(
-                    "gpus[{i}]: need 0 < memory_used <= memory_total and 0 <= sm_activity <= 1"
-                )));
+                return Err(bad(format!("gpus[{i}]: need 0 < memory_used <= memory_total and 0 <= sm_activity <= 1")));
             }
             gpus.push(SimGpu {
                 index: g.index,
@@ -153,15 +140,8 @@ impl SimulatedGpus {
                 power_w: g.power_w,
             });
         }
-        let process_dir = PathBuf::from(
-            raw.process_dir
-                .unwrap_or_else(|| DEFAULT_PROCESS_DIR.into()),
-        );
-        Ok(SimulatedGpus {
-            file: file.to_path_buf(),
-            gpus,
-            process_dir,
-        })
+        let process_dir = PathBuf::from(raw.process_dir.unwrap_or_else(|| DEFAULT_PROCESS_DIR.into()));
+        Ok(SimulatedGpus { file: file.to_path_buf(), gpus, process_dir })
     }
 
     pub fn file(&self) -> &Path {
@@ -180,10 +160,7 @@ impl SimulatedGpus {
         let mut out = Vec::new();
         for entry in entries.flatten().take(MAX_PROCESS_FILES) {
             let name = entry.file_name();
-            let Some(pid) = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".json"))
-                .and_then(|n| n.parse::<u32>().ok())
+            let Some(pid) = name.to_str().and_then(|n| n.strip_suffix(".json")).and_then(|n| n.parse::<u32>().ok())
             else {
                 continue;
             };
@@ -207,12 +184,7 @@ impl SimulatedGpus {
             .map(|g| {
                 let mine: Vec<(u32, &SimUse)> = procs
                     .iter()
-                    .flat_map(|p| {
-                        p.gpus
-                            .iter()
-                            .filter(|u| u.index == g.index)
-                            .map(move |u| (p.pid, u))
-                    })
+                    .flat_map(|p| p.gpus.iter().filter(|u| u.index == g.index).map(move |u| (p.pid, u)))
                     .collect();
                 GpuReading {
                     index: g.index,
@@ -220,13 +192,7 @@ impl SimulatedGpus {
                     total_mib: g.total_mib,
                     used_mib: g.base_used_mib + mine.iter().map(|(_, u)| u.used_mib).sum::<u64>(),
                     sm_activity: (g.base_sm + mine.iter().map(|(_, u)| u.sm).sum::<f64>()).min(1.0),
-                    processes: mine
-                        .iter()
-                        .map(|(pid, u)| GpuProcess {
-                            pid: *pid,
-                            used_mib: u.used_mib,
-                        })
-                        .collect(),
+                    processes: mine.iter().map(|(pid, u)| GpuProcess { pid: *pid, used_mib: u.used_mib }).collect(),
                     power_w: g.power_w,
                 }
             })
@@ -245,9 +211,7 @@ impl SimulatedGpus {
         loop {
             match f.try_lock_exclusive() {
                 Ok(()) => return Ok(f),
-                Err(_) if start.elapsed() < Duration::from_secs(10) => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
+                Err(_) if start.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(2)),
                 Err(e) => return Err(e),
             }
         }
@@ -255,19 +219,8 @@ impl SimulatedGpus {
 
     /// Registers `pid` as using `used_mib` and `sm` on each of `gpus`
     /// (replacing its earlier registration), unless a GPU lacks the memory.
-    pub fn allocate(
-        &self,
-        pid: u32,
-        gpus: &[u32],
-        used_mib: u64,
-        sm: f64,
-    ) -> Result<Result<(), SimOom>, SourceError> {
-        let ioerr = |e: std::io::Error| {
-            SourceError(format!(
-                "simulated GPUs {}: {e}",
-                self.process_dir.display()
-            ))
-        };
+    pub fn allocate(&self, pid: u32, gpus: &[u32], used_mib: u64, sm: f64) -> Result<Result<(), SimOom>, SourceError> {
+        let ioerr = |e: std::io::Error| SourceError(format!("simulated GPUs {}: {e}", self.process_dir.display()));
         let _lock = self.lock().map_err(ioerr)?;
         let others = self.readings(&self.processes(Some(pid)));
         for &i in gpus {
@@ -276,36 +229,14 @@ impl SimulatedGpus {
                 .find(|g| g.index == i)
                 .ok_or_else(|| SourceError(format!("GPU {i} is not in {}", self.file.display())))?;
             if g.used_mib + used_mib > g.total_mib {
-                return Ok(Err(SimOom {
-                    gpu: i,
-                    total_mib: g.total_mib,
-                    used_mib: g.used_mib,
-                    asked_mib: used_mib,
-                }));
+                return Ok(Err(SimOom { gpu: i, total_mib: g.total_mib, used_mib: g.used_mib, asked_mib: used_mib }));
             }
         }
-        let entry = SimProcess {
-            pid,
-            gpus: gpus
-                .iter()
-                .map(|&index| SimUse {
-                    index,
-                    used_mib,
-                    sm,
-                })
-                .collect(),
-        };
+        let entry = SimProcess { pid, gpus: gpus.iter().map(|&index| SimUse { index, used_mib, sm }).collect() };
         let path = self.process_dir.join(format!("{pid}.json"));
         let tmp = self.process_dir.join(format!(".{pid}.tmp"));
-        let mut f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(ioerr)?;
-        f.write_all(&serde_json::to_vec(&entry).unwrap_or_default())
-            .map_err(ioerr)?;
+        let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode(0o644).open(&tmp).map_err(ioerr)?;
+        f.write_all(&serde_json::to_vec(&entry).unwrap_or_default()).map_err(ioerr)?;
         fs::rename(&tmp, &path).map_err(ioerr)?;
         Ok(Ok(()))
     }
@@ -354,13 +285,7 @@ mod tests {
         assert_eq!(r[0].used_mib, 0);
         assert_eq!(r[1].used_mib, 1024 + 4096);
         assert_eq!(r[1].sm_activity, 0.75);
-        assert_eq!(
-            r[1].processes,
-            vec![GpuProcess {
-                pid: me,
-                used_mib: 4096
-            }]
-        );
+        assert_eq!(r[1].processes, vec![GpuProcess { pid: me, used_mib: 4096 }]);
         // Re-registering replaces; an allocation that does not fit is an OOM.
         assert_eq!(s.allocate(me, &[1], 8192, 0.5).unwrap(), Ok(()));
         assert_eq!(s.read().unwrap()[1].used_mib, 1024 + 8192);
@@ -375,16 +300,8 @@ mod tests {
         let d = TempDir::new();
         let mut s = sim(&d.0, "");
         // pid_max is at most 2^22 on Linux: this pid cannot be alive.
-        fs::write(
-            d.0.join("4194999.json"),
-            r#"{"pid":4194999,"gpus":[{"index":0,"used_mib":100,"sm":0.1}]}"#,
-        )
-        .unwrap();
-        fs::write(
-            d.0.join(format!("{}.json", std::process::id())),
-            b"\x00garbage",
-        )
-        .unwrap();
+        fs::write(d.0.join("4194999.json"), r#"{"pid":4194999,"gpus":[{"index":0,"used_mib":100,"sm":0.1}]}"#).unwrap();
+        fs::write(d.0.join(format!("{}.json", std::process::id())), b"\x00garbage").unwrap();
         fs::write(d.0.join("notapid.json"), b"{}").unwrap();
         std::os::unix::fs::symlink("/etc/shadow", d.0.join("1.json")).unwrap();
         let r = s.read().unwrap();
@@ -398,14 +315,8 @@ mod tests {
         for (text, needle) in [
             ("gpus: []\n", "gpus"),
             ("gpus:\n  - {index: 1, memory_total: 40G}\n", "index order"),
-            (
-                "gpus:\n  - {index: 0, memory_total: lots}\n",
-                "memory_total",
-            ),
-            (
-                "gpus:\n  - {index: 0, memory_total: 4G, colour: red}\n",
-                "colour",
-            ),
+            ("gpus:\n  - {index: 0, memory_total: lots}\n", "memory_total"),
+            ("gpus:\n  - {index: 0, memory_total: 4G, colour: red}\n", "colour"),
             ("\u{0}\u{1}", "simulated GPU file"),
         ] {
             let f = d.0.join("bad.yaml");
@@ -413,9 +324,7 @@ mod tests {
             let e = SimulatedGpus::load(&f).err().unwrap().to_string();
             assert!(e.contains(needle) && !e.contains('\n'), "{text:?}: {e}");
         }
-        let e = SimulatedGpus::load(&d.0.join("missing.yaml"))
-            .err()
-            .unwrap();
+        let e = SimulatedGpus::load(&d.0.join("missing.yaml")).err().unwrap();
         assert!(e.to_string().contains("missing.yaml"));
     }
 }

@@ -31,45 +31,27 @@ fn main() {
 }
 
 fn secs(v: &str) -> Result<f64, String> {
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .ok_or_else(|| "expected seconds >= 0".into())
+    v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).ok_or_else(|| "expected seconds >= 0".into())
 }
 
 fn run() -> Result<i32, String> {
     let a = Args::parse(
         std::env::args().skip(1),
-        &[
-            "mem",
-            "sm",
-            "seconds",
-            "ramp",
-            "grow-to",
-            "grow-after",
-            "config",
-        ],
+        &["mem", "sm", "seconds", "ramp", "grow-to", "grow-after", "config"],
         &[],
     )?;
-    let mem = a
-        .parsed("mem", parse_size_mib)?
-        .ok_or("--mem SIZE is required")?;
+    let mem = a.parsed("mem", parse_size_mib)?.ok_or("--mem SIZE is required")?;
     let sm = a
         .parsed("sm", |v| {
-            v.parse::<f64>()
-                .ok()
-                .filter(|s| (0.0..=1.0).contains(s))
-                .ok_or("expected 0.0 to 1.0".into())
+            v.parse::<f64>().ok().filter(|s| (0.0..=1.0).contains(s)).ok_or("expected 0.0 to 1.0".into())
         })?
         .unwrap_or(0.5);
     let seconds = a.parsed("seconds", secs)?.unwrap_or(10.0);
     let ramp = a.parsed("ramp", secs)?.unwrap_or(0.0);
     let grow_to = a.parsed("grow-to", parse_size_mib)?;
     let grow_after = a.parsed("grow-after", secs)?.unwrap_or(0.0);
-    let config = Config::load(Path::new(
-        a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH),
-    ))
-    .map_err(|e| e.to_string())?;
+    let config = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
+        .map_err(|e| e.to_string())?;
     let GpuSource::Simulated(file) = &config.gpu_source else {
         return Err(format!(
             "{} does not configure simulated GPUs (gpu_source: {{simulated: FILE}})",
@@ -82,9 +64,7 @@ fn run() -> Result<i32, String> {
     let gpus: Vec<u32> = visible
         .split(',')
         .map(|g| {
-            g.trim()
-                .parse::<u32>()
-                .map_err(|_| format!("CUDA_VISIBLE_DEVICES={visible}: not a list of GPU indices"))
+            g.trim().parse::<u32>().map_err(|_| format!("CUDA_VISIBLE_DEVICES={visible}: not a list of GPU indices"))
         })
         .collect::<Result<_, _>>()?;
     // SAFETY: the handler only stores to an atomic.
@@ -101,18 +81,11 @@ fn run() -> Result<i32, String> {
             break 0;
         }
         // Memory grows linearly over the ramp, as a framework allocates.
-        let mut want = if ramp > 0.0 {
-            ((mem as f64) * (t / ramp).min(1.0)).ceil() as u64
-        } else {
-            mem
-        };
+        let mut want = if ramp > 0.0 { ((mem as f64) * (t / ramp).min(1.0)).ceil() as u64 } else { mem };
         if let Some(g) = grow_to.filter(|_| t >= grow_after) {
             want = want.max(g);
         }
-        match sim
-            .allocate(pid, &gpus, want.max(1), sm)
-            .map_err(|e| e.to_string())?
-        {
+        match sim.allocate(pid, &gpus, want.max(1), sm).map_err(|e| e.to_string())? {
             Ok(()) => {}
             Err(oom) => {
                 let free = oom.total_mib.saturating_sub(oom.used_mib);
@@ -127,9 +100,7 @@ fn run() -> Result<i32, String> {
                 break 1;
             }
         }
-        std::thread::sleep(
-            Duration::from_millis(100).min(Duration::from_secs_f64((seconds - t).max(0.0))),
-        );
+        std::thread::sleep(Duration::from_millis(100).min(Duration::from_secs_f64((seconds - t).max(0.0))));
     };
     sim.release(pid);
     if code == 0 {

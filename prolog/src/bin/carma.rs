@@ -28,23 +28,16 @@ fn main() {
 }
 
 fn config(a: &Args) -> Result<Config, String> {
-    Config::load(Path::new(
-        a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH),
-    ))
-    .map_err(|e| e.to_string())
+    Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH))).map_err(|e| e.to_string())
 }
 
 fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     let a = Args::parse(argv, &["config"], &["json"])?;
     let cfg = config(&a)?;
-    let mut placer =
-        Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
+    let mut placer = Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     if a.has("json") {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&status::to_json(&gpus, &state)).unwrap_or_default()
-        );
+        println!("{}", serde_json::to_string_pretty(&status::to_json(&gpus, &state)).unwrap_or_default());
     } else {
         print!("{}", status::table(&gpus, &state));
     }

@@ -32,9 +32,7 @@ pub fn parse_gpu_list(text: &str) -> Option<Vec<u32>> {
 
 fn never_fail(what: &str, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
     if let Err(e) = body() {
-        log::error(&format!(
-            "{what}: {e} (the job continues; the node is not drained)"
-        ));
+        log::error(&format!("{what}: {e} (the job continues; the node is not drained)"));
     }
     Ok(())
 }
@@ -51,10 +49,7 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
         };
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
-        Placer::from_config(cfg, log::event)
-            .context("placement")?
-            .record_whole(job, &gpus)
-            .context("placement")?;
+        Placer::from_config(cfg, log::event).context("placement")?.record_whole(job, &gpus).context("placement")?;
         Ok(())
     })
 }
@@ -65,11 +60,7 @@ pub fn epilog(_sp: &Spank) -> Result<(), Error> {
         let Some(job) = job_id() else { return Ok(()) };
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
-        if let Some(r) = Placer::from_config(cfg, log::event)
-            .context("release")?
-            .release_job(job)
-            .context("release")?
-        {
+        if let Some(r) = Placer::from_config(cfg, log::event).context("release")?.release_job(job).context("release")? {
             log::event(&format!("job {job} ended: released GPU {:?}", r.gpus));
         }
         Ok(())

@@ -20,7 +20,10 @@ struct Decision {
     summary: String,
     step: StepRef,
 }
-static DECISION: OnceCell<Decision> = OnceCell::new();
+/// `Err` holds why a CARMA step could not be placed. It is reported by
+/// task_init, in the task: a failing init_post_opt would make slurmd drain
+/// the node for a batch step, and the user would never see the reason.
+static DECISION: OnceCell<Result<Decision, String>> = OnceCell::new();
 
 /// Options given to this step win; then values resolved at submit time
 /// (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
@@ -30,9 +33,7 @@ fn request(sp: &Spank) -> Result<JobRequest, Error> {
     let mut req = options::request();
     req.fill_from_env(|name| {
         let spank = sp.getenv(&format!("SLURM_SPANK_{name}")).ok().flatten();
-        spank
-            .or_else(|| sp.getenv(name).ok().flatten())
-            .map(String::into_bytes)
+        spank.or_else(|| sp.getenv(name).ok().flatten()).map(String::into_bytes)
     })?;
     Ok(req)
 }
@@ -48,8 +49,24 @@ fn estimate(req: &JobRequest, cfg: &Config) -> (Option<u64>, String) {
     }
 }
 
+/// Never fails: a CARMA step's failure is deferred to task_init, anything
+/// else is logged (the step runs as without CARMA).
 pub fn place(sp: &Spank) -> Result<(), Error> {
-    let req = request(sp)?;
+    let mut carma = false;
+    if let Err(e) = try_place(sp, &mut carma) {
+        let msg = e.to_string();
+        log::error(&format!("init_post_opt: {msg}"));
+        if carma {
+            let _ = DECISION.set(Err(msg));
+        }
+    }
+    Ok(())
+}
+
+fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
+    let req = request(sp);
+    *carma = req.as_ref().map_or(true, |r| !r.is_empty());
+    let req = req?;
     let shards = sp.getenv("SLURM_SHARDS_ON_NODE")?.is_some();
     if req.is_empty() && !shards {
         // Not a CARMA step and not sharing: nothing to do, no lock taken.
@@ -59,10 +76,7 @@ pub fn place(sp: &Spank) -> Result<(), Error> {
     log::set_log_file(cfg.log_file.clone());
     let job = sp.item_u32(Item::JobId)?;
     let step_id = sp.item_u32(Item::StepId)?;
-    let step = StepRef {
-        job,
-        holder: std::process::id(),
-    };
+    let step = StepRef { job, holder: std::process::id() };
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
     if shards || slurm_gpus(sp)?.is_none() {
         // The prolog recorded Slurm's GPUs as held whole; this job shares.
@@ -73,35 +87,16 @@ pub fn place(sp: &Spank) -> Result<(), Error> {
     }
     let (estimate_mib, estimate_source) = estimate(&req, cfg);
     let policy = req.policy.unwrap_or(cfg.default_policy);
-    let request = Request {
-        policy,
-        count: req.gpu_count(),
-        estimate_mib,
-        estimate_source: estimate_source.clone(),
-    };
-    let wait = if cfg.no_fit == NoFitAction::Wait {
-        cfg.timeouts.wait
-    } else {
-        Duration::ZERO
-    };
-    let est = estimate_mib
-        .map(|m| format!("{m}M"))
-        .unwrap_or_else(|| "unknown".into());
-    let decision = placer
-        .place(step, &request, wait, cfg.timeouts.poll)
-        .map_err(|e| {
-            Error::msg(format!(
-                "job {job} step {step_id}: policy {policy}, estimate {est} ({estimate_source}): {e}"
-            ))
-        })?;
+    let request = Request { policy, count: req.gpu_count(), estimate_mib, estimate_source: estimate_source.clone() };
+    let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
+    let est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
+    let decision = placer.place(step, &request, wait, cfg.timeouts.poll).map_err(|e| {
+        Error::msg(format!("job {job} step {step_id}: policy {policy}, estimate {est} ({estimate_source}): {e}"))
+    })?;
     let gpus: Vec<String> = decision.gpus.iter().map(u32::to_string).collect();
     let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}");
     log::event(&format!("job {job} step {step_id}: {summary}"));
-    let _ = DECISION.set(Decision {
-        gpus: gpus.join(","),
-        summary,
-        step,
-    });
+    let _ = DECISION.set(Ok(Decision { gpus: gpus.join(","), summary, step }));
     Ok(())
 }
 
@@ -119,27 +114,35 @@ fn slurm_gpus(sp: &Spank) -> Result<Option<String>, Error> {
 
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
     // Runs in the forked task: no locks, no NVML, no logging on success.
-    if let Some(d) = DECISION.get() {
-        for var in [
-            "CUDA_VISIBLE_DEVICES",
-            "SLURM_STEP_GPUS",
-            "GPU_DEVICE_ORDINAL",
-        ] {
-            sp.setenv(var, &d.gpus)?;
+    match DECISION.get() {
+        None => Ok(()),
+        Some(Ok(d)) => {
+            for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"] {
+                sp.setenv(var, &d.gpus)?;
+            }
+            sp.setenv("CARMA_DECISION", &d.summary)
         }
-        sp.setenv("CARMA_DECISION", &d.summary)?;
+        Some(Err(why)) => {
+            // The task's stderr is the job's: the user sees why.
+            eprintln!("carma: this step was not started: {why}");
+            Err(Error::msg(why.clone()))
+        }
     }
-    Ok(())
 }
 
+/// Releases the step's hold; failures are logged only (garbage collection
+/// reclaims the reservation once this slurmstepd is gone).
 pub fn exit(_sp: &Spank) -> Result<(), Error> {
-    let Some(d) = DECISION.get() else {
-        return Ok(());
+    let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
+    let release = || -> Result<(), Error> {
+        let placer = Placer::from_config(options::config()?, log::event).context("release")?;
+        if let Some(r) = placer.release(d.step).context("release")? {
+            log::event(&format!("job {} released GPU {:?}", r.job, r.gpus));
+        }
+        Ok(())
     };
-    let cfg = options::config()?;
-    let placer = Placer::from_config(cfg, log::event).context("release")?;
-    if let Some(r) = placer.release(d.step).context("release")? {
-        log::event(&format!("job {} released GPU {:?}", r.job, r.gpus));
+    if let Err(e) = release() {
+        log::error(&format!("exit: {e}"));
     }
     Ok(())
 }

@@ -18,8 +18,7 @@ pub fn init_post_opt(sp: &Spank) -> Result<(), Error> {
     }
     for option in OptionName::ALL {
         if let Some(value) = req.get(option) {
-            sp.job_control_setenv(option.env(), &value)
-                .context("passing options to the job")?;
+            sp.job_control_setenv(option.env(), &value).context("passing options to the job")?;
         }
     }
     log::debug(&format!("request {req:?}"));

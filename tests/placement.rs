@@ -1,0 +1,221 @@
+//! Real-Slurm placement tests with simulated GPUs: jobs run carma-fakejob,
+//! which registers memory on the GPUs the plugin chose and fails like
+//! PyTorch when a GPU runs out of memory.
+
+mod common;
+use common::*;
+use std::collections::HashMap;
+use std::thread;
+
+/// One finished job: the GPU(s) it ran on and when.
+#[derive(Debug, Clone)]
+struct Span {
+    gpus: String,
+    start: f64,
+    end: f64,
+    rc: i32,
+    out: String,
+}
+
+const GPU_BODY: &str = "echo \"START $(date +%s.%N) $CUDA_VISIBLE_DEVICES\"\n\
+                        carma-fakejob $FAKE\nrc=$?\necho \"END $(date +%s.%N) $rc\"\nexit $rc";
+
+fn parse_span(out: &str) -> Span {
+    let field = |tag: &str, i: usize| -> String {
+        out.lines()
+            .find(|l| l.starts_with(tag))
+            .and_then(|l| l.split_whitespace().nth(i))
+            .unwrap_or_else(|| panic!("no {tag} line in job output:\n{out}"))
+            .to_string()
+    };
+    Span {
+        gpus: field("START", 2),
+        start: field("START", 1).parse().unwrap(),
+        end: field("END", 1).parse().unwrap(),
+        rc: field("END", 2).parse().unwrap(),
+        out: out.to_string(),
+    }
+}
+
+/// Submits all jobs at once (sbatch --wait each, in parallel threads).
+fn run_all(jobs: Vec<(Vec<String>, String)>) -> Vec<Span> {
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .map(|(opts, fake)| {
+            thread::spawn(move || {
+                let o: Vec<&str> = opts.iter().map(String::as_str).collect();
+                let (r, out) = sbatch_wait(&o, &[("FAKE", &fake)], GPU_BODY, 240);
+                assert!(r.code == 0 || out.contains("END"), "sbatch failed: {} {}\n{out}", r.stdout, r.stderr);
+                parse_span(&out)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn overlap(a: &Span, b: &Span) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+fn opts(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// Greatest number of jobs running on one GPU at the same moment.
+fn peak_per_gpu(spans: &[Span]) -> HashMap<String, usize> {
+    let mut peak = HashMap::new();
+    for s in spans {
+        let at_start = spans.iter().filter(|o| o.gpus == s.gpus && o.start <= s.start && s.start < o.end).count();
+        let e = peak.entry(s.gpus.clone()).or_insert(0);
+        *e = (*e).max(at_start);
+    }
+    peak
+}
+
+fn assert_state_empty() {
+    let r = root(&["carma", "status", "--json"], 30).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["reservations"].as_array().map(Vec::len), Some(0), "reservations left behind: {}", r.stdout);
+}
+
+#[test]
+fn magm_collocates_eight_jobs_without_exceeding_memory() {
+    require_cluster();
+    // 14 GiB estimate + 2 GiB headroom: two fit on a 40 GiB GPU, a third does not.
+    let jobs = (0..8)
+        .map(|_| (opts(&["--carma-policy=magm", "--carma-mem=14G"]), "--mem 12G --seconds 6 --ramp 1".to_string()))
+        .collect();
+    let spans = run_all(jobs);
+    for s in &spans {
+        assert_eq!(s.rc, 0, "a job failed (OOM?):\n{}", s.out);
+    }
+    let peak = peak_per_gpu(&spans);
+    assert!(peak.values().all(|&n| n <= 2), "more than two 14G jobs shared a GPU: {peak:?}");
+    assert!(peak.values().any(|&n| n == 2), "no collocation happened: {peak:?}");
+    assert_eq!(peak.len(), 4, "magm should spread over all four GPUs: {peak:?}");
+    assert_state_empty();
+}
+
+#[test]
+fn exclusive_never_collocates_and_waiting_jobs_start_when_a_gpu_frees() {
+    require_cluster();
+    let jobs = (0..6)
+        .map(|_| (opts(&["--carma-policy=exclusive", "--carma-mem=4G"]), "--mem 3G --seconds 4".to_string()))
+        .collect();
+    let spans = run_all(jobs);
+    for (i, a) in spans.iter().enumerate() {
+        assert_eq!(a.rc, 0, "{}", a.out);
+        for b in &spans[i + 1..] {
+            assert!(!(a.gpus == b.gpus && overlap(a, b)), "exclusive jobs shared GPU {}: {a:?} {b:?}", a.gpus);
+        }
+    }
+    // Six jobs on four GPUs: two must have waited for a GPU to free.
+    let first_end = spans.iter().map(|s| s.end).fold(f64::MAX, f64::min);
+    let late = spans.iter().filter(|s| s.start >= first_end - 0.5).count();
+    assert!(late >= 2, "expected two jobs to wait: {spans:?}");
+    assert_state_empty();
+}
+
+#[test]
+fn a_job_that_cannot_fit_waits_and_starts_when_memory_frees() {
+    require_cluster();
+    // Four 30G jobs fill every GPU (30 + 2 headroom leaves 8 GiB); a 20G job
+    // must wait until one of them ends.
+    let mut jobs: Vec<(Vec<String>, String)> = (0..4)
+        .map(|_| (opts(&["--carma-policy=ff", "--carma-mem=30G"]), "--mem 30G --seconds 6".to_string()))
+        .collect();
+    let big = thread::spawn(move || run_all(std::mem::take(&mut jobs)));
+    thread::sleep(std::time::Duration::from_secs(2));
+    let late = run_all(vec![(opts(&["--carma-policy=ff", "--carma-mem=20G"]), "--mem 20G --seconds 1".to_string())]);
+    let big = big.join().unwrap();
+    let first_end = big.iter().map(|s| s.end).fold(f64::MAX, f64::min);
+    assert_eq!(late[0].rc, 0, "{}", late[0].out);
+    assert!(late[0].start >= first_end - 0.3, "the 20G job started before memory freed: {late:?} {big:?}");
+    assert!(big.iter().all(|s| s.rc == 0));
+}
+
+#[test]
+fn parallel_sruns_never_get_the_same_last_slot() {
+    require_cluster();
+    // Three GPUs held exclusively; GPU 3 can take one 20G job but not two.
+    let mut hold: Vec<(Vec<String>, String)> = (0..3)
+        .map(|_| (opts(&["--carma-policy=exclusive", "--carma-mem=1G"]), "--mem 1G --seconds 8".to_string()))
+        .collect();
+    let holders = thread::spawn(move || run_all(std::mem::take(&mut hold)));
+    thread::sleep(std::time::Duration::from_secs(2));
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            thread::spawn(|| {
+                let r = user_env(
+                    &[("CARMA_MEM", "20G")],
+                    &["srun", "--carma-policy=ff", "bash", "-c", "echo \"START $(date +%s.%N) $CUDA_VISIBLE_DEVICES\"; carma-fakejob --mem 20G --seconds 2; echo \"END $(date +%s.%N) $?\""],
+                    120,
+                );
+                parse_span(&r.stdout)
+            })
+        })
+        .collect();
+    let racers: Vec<Span> = racers.into_iter().map(|h| h.join().unwrap()).collect();
+    let holders = holders.join().unwrap();
+    assert!(racers.iter().all(|s| s.rc == 0), "{racers:?}");
+    if racers[0].gpus == racers[1].gpus {
+        assert!(!overlap(&racers[0], &racers[1]), "two 20G jobs shared the last slot at once: {racers:?}");
+    }
+    for r in &racers {
+        for h in &holders {
+            assert!(!(r.gpus == h.gpus && overlap(r, h)), "placed on an exclusive GPU: {r:?} {h:?}");
+        }
+    }
+}
+
+#[test]
+fn gpus_slurm_gave_whole_are_never_collocation_targets() {
+    require_cluster();
+    // A job without CARMA holds GPU 0 whole through Slurm's gres.
+    let hold =
+        thread::spawn(|| user(&["srun", "--gres=gpu:1", "bash", "-c", "echo GPU=$CUDA_VISIBLE_DEVICES; sleep 6"], 60));
+    thread::sleep(std::time::Duration::from_secs(2));
+    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CUDA_VISIBLE_DEVICES"], 60).ok();
+    let held = hold.join().unwrap().ok();
+    let held_gpu = held.stdout.trim().trim_start_matches("GPU=").to_string();
+    assert_eq!(held_gpu, "0");
+    assert_eq!(r.stdout.trim(), "1", "first-fit must skip the GPU Slurm gave whole to another job");
+    // A shard job without CARMA does not block its GPU.
+    let hold = thread::spawn(|| {
+        user(&["srun", "--gres=shard:1", "bash", "-c", "echo GPU=$CUDA_VISIBLE_DEVICES; sleep 5"], 60)
+    });
+    thread::sleep(std::time::Duration::from_secs(2));
+    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CUDA_VISIBLE_DEVICES"], 60).ok();
+    hold.join().unwrap().ok();
+    assert_eq!(r.stdout.trim(), "0", "a shard job's GPU stays a collocation target");
+    assert_state_empty();
+}
+
+#[test]
+fn every_decision_is_logged_with_its_reason() {
+    require_cluster();
+    let name = unique("logged");
+    let r = user(&["srun", "-J", &name, "--carma-policy=bf", "--carma-mem=2G", "printenv", "SLURM_JOB_ID"], 60).ok();
+    let job = r.stdout.trim().to_string();
+    let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("job {job} step 0: policy=bf")))
+        .unwrap_or_else(|| panic!("no decision line for job {job}"));
+    assert!(line.contains("estimate=2048M source=declared") && line.contains("effective_free="), "{line}");
+    assert!(log.contains(&format!("job {job} released GPU")), "release not logged");
+}
+
+#[test]
+fn an_unplaceable_job_fails_with_its_reason_and_never_drains_the_node() {
+    require_cluster();
+    let (r, out) = sbatch_wait(&["--carma-gpus=5", "--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
+    assert_ne!(r.code, 0, "a job needing 5 of 4 GPUs succeeded");
+    assert!(!out.contains("SHOULD-NOT-RUN"), "{out}");
+    assert!(out.contains("carma: this step was not started") && out.contains("4 of 4 GPUs qualify, 5 needed"), "{out}");
+    let r = user(&["srun", "--carma-gpus=5", "--carma-mem=1G", "true"], 60);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("5 needed"), "{}", r.stderr);
+    let state = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
+    assert!(!state.contains("drain"), "node drained: {state}");
+}
