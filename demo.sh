@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# CARMA demo: builds the plugin, starts a local Slurm cluster with 4
+# simulated A100-40GB GPUs and submits training-like jobs (carma-fakejob)
+# under different policies, printing where each landed.
+# Run as root on a throwaway Debian 12 machine: sudo ./demo.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+export PROFILE=release
+tests/cluster.sh deps
+echo "== building (first build takes a few minutes)"
+cargo build --profile "$PROFILE" --workspace --bins --lib -q
+tests/cluster.sh start
+
+user=carmatest
+out=/tmp/carma-demo
+rm -rf "$out"; install -d -o "$user" "$out"
+submit() { # name, carma options..., -- fakejob args
+    local name=$1; shift
+    local opts=() fake=()
+    while [ "$1" != -- ]; do opts+=("$1"); shift; done; shift
+    fake=("$@")
+    runuser -u "$user" -- sbatch -Q -J "$name" -D "$out" -o "$out/$name.out" "${opts[@]}" \
+        --wrap "echo \"\$CARMA_DECISION\"; carma-fakejob ${fake[*]}"
+}
+
+echo "== submitting 7 jobs as user $user"
+submit resnet50-a --carma-policy=magm --carma-mem=14G -- --mem 12G --sm 0.4 --seconds 12 --ramp 2
+submit resnet50-b --carma-policy=magm --carma-mem=14G -- --mem 12G --sm 0.4 --seconds 12 --ramp 2
+submit bert-base  --carma-policy=magm --carma-mem=20G -- --mem 18G --sm 0.5 --seconds 12 --ramp 2
+submit vgg16      --carma-policy=bf   --carma-mem=10G -- --mem 9G  --sm 0.3 --seconds 12 --ramp 2
+submit mobilenet  --carma-policy=ff   --carma-mem=4G  -- --mem 3G  --sm 0.2 --seconds 12 --ramp 2
+submit big-model  --carma-policy=exclusive --carma-mem=36G -- --mem 34G --sm 0.7 --seconds 12 --ramp 2
+submit two-gpus   --carma-policy=lug  --carma-mem=8G --carma-gpus=2 -- --mem 7G --sm 0.3 --seconds 12 --ramp 2
+sleep 5
+echo "== carma status while the jobs run"
+carma status
+echo "== waiting for the jobs to finish"
+while squeue -h -u "$user" | grep -q .; do sleep 1; done
+echo "== where each job ran (CARMA_DECISION in its output)"
+for f in "$out"/*.out; do
+    printf '%-12s %s\n' "$(basename "$f" .out)" "$(head -1 "$f")"
+    grep -h -E 'OutOfMemory|error' "$f" || true
+done
+echo "== CARMA's log: /var/log/carma/carma.log; stop the cluster with: sudo tests/cluster.sh stop"
