@@ -109,7 +109,7 @@ CONF
 $MARK
 default_policy: magm
 gpu_source: {simulated: $SIM}
-state_dir: /var/lib/carma
+state_dir: /run/carma
 log_file: /var/log/carma/carma.log
 timeouts: {lock: 5s, wait: 60s, poll: 250ms}
 CONF
@@ -137,8 +137,8 @@ install_carma() {
     install -d -m 1777 /run/carma-sim
     rm -f /run/carma-sim/*.json
     # A fresh cluster has no running jobs: start CARMA's node state empty.
-    install -d -m 0755 -o root -g root /var/lib/carma /var/log/carma
-    rm -f /var/lib/carma/state.json /var/lib/carma/state.json.*
+    install -d -m 0755 -o root -g root /run/carma /var/log/carma
+    rm -f /run/carma/state.json /run/carma/state.json.*
 }
 
 pid_of() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && cat "$1"; }

@@ -15,6 +15,9 @@ cargo build --profile "$PROFILE" --workspace --bins --lib
 tests/cluster.sh start
 trap 'tests/cluster.sh stop' EXIT
 
+echo "== benchmarks (figures, not pass/fail)"
+cargo bench -q -p carma-placement --bench latency
+
 echo "== tests"
 # Integration tests share one cluster and its 4 GPUs: run them one at a time.
 cargo test --profile "$PROFILE" --workspace -- --test-threads=1

@@ -85,7 +85,8 @@ pub struct Config {
     /// Averaging window for SM activity.
     pub monitor_window: Duration,
     pub gpu_source: GpuSource,
-    /// Root-owned directory for node-local state.
+    /// Root-owned directory for node-local state. Default /run/carma: on
+    /// tmpfs, fast to fsync, and empty after a reboot, like the jobs it tracks.
     pub state_dir: PathBuf,
     /// Optional log file in addition to syslog/Slurm's log.
     pub log_file: Option<PathBuf>,
@@ -122,7 +123,7 @@ impl Default for Config {
             headroom_mib: 2048,
             monitor_window: Duration::from_secs(60),
             gpu_source: GpuSource::Nvml,
-            state_dir: PathBuf::from("/var/lib/carma"),
+            state_dir: PathBuf::from("/run/carma"),
             log_file: None,
             unknown_estimate: UnknownEstimate::Exclusive,
             no_fit: NoFitAction::Wait,

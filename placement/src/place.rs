@@ -5,7 +5,7 @@ use crate::gpu::GpuReading;
 use crate::policy::{Demand, NoFit, Params, choose};
 use crate::procs;
 use crate::source::{GpuSource, SourceError, open_source};
-use crate::state::{Holding, Logger, NodeState, Reservation, StateError, StateStore, now_secs};
+use crate::state::{Holding, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
 use carma_config::{Config, Policy};
 use std::collections::HashMap;
 use std::fmt;
@@ -92,7 +92,7 @@ impl From<SourceError> for PlaceError {
 
 /// How the placer learns which processes are alive and whose they are.
 /// Linux /proc in production; the simulator supplies its own.
-pub trait Processes {
+pub trait Processes: Send {
     fn alive(&self, pid: u32) -> bool;
     /// The job still has a step on this node.
     fn job_running(&self, job: u32) -> bool;
@@ -112,6 +112,8 @@ impl Processes for LinuxProcesses {
         procs::owners(pids.iter().copied(), holders)
     }
 }
+
+const GC_INTERVAL_MS: u64 = 1000;
 
 pub struct Placer {
     store: StateStore,
@@ -177,7 +179,15 @@ impl Placer {
         Ok((readings, self.store.snapshot()?))
     }
 
-    fn collect(&self, st: &mut NodeState) {
+    /// Garbage collection costs a /proc lookup per holder, so it runs at most
+    /// every GC_INTERVAL_MS, and always before a placement is refused: a
+    /// stale reservation can delay nothing.
+    fn collect(&self, st: &mut NodeState, force: bool) {
+        let now = now_ms();
+        if !force && now.saturating_sub(st.last_gc_ms) < GC_INTERVAL_MS {
+            return;
+        }
+        st.last_gc_ms = now;
         for r in st.collect_garbage(|pid| self.processes.alive(pid), |job| self.processes.job_running(job)) {
             (self.log)(&format!("released job {} from GPU {:?}: its steps are gone", r.job, r.gpus));
         }
@@ -190,7 +200,7 @@ impl Placer {
         let demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
         let params = self.params;
         let out = self.store.update(|st| {
-            self.collect(st);
+            self.collect(st, false);
             if let Some(r) = st.job_mut(step.job) {
                 if !r.holders.contains(&step.holder) {
                     r.holders.push(step.holder);
@@ -205,7 +215,13 @@ impl Placer {
             }
             let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
             let owners = self.processes.owners(&pids, &holders);
-            let choice = choose(&readings, st, &demand, &params, &owners)?;
+            let choice = match choose(&readings, st, &demand, &params, &owners) {
+                Ok(c) => c,
+                Err(_) => {
+                    self.collect(st, true);
+                    choose(&readings, st, &demand, &params, &owners)?
+                }
+            };
             st.reservations.push(Reservation {
                 job: step.job,
                 gpus: choice.gpus.clone(),
@@ -268,7 +284,7 @@ impl Placer {
     /// [`Placer::drop_whole`].
     pub fn record_whole(&self, job: u32, gpus: &[u32]) -> Result<(), PlaceError> {
         self.store.update(|st| {
-            self.collect(st);
+            self.collect(st, false);
             if st.job(job).is_some() {
                 return;
             }

@@ -51,6 +51,9 @@ pub struct Reservation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeState {
     pub version: u32,
+    /// Unix milliseconds of the last garbage collection.
+    #[serde(default)]
+    pub last_gc_ms: u64,
     /// Next GPU index the round-robin policy starts from.
     pub rr_cursor: u32,
     pub reservations: Vec<Reservation>,
@@ -58,7 +61,7 @@ pub struct NodeState {
 
 impl Default for NodeState {
     fn default() -> NodeState {
-        NodeState { version: STATE_VERSION, rr_cursor: 0, reservations: Vec::new() }
+        NodeState { version: STATE_VERSION, last_gc_ms: 0, rr_cursor: 0, reservations: Vec::new() }
     }
 }
 
@@ -216,24 +219,34 @@ impl StateStore {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(io(format!("opening {}", path.display())))?;
+        let got = |r: std::io::Result<()>| match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                Ok(false)
+            }
+            Err(e) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
+        };
+        // Fast path: the lock is free.
+        if got(if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) })? {
+            return Ok(file);
+        }
+        // Contended: a helper thread blocks in flock(2), so the kernel hands
+        // the lock over the moment it is released; we wait for it with a
+        // timeout. If we give up first, the helper's send fails and dropping
+        // the file releases the lock at once, so nothing stays locked.
         let start = Instant::now();
-        let mut pause = Duration::from_micros(200);
-        loop {
-            let got = if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) };
-            match got {
-                Ok(()) => return Ok(file),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
-                }
-                Err(e) => {
-                    return Err(StateError::Io { what: format!("locking {}", path.display()), err: e });
-                }
-            }
-            let waited = start.elapsed();
-            if waited >= self.lock_timeout {
-                return Err(StateError::LockTimeout { path, waited });
-            }
-            std::thread::sleep(pause.min(self.lock_timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(10));
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("carma-lock".into())
+            .spawn(move || {
+                let r = if exclusive { file.lock_exclusive() } else { FileExt::lock_shared(&file) };
+                let _ = tx.send(r.map(|()| file));
+            })
+            .map_err(io(format!("locking {}", path.display())))?;
+        match rx.recv_timeout(self.lock_timeout) {
+            Ok(Ok(file)) => Ok(file),
+            Ok(Err(e)) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
+            Err(_) => Err(StateError::LockTimeout { path, waited: start.elapsed() }),
         }
     }
 
@@ -273,7 +286,7 @@ impl StateStore {
     fn store(&self, state: &NodeState) -> Result<(), StateError> {
         let path = self.state_path();
         let tmp = self.dir.join(format!("{STATE_FILE}.tmp.{}", std::process::id()));
-        let bytes = serde_json::to_vec_pretty(state)
+        let bytes = serde_json::to_vec(state)
             .map_err(|e| StateError::Io { what: "encoding state".into(), err: std::io::Error::other(e) })?;
         let write = || -> std::io::Result<()> {
             let mut f = OpenOptions::new()
@@ -312,6 +325,10 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
         return Err(format!("larger than {MAX_STATE_BYTES} bytes"));
     }
     Ok(Some(buf))
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 pub fn now_secs() -> u64 {

@@ -12,7 +12,7 @@ use std::time::Duration;
 pub use nvml::NvmlSource;
 pub use simulated::SimulatedGpus;
 
-pub trait GpuSource {
+pub trait GpuSource: Send {
     /// One reading of every GPU of the node, ordered by index.
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError>;
     /// Short name for log lines.
