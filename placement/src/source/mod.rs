@@ -38,3 +38,22 @@ pub fn open_source(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSo
         SourceConfig::Simulated(path) => Ok(Box::new(SimulatedGpus::load(path)?)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a node without an NVIDIA driver (every machine of this project),
+    /// opening NVML must fail fast with a message that says why.
+    #[test]
+    fn nvml_without_driver_is_a_clear_error_not_a_crash() {
+        if std::path::Path::new("/dev/nvidiactl").exists() {
+            eprintln!("skipped: this node has an NVIDIA driver");
+            return;
+        }
+        let t = std::time::Instant::now();
+        let e = open_source(&SourceConfig::Nvml, Duration::from_secs(60)).err().expect("NVML opened without a driver");
+        assert!(e.to_string().starts_with("NVML unavailable") && e.to_string().contains("driver"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+}
