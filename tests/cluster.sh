@@ -82,6 +82,9 @@ AccountingStorageType=accounting_storage/none
 SchedulerParameters=sched_interval=1,bf_interval=1
 MinJobAge=600
 PlugStackConfig=/etc/slurm/plugstack.conf
+# OOM recovery: detects GPU OOM crashes of CARMA jobs and requeues them.
+Epilog=$PREFIX/sbin/carma-epilog
+JobRequeue=1
 GresTypes=gpu,shard
 # More CPUs than exist, so that many small jobs run at once.
 SlurmdParameters=config_overrides
@@ -129,9 +132,10 @@ install_carma() {
     local t=$repo/target/$PROFILE
     [ -f "$t/libcarma_spank.so" ] || die "$t/libcarma_spank.so missing: run cargo build --profile $PROFILE --workspace first"
     install -D -m 0755 "$t/libcarma_spank.so" "$PLUGIN"
-    for b in carma carma-prolog carma-epilog carma-fakejob; do
-        [ -f "$t/$b" ] && install -m 0755 "$t/$b" "$PREFIX/bin/$b"
+    for b in carma carma-fakejob; do
+        install -m 0755 "$t/$b" "$PREFIX/bin/$b"
     done
+    install -D -m 0755 "$t/carma-epilog" "$PREFIX/sbin/carma-epilog"
     id "$TEST_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER"
     # Simulated GPU processes register here (like /tmp: users create, only owners delete).
     install -d -m 1777 /run/carma-sim
@@ -141,7 +145,7 @@ install_carma() {
     rm -f /run/carma/state.json /run/carma/state.json.*
 }
 
-pid_of() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && cat "$1"; }
+pid_of() { local p; p=$(cat "$1" 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p"; }
 
 stop() {
     scontrol shutdown >/dev/null 2>&1 || true

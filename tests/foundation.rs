@@ -4,7 +4,8 @@
 mod common;
 use common::*;
 
-const FLAGS: [&str; 5] = ["--carma-policy", "--carma-model", "--carma-batch-size", "--carma-mem", "--carma-gpus"];
+const FLAGS: [&str; 6] =
+    ["--carma-policy", "--carma-model", "--carma-batch-size", "--carma-mem", "--carma-gpus", "--carma-recovery"];
 
 #[test]
 fn options_are_listed_by_help_of_srun_sbatch_salloc() {
@@ -26,6 +27,7 @@ fn bad_option_value_fails_at_submit_and_submits_nothing() {
         ("sbatch", "--carma-gpus=0", "invalid --carma-gpus=0"),
         ("salloc", "--carma-mem=lots", "invalid --carma-mem=lots"),
         ("sbatch", "--carma-batch-size=-3", "invalid --carma-batch-size=-3"),
+        ("srun", "--carma-recovery=twice", "invalid --carma-recovery=twice"),
     ] {
         let name = unique("bad");
         let script = script(&name, "true");

@@ -43,6 +43,14 @@ pub enum RecoveryMode {
 }
 
 impl RecoveryMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            RecoveryMode::Exclusive => "exclusive",
+            RecoveryMode::None => "none",
+            RecoveryMode::Looser => "looser",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<RecoveryMode> {
         match s {
             "exclusive" => Some(RecoveryMode::Exclusive),

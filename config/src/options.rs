@@ -2,6 +2,7 @@
 //! validation. Shared by the SPANK plugin (srun/sbatch/slurmstepd) and the
 //! command-line tools so that every context accepts exactly the same values.
 
+use crate::file::RecoveryMode;
 use crate::policy::Policy;
 use crate::units::parse_size_mib;
 use std::fmt;
@@ -21,11 +22,18 @@ pub enum OptionName {
     BatchSize,
     Mem,
     Gpus,
+    Recovery,
 }
 
 impl OptionName {
-    pub const ALL: [OptionName; 5] =
-        [OptionName::Policy, OptionName::Model, OptionName::BatchSize, OptionName::Mem, OptionName::Gpus];
+    pub const ALL: [OptionName; 6] = [
+        OptionName::Policy,
+        OptionName::Model,
+        OptionName::BatchSize,
+        OptionName::Mem,
+        OptionName::Gpus,
+        OptionName::Recovery,
+    ];
 
     /// The long option without dashes, as registered with SPANK.
     pub fn flag(self) -> &'static str {
@@ -35,6 +43,7 @@ impl OptionName {
             OptionName::BatchSize => "carma-batch-size",
             OptionName::Mem => "carma-mem",
             OptionName::Gpus => "carma-gpus",
+            OptionName::Recovery => "carma-recovery",
         }
     }
 
@@ -48,6 +57,7 @@ impl OptionName {
             OptionName::BatchSize => "CARMA_BATCH_SIZE",
             OptionName::Mem => "CARMA_MEM",
             OptionName::Gpus => "CARMA_GPUS",
+            OptionName::Recovery => "CARMA_RECOVERY",
         }
     }
 
@@ -58,6 +68,7 @@ impl OptionName {
             OptionName::BatchSize => "N",
             OptionName::Mem => "SIZE",
             OptionName::Gpus => "N",
+            OptionName::Recovery => "MODE",
         }
     }
 
@@ -70,6 +81,9 @@ impl OptionName {
             OptionName::BatchSize => "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)",
             OptionName::Mem => "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)",
             OptionName::Gpus => "CARMA: number of GPUs the job uses (default 1) (env CARMA_GPUS)",
+            OptionName::Recovery => {
+                "CARMA: after a GPU out-of-memory crash: exclusive (rerun on own GPU), looser or none (env CARMA_RECOVERY)"
+            }
         }
     }
 
@@ -80,6 +94,7 @@ impl OptionName {
             OptionName::BatchSize => format!("an integer from 1 to {MAX_BATCH_SIZE}"),
             OptionName::Mem => "a size such as 12G, 12000M or 512M".into(),
             OptionName::Gpus => format!("an integer from 1 to {MAX_GPUS}"),
+            OptionName::Recovery => "one of exclusive, none, looser".into(),
         }
     }
 
@@ -133,6 +148,7 @@ pub struct JobRequest {
     pub batch_size: Option<u32>,
     pub mem_mib: Option<u64>,
     pub gpus: Option<u32>,
+    pub recovery: Option<RecoveryMode>,
 }
 
 impl JobRequest {
@@ -175,6 +191,9 @@ impl JobRequest {
             OptionName::Gpus => {
                 self.gpus = Some(bounded_int(text, MAX_GPUS).map_err(err)?);
             }
+            OptionName::Recovery => {
+                self.recovery = Some(RecoveryMode::parse(text).ok_or_else(|| err("unknown mode".into()))?);
+            }
         }
         Ok(())
     }
@@ -200,6 +219,7 @@ impl JobRequest {
             OptionName::BatchSize => self.batch_size.map(|n| n.to_string()),
             OptionName::Mem => self.mem_mib.map(|m| format!("{m}M")),
             OptionName::Gpus => self.gpus.map(|n| n.to_string()),
+            OptionName::Recovery => self.recovery.map(|m| m.name().to_string()),
         }
     }
 

@@ -6,7 +6,9 @@
 //! - [`policy`]: preconditions and the six policies, as pure functions.
 //! - [`place`]: lock → read → garbage-collect → decide → write → unlock.
 
+pub mod eventlog;
 pub mod gpu;
+pub mod jobfiles;
 pub mod place;
 pub mod policy;
 pub mod procs;

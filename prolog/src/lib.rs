@@ -2,4 +2,5 @@
 //! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
 
 pub mod args;
+pub mod recovery;
 pub mod status;

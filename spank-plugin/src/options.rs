@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 static REQUEST: Mutex<JobRequest> =
-    Mutex::new(JobRequest { policy: None, model: None, batch_size: None, mem_mib: None, gpus: None });
+    Mutex::new(JobRequest { policy: None, model: None, batch_size: None, mem_mib: None, gpus: None, recovery: None });
 static ARGS: OnceCell<Result<PluginArgs, String>> = OnceCell::new();
 static CONFIG: OnceCell<Config> = OnceCell::new();
 

@@ -6,7 +6,7 @@ use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::Spank;
-use carma_placement::Placer;
+use carma_placement::{Placer, jobfiles};
 
 fn job_id() -> Option<u32> {
     std::env::var("SLURM_JOB_ID").ok()?.parse().ok()
@@ -32,24 +32,38 @@ pub fn parse_gpu_list(text: &str) -> Option<Vec<u32>> {
 
 fn never_fail(what: &str, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
     if let Err(e) = body() {
-        log::error(&format!("{what}: {e} (the job continues; the node is not drained)"));
+        let msg = format!("{what}: {e} (the job continues; the node is not drained)");
+        log::error(&msg);
+        // slurmd logs prolog errors only at debug level: keep them in CARMA's log.
+        let log_file = options::config().ok().and_then(|c| c.log_file.clone());
+        carma_placement::eventlog::record(log_file.as_deref(), &msg);
     }
     Ok(())
 }
 
 /// Records the GPUs Slurm allocated to the job as held whole, until a step
-/// shows that it shares them (shards or CARMA).
+/// shows that it shares them (shards or CARMA). Also leaves a requeued
+/// job's restart count (from slurmd's environment, which users cannot
+/// forge) where slurmstepd's placement reads it: S_SLURM_RESTART_COUNT
+/// reads 0 there for a requeued batch step.
 pub fn prolog(_sp: &Spank) -> Result<(), Error> {
     never_fail("job_prolog", || {
-        let (Some(job), Ok(list)) = (job_id(), std::env::var("SLURM_JOB_GPUS")) else {
+        let Some(job) = job_id() else { return Ok(()) };
+        let restarts: u32 = std::env::var("SLURM_JOB_RESTART_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let gpus = std::env::var("SLURM_JOB_GPUS").ok().and_then(|l| parse_gpu_list(&l)).unwrap_or_default();
+        if restarts == 0 && gpus.is_empty() {
             return Ok(());
-        };
-        let Some(gpus) = parse_gpu_list(&list).filter(|g| !g.is_empty()) else {
-            return Ok(());
-        };
+        }
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
-        Placer::from_config(cfg, log::event).context("placement")?.record_whole(job, &gpus).context("placement")?;
+        // Opening the placer also creates and checks the state directory.
+        let placer = Placer::from_config(cfg, log::event).context("placement")?;
+        if restarts > 0 {
+            jobfiles::write_restarts(&cfg.state_dir, job, restarts).context("recording the restart count")?;
+        }
+        if !gpus.is_empty() {
+            placer.record_whole(job, &gpus).context("placement")?;
+        }
         Ok(())
     })
 }

@@ -9,8 +9,8 @@ use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::{Item, Spank};
-use carma_config::{Config, JobRequest, NoFitAction, UnknownEstimate};
-use carma_placement::{Placer, Request, StepRef};
+use carma_config::{Config, JobRequest, NoFitAction, Policy, RecoveryMode, UnknownEstimate};
+use carma_placement::{Placer, Request, StepRef, jobfiles};
 use once_cell::sync::OnceCell;
 use std::time::Duration;
 
@@ -85,8 +85,31 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     if req.is_empty() {
         return Ok(());
     }
-    let (estimate_mib, estimate_source) = estimate(&req, cfg);
-    let policy = req.policy.unwrap_or(cfg.default_policy);
+    let (mut estimate_mib, mut estimate_source) = estimate(&req, cfg);
+    let mut policy = req.policy.unwrap_or(cfg.default_policy);
+    // A job requeued after a GPU OOM is rerun as its recovery mode says:
+    // carma-epilog left a marker on this node; on another node the prolog
+    // left the restart count (both root-owned, not user-forgeable).
+    let marker = jobfiles::read_recovery(&cfg.state_dir, job);
+    let restarts = jobfiles::read_restarts(&cfg.state_dir, job);
+    let mut recovery = String::new();
+    if marker.is_some() || restarts > 0 {
+        let mode = marker.map_or(req.recovery.unwrap_or(cfg.recovery_mode), |m| m.mode);
+        match (mode, marker.and_then(|m| m.need_mib)) {
+            (RecoveryMode::None, _) => {}
+            (RecoveryMode::Looser, Some(mib)) => {
+                let mib = mib + cfg.looser_margin_mib;
+                estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
+                estimate_source = "recovery".into();
+                recovery = " recovery=looser".into();
+            }
+            // Exclusive, or looser without a recorded need: a GPU of its own.
+            _ => {
+                policy = Policy::Exclusive;
+                recovery = " recovery=exclusive".into();
+            }
+        }
+    }
     let request = Request { policy, count: req.gpu_count(), estimate_mib, estimate_source: estimate_source.clone() };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
@@ -94,7 +117,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         Error::msg(format!("job {job} step {step_id}: policy {policy}, estimate {est} ({estimate_source}): {e}"))
     })?;
     let gpus: Vec<String> = decision.gpus.iter().map(u32::to_string).collect();
-    let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}");
+    let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}");
     log::event(&format!("job {job} step {step_id}: {summary}"));
     let _ = DECISION.set(Ok(Decision { gpus: gpus.join(","), summary, step }));
     Ok(())

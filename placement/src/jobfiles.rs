@@ -1,0 +1,93 @@
+//! Small per-job files in the root-owned state directory that carry what
+//! Slurm does not: why a job was requeued (written by carma-epilog) and its
+//! restart count (written by the job prolog), read by slurmstepd's placement.
+//!
+//! Two writers because of measured Slurm 22.05 behaviour: a job requeued
+//! from the epilog restarts on the same node without the prolog running
+//! again, and S_SLURM_RESTART_COUNT reads 0 in a requeued batch step.
+
+use carma_config::RecoveryMode;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// How a requeued job is to be rerun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    pub mode: RecoveryMode,
+    /// What the crashed run needed (looser mode), MiB.
+    pub need_mib: Option<u64>,
+}
+
+fn recovery_path(dir: &Path, job: u32) -> PathBuf {
+    dir.join(format!("recovery-{job}"))
+}
+
+fn restart_path(dir: &Path, job: u32) -> PathBuf {
+    dir.join(format!("restart-{job}"))
+}
+
+/// Writes atomically (temp file, fsync, rename).
+fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+fn read_small(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    std::fs::File::open(path).ok()?.take(256).read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+pub fn write_recovery(dir: &Path, job: u32, r: Recovery) -> std::io::Result<()> {
+    let need = r.need_mib.map(|m| format!(" {m}")).unwrap_or_default();
+    write_atomic(&recovery_path(dir, job), &format!("{}{need}\n", r.mode.name()))
+}
+
+pub fn read_recovery(dir: &Path, job: u32) -> Option<Recovery> {
+    let text = read_small(&recovery_path(dir, job))?;
+    let mut words = text.split_whitespace();
+    let mode = RecoveryMode::parse(words.next()?)?;
+    Some(Recovery { mode, need_mib: words.next().and_then(|w| w.parse().ok()) })
+}
+
+pub fn write_restarts(dir: &Path, job: u32, count: u32) -> std::io::Result<()> {
+    write_atomic(&restart_path(dir, job), &format!("{count}\n"))
+}
+
+pub fn read_restarts(dir: &Path, job: u32) -> u32 {
+    read_small(&restart_path(dir, job)).and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Forgets both files of a job.
+pub fn remove(dir: &Path, job: u32) {
+    let _ = std::fs::remove_file(recovery_path(dir, job));
+    let _ = std::fs::remove_file(restart_path(dir, job));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests_support::TempDir;
+
+    #[test]
+    fn round_trip() {
+        let d = TempDir::new();
+        assert_eq!(read_recovery(&d.0, 7), None);
+        assert_eq!(read_restarts(&d.0, 7), 0);
+        let r = Recovery { mode: RecoveryMode::Looser, need_mib: Some(30000) };
+        write_recovery(&d.0, 7, r).unwrap();
+        write_restarts(&d.0, 7, 2).unwrap();
+        assert_eq!(read_recovery(&d.0, 7), Some(r));
+        assert_eq!(read_restarts(&d.0, 7), 2);
+        write_recovery(&d.0, 8, Recovery { mode: RecoveryMode::Exclusive, need_mib: None }).unwrap();
+        assert_eq!(read_recovery(&d.0, 8).unwrap().mode, RecoveryMode::Exclusive);
+        remove(&d.0, 7);
+        assert_eq!((read_recovery(&d.0, 7), read_restarts(&d.0, 7)), (None, 0));
+        std::fs::write(d.0.join("recovery-9"), "bogus").unwrap();
+        assert_eq!(read_recovery(&d.0, 9), None);
+    }
+}

@@ -1,0 +1,340 @@
+//! carma-epilog: Slurm's node Epilog (slurm.conf `Epilog=`), run as root
+//! once per job at its end. For a CARMA job that exited with a non-zero
+//! status it reads the tail of the job's stderr/stdout as the job's user,
+//! looks for a GPU out-of-memory crash and requeues the job (bounded by
+//! recovery.max_recoveries) so that its next run gets GPU(s) of its own.
+//!
+//! It always exits 0: a failing epilog drains the node. Everything it
+//! decides goes to syslog, carma.yaml's log_file and stderr.
+
+use carma_config::{Config, JobRequest, OptionName, RecoveryMode};
+use carma_placement::{eventlog, jobfiles};
+use carma_tools::recovery::asuser::{User, run_self_as};
+use carma_tools::recovery::paths::{JobFields, Resolved, resolve};
+use carma_tools::recovery::{Facts, Verdict, decide, needs_scan, oom};
+use std::ffi::OsString;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Tail of the job output that is scanned.
+const TAIL_BYTES: u64 = 64 * 1024;
+const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
+const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn main() {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // Helper modes, run as the job's user by the epilog itself.
+    match args.first().and_then(|a| a.to_str()) {
+        Some("--as-user-read-tail") => std::process::exit(helper_read_tail(&args[1..])),
+        Some("--as-user-append") => std::process::exit(helper_append(&args[1..])),
+        Some("--prompt-restart") => std::process::exit(prompt_restart(&args[1..])),
+        _ => {}
+    }
+    let config_path = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .find_map(|a| a.strip_prefix("--config="))
+        .unwrap_or(carma_config::DEFAULT_CONFIG_PATH)
+        .to_string();
+    let log = |cfg: Option<&Config>, msg: &str| {
+        eprintln!("carma-epilog: {msg}");
+        eventlog::record(cfg.and_then(|c| c.log_file.as_deref()), msg);
+    };
+    match Config::load(Path::new(&config_path)) {
+        Ok(cfg) => {
+            if let Err(e) = epilog(&cfg, &|m| log(Some(&cfg), m)) {
+                log(Some(&cfg), &format!("job {}: {e}", env("SLURM_JOB_ID")));
+            }
+        }
+        Err(e) => log(None, &format!("{e}; OOM recovery is off until it is fixed")),
+    }
+    std::process::exit(0);
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
+    let job = env("SLURM_JOB_ID");
+    if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("SLURM_JOB_ID missing: not run by slurmd as Epilog?".into());
+    }
+    // The job's CARMA options, as the submit host resolved them.
+    let mut req = JobRequest::default();
+    let carma = OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some());
+    let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
+    let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
+    let restart_count: u32 = env("SLURM_JOB_RESTART_COUNT").parse().unwrap_or(0);
+    let mut facts = Facts {
+        carma,
+        status,
+        restart_count,
+        mode: req.recovery.unwrap_or(cfg.recovery_mode),
+        max_recoveries: cfg.max_recoveries,
+        oom_line: None,
+    };
+    let mut scanned = None;
+    if needs_scan(carma, status) {
+        let (line, file) = scan_output(cfg, &job)?;
+        facts.oom_line = line;
+        scanned = file;
+    }
+    let from = scanned.map(|f| format!(" in {}", f.display())).unwrap_or_default();
+    let verdict = decide(&facts);
+    let job_no: u32 = job.parse().map_err(|_| "SLURM_JOB_ID is not a number")?;
+    // The job's per-run files are done with, unless it is requeued below.
+    jobfiles::remove(&cfg.state_dir, job_no);
+    match verdict {
+        Verdict::NotCarma | Verdict::Succeeded => {}
+        Verdict::Signaled(sig) => log(&format!("job {job} ended by signal {sig}: not requeued")),
+        Verdict::NotOom => {
+            log(&format!("job {job} failed (status {status}) without a GPU OOM message{from}: not requeued"))
+        }
+        Verdict::RecoveryOff => {
+            log(&format!("job {job} ran out of GPU memory{from}; --carma-recovery=none: not requeued"))
+        }
+        Verdict::LimitReached { max } => {
+            let msg = format!(
+                "carma: job {job} ran out of GPU memory again after {restart_count} recovery(ies); not requeued (recovery.max_recoveries={max})"
+            );
+            log(&format!("{msg}; matched: {}", facts.oom_line.as_deref().unwrap_or("")));
+            append_to_job_output(&msg, log);
+        }
+        Verdict::Requeue => {
+            let line = facts.oom_line.as_deref().unwrap_or("");
+            let need_mib = (facts.mode == RecoveryMode::Looser).then(|| oom::needed_mib(line)).flatten();
+            // Before the requeue: the next run may start on this node at once.
+            if let Err(e) =
+                jobfiles::write_recovery(&cfg.state_dir, job_no, jobfiles::Recovery { mode: facts.mode, need_mib })
+            {
+                log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
+            }
+            match requeue(&job) {
+                Ok(()) => log(&format!(
+                    "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
+                    restart_count + 1,
+                    facts.max_recoveries,
+                    facts.mode.name()
+                )),
+                Err(e) => log(&format!("job {job} ran out of GPU memory{from} but was not requeued: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn job_user() -> Result<User, String> {
+    let uid = env("SLURM_JOB_UID").parse().map_err(|_| "SLURM_JOB_UID missing")?;
+    let gid = env("SLURM_JOB_GID").parse().map_err(|_| "SLURM_JOB_GID missing")?;
+    Ok(User { uid, gid })
+}
+
+/// Finds the OOM line in the job's stderr, then stdout, read as the user.
+fn scan_output(cfg: &Config, job: &str) -> Result<(Option<String>, Option<PathBuf>), String> {
+    let user = job_user()?;
+    let mut notes = Vec::new();
+    let mut patterns: Vec<String> =
+        [env("SLURM_JOB_STDERR"), env("SLURM_JOB_STDOUT")].into_iter().filter(|p| !p.is_empty()).collect();
+    patterns.dedup();
+    if patterns.is_empty() {
+        return Err(format!(
+            "job {job} failed but has no output file to scan (interactive job?); OOM recovery needs sbatch"
+        ));
+    }
+    for pattern in patterns {
+        let mut args: Vec<OsString> = vec!["--as-user-read-tail".into(), pattern.clone().into()];
+        for v in [
+            "SLURM_JOB_WORK_DIR",
+            "SLURM_JOB_ID",
+            "SLURM_JOB_USER",
+            "SLURMD_NODENAME",
+            "SLURM_ARRAY_JOB_ID",
+            "SLURM_ARRAY_TASK_ID",
+        ] {
+            args.push(env(v).into());
+        }
+        let out = run_self_as(user, &args, (TAIL_BYTES + 4096) as usize, HELPER_TIMEOUT)?;
+        let text = String::from_utf8_lossy(&out);
+        let (head, body) = text.split_once('\n').unwrap_or((&text, ""));
+        match head.split_once(' ') {
+            Some(("FILE", path)) => {
+                if let Some(line) = oom::find_oom(body, &cfg.oom_patterns) {
+                    return Ok((Some(line.chars().take(300).collect()), Some(PathBuf::from(path))));
+                }
+                notes.push(PathBuf::from(path));
+            }
+            _ => return Err(format!("job {job}: cannot scan its output: {head}")),
+        }
+    }
+    Ok((None, notes.pop()))
+}
+
+/// `--as-user-read-tail PATTERN WORKDIR JOBID USER NODE ARRAYJOB ARRAYTASK`:
+/// resolves the pattern and prints "FILE path" and the file's tail, or one
+/// line saying why not.
+fn helper_read_tail(args: &[OsString]) -> i32 {
+    let a: Vec<String> = args.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+    if a.len() != 7 {
+        println!("ERROR helper arguments");
+        return 2;
+    }
+    let opt = |s: &String| (!s.is_empty()).then(|| s.clone());
+    let fields = JobFields {
+        work_dir: PathBuf::from(&a[1]),
+        job_id: a[2].clone(),
+        user: a[3].clone(),
+        node: a[4].clone(),
+        array_job_id: opt(&a[5]),
+        array_task_id: opt(&a[6]),
+    };
+    let path = match resolve(&a[0], &fields) {
+        Resolved::File(p) => p,
+        Resolved::NotFound(p) => {
+            println!("NOTFOUND {p} does not exist or is not readable by the job's user");
+            return 0;
+        }
+        Resolved::Ambiguous(m) => {
+            println!("AMBIGUOUS {m}; not guessing");
+            return 0;
+        }
+    };
+    let read = || -> std::io::Result<Vec<u8>> {
+        // O_NONBLOCK: a FIFO must not block us; only regular files are read.
+        let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path)?;
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        f.seek(SeekFrom::Start(meta.len().saturating_sub(TAIL_BYTES)))?;
+        let mut buf = Vec::new();
+        f.take(TAIL_BYTES).read_to_end(&mut buf)?;
+        Ok(buf)
+    };
+    match read() {
+        Ok(buf) => {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "FILE {}", path.display());
+            let _ = out.write_all(&buf);
+        }
+        Err(e) => println!("UNREADABLE {}: {e}", path.display()),
+    }
+    0
+}
+
+/// Tells the user in the job's own output, written with the user's rights.
+fn append_to_job_output(msg: &str, log: &dyn Fn(&str)) {
+    let Ok(user) = job_user() else { return };
+    let pattern = [env("SLURM_JOB_STDERR"), env("SLURM_JOB_STDOUT")].into_iter().find(|p| !p.is_empty());
+    let Some(pattern) = pattern else { return };
+    let mut args: Vec<OsString> = vec!["--as-user-append".into(), pattern.into(), msg.into()];
+    for v in [
+        "SLURM_JOB_WORK_DIR",
+        "SLURM_JOB_ID",
+        "SLURM_JOB_USER",
+        "SLURMD_NODENAME",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
+    ] {
+        args.push(env(v).into());
+    }
+    if let Err(e) = run_self_as(user, &args, 1024, HELPER_TIMEOUT) {
+        log(&format!("could not write to the job's output: {e}"));
+    }
+}
+
+/// `--as-user-append PATTERN MESSAGE WORKDIR JOBID USER NODE ARRAYJOB ARRAYTASK`
+fn helper_append(args: &[OsString]) -> i32 {
+    let a: Vec<String> = args.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+    if a.len() != 8 {
+        return 2;
+    }
+    let opt = |s: &String| (!s.is_empty()).then(|| s.clone());
+    let fields = JobFields {
+        work_dir: PathBuf::from(&a[2]),
+        job_id: a[3].clone(),
+        user: a[4].clone(),
+        node: a[5].clone(),
+        array_job_id: opt(&a[6]),
+        array_task_id: opt(&a[7]),
+    };
+    let Resolved::File(path) = resolve(&a[0], &fields) else { return 1 };
+    let f = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(path);
+    match f {
+        Ok(mut f) if f.metadata().is_ok_and(|m| m.is_file()) => {
+            let _ = writeln!(f, "{}", a[1]);
+            0
+        }
+        _ => 1,
+    }
+}
+
+/// Runs scontrol with fixed arguments (no shell), bounded in time.
+fn scontrol(args: &[&str]) -> Result<(), String> {
+    let mut child = Command::new("scontrol")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run scontrol: {e}"))?;
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) if st.success() => return Ok(()),
+            Ok(Some(st)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = (&mut e).take(1024).read_to_string(&mut err);
+                }
+                return Err(format!("scontrol {} failed ({st}): {}", args.join(" "), err.trim().replace('\n', " ")));
+            }
+            Ok(None) if start.elapsed() < SCONTROL_TIMEOUT => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("scontrol {} timed out after {SCONTROL_TIMEOUT:?}", args.join(" ")));
+            }
+        }
+    }
+}
+
+/// Requeues the job. Slurm refuses jobs submitted with --no-requeue. Slurm
+/// delays a requeued job's start (BeginTime); that can only be lifted once
+/// the job has left COMPLETING, i.e. after this epilog ends, so a detached
+/// follow-up (own process group: slurmd cleans up the epilog's) does it.
+fn requeue(job: &str) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    scontrol(&["requeue", job])?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    Command::new(exe)
+        .args(["--prompt-restart", job])
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("requeued, but cannot start the restart follow-up: {e}"))?;
+    Ok(())
+}
+
+/// `--prompt-restart JOB`: waits (at most a minute) until the requeued job
+/// is PENDING, then sets its start time to now.
+fn prompt_restart(args: &[OsString]) -> i32 {
+    let Some(job) = args.first().and_then(|j| j.to_str()).filter(|j| j.bytes().all(|b| b.is_ascii_digit())) else {
+        return 2;
+    };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        let out = Command::new("scontrol").args(["show", "job", "-o", job]).stderr(Stdio::null()).output();
+        let pending = out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("JobState=PENDING"));
+        if pending {
+            return i32::from(scontrol(&["update", &format!("JobId={job}"), "StartTime=now"]).is_err());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    1
+}

@@ -1,0 +1,112 @@
+//! Recognising a GPU out-of-memory crash in a job's output.
+
+/// Mentions of a CPU device: TensorFlow's OOM message names the device, and
+/// host-memory exhaustion must not trigger a GPU recovery.
+const CPU_MARKERS: &[&str] = &["device:CPU", "/cpu:", "CPU:0", "DefaultCPUAllocator"];
+
+/// The last line of `text` that contains one of `patterns` and does not
+/// name a CPU device; the last, because the crash comes at the end.
+pub fn find_oom<'a>(text: &'a str, patterns: &[String]) -> Option<&'a str> {
+    text.lines()
+        .rev()
+        .find(|line| {
+            patterns.iter().any(|p| line.contains(p.as_str())) && !CPU_MARKERS.iter().any(|m| line.contains(m))
+        })
+        .map(str::trim)
+}
+
+/// Memory the crashed run needed, from PyTorch's message: what it had
+/// allocated plus what it tried to allocate, in MiB (for `looser` recovery).
+pub fn needed_mib(line: &str) -> Option<u64> {
+    fn size_before(line: &str, marker: &str) -> Option<f64> {
+        let i = line.find(marker)?;
+        let words: Vec<&str> = line[..i].split_whitespace().rev().take(2).collect();
+        let (unit, num) = (words.first()?, words.get(1)?);
+        let n: f64 = num.trim_start_matches('(').parse().ok()?;
+        Some(match *unit {
+            "GiB" => n * 1024.0,
+            "MiB" => n,
+            "KiB" => n / 1024.0,
+            _ => return None,
+        })
+    }
+    fn size_after(line: &str, marker: &str) -> Option<f64> {
+        let rest = &line[line.find(marker)? + marker.len()..];
+        let mut w = rest.split_whitespace();
+        let n: f64 = w.next()?.parse().ok()?;
+        Some(match w.next()?.trim_end_matches(['.', ',', ';', ')']) {
+            "GiB" => n * 1024.0,
+            "MiB" => n,
+            "KiB" => n / 1024.0,
+            _ => return None,
+        })
+    }
+    let tried = size_after(line, "Tried to allocate ")?;
+    let held = size_before(line, " is allocated by PyTorch")
+        .or_else(|| size_before(line, " already allocated"))
+        .unwrap_or(0.0);
+    Some((tried + held).ceil() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carma_config::Config;
+
+    fn patterns() -> Vec<String> {
+        Config::default().oom_patterns
+    }
+
+    #[test]
+    fn real_world_gpu_oom_messages_match() {
+        let cases = [
+            // PyTorch 1.x
+            "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.50 GiB already allocated; 5.44 MiB free; 14.62 GiB reserved in total by PyTorch)",
+            // PyTorch 2.0-2.3
+            "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 39.39 GiB total capacity; 36.10 GiB already allocated; 1.20 GiB free; 36.50 GiB reserved in total by PyTorch)",
+            // PyTorch 2.4+
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB of which 1.20 GiB is free. Of the allocated memory 36.10 GiB is allocated by PyTorch, and 400.00 MiB is reserved by PyTorch but unallocated.",
+            // TensorFlow 2
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with shape[256,1024,14,14] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+            // JAX / XLA
+            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.",
+            // NCCL
+            "node01:1234:1300 [0] include/alloc.h:48 NCCL WARN Cuda failure 'out of memory'",
+            // cuBLAS
+            "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+            "cudaErrorMemoryAllocation: out of memory",
+        ];
+        for c in cases {
+            let text =
+                format!("epoch 1 loss 0.5\nTraceback (most recent call last):\n  File \"train.py\", line 3\n{c}\n");
+            assert_eq!(find_oom(&text, &patterns()), Some(c), "{c}");
+        }
+    }
+
+    #[test]
+    fn near_misses_do_not_match() {
+        let cases = [
+            "java.lang.OutOfMemoryError: Java heap space",
+            "MemoryError",
+            "slurmstepd: error: Detected 1 oom_kill event in StepId=12.batch. Some of the step tasks have been OOM Killed.",
+            "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 3.00 GiB for an array with shape (20000, 20000)",
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:83] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 1234 bytes",
+            "ResourceExhaustedError: OOM when allocating tensor with shape[100000,100000] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu",
+            "W tensorflow/core/common_runtime/bfc_allocator.cc:290] Allocator (GPU_0_bfc) ran out of memory trying to allocate 2.0GiB with freed_by_count=0. The caller indicates that this is not a failure",
+            "RuntimeError: CUDA error: device-side assert triggered",
+            "Killed",
+        ];
+        for c in cases {
+            assert_eq!(find_oom(c, &patterns()), None, "{c}");
+        }
+    }
+
+    #[test]
+    fn needed_memory_from_pytorch_messages() {
+        let v2 = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB of which 1.20 GiB is free. Of the allocated memory 36.10 GiB is allocated by PyTorch, and 400.00 MiB is reserved by PyTorch but unallocated.";
+        assert_eq!(needed_mib(v2), Some((2.0f64 * 1024.0 + 36.10 * 1024.0).ceil() as u64));
+        let v1 = "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.50 GiB already allocated; 5.44 MiB free)";
+        assert_eq!(needed_mib(v1), Some((20.0f64 + 14.5 * 1024.0).ceil() as u64));
+        assert_eq!(needed_mib("RESOURCE_EXHAUSTED: Out of memory"), None);
+    }
+}
