@@ -12,8 +12,15 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// A process that exists and is not a zombie: a slurmstepd killed with
+/// SIGKILL stays a zombie until slurmd reaps it, and holds nothing.
 pub fn alive(pid: u32) -> bool {
-    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
+    if pid == 0 {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+    !matches!(state, Some("Z") | Some("X") | None)
 }
 
 /// Maps each pid to the first of `holders` found among its ancestors.
@@ -61,5 +68,12 @@ mod tests {
         assert!(owners([me], &[999_999_999]).is_empty());
         assert!(alive(me));
         assert!(!alive(0));
+        // A zombie (exited, not yet reaped) holds nothing.
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "zombie should still be listed");
+        assert!(!alive(pid), "a zombie counted as alive");
+        drop(child);
     }
 }

@@ -1,0 +1,165 @@
+//! Faults injected into the real cluster, each with its documented outcome:
+//! CARMA never hangs or crashes a step, never drains the node, recovers its
+//! state with a log line, and a non-CARMA job never notices.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const STATE: &str = "/run/carma/state.json";
+const SIM: &str = "/etc/carma/sim-gpus.yaml";
+
+/// Restores a file's content (or absence) and mode when dropped.
+struct Restore {
+    path: &'static str,
+    saved: Option<Vec<u8>>,
+    mode: Option<u32>,
+}
+
+impl Restore {
+    fn new(path: &'static str) -> Restore {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok().map(|m| m.permissions().mode());
+        Restore { path, saved: std::fs::read(path).ok(), mode }
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(mode) = self.mode {
+            let _ = std::fs::set_permissions(self.path, std::fs::Permissions::from_mode(mode));
+        }
+        if let Some(s) = &self.saved {
+            let _ = std::fs::write(self.path, s);
+        }
+    }
+}
+
+fn node_ok() {
+    let st = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
+    assert!(!st.contains("drain") && !st.contains("down"), "node is {st}");
+}
+
+fn carma_log() -> String {
+    std::fs::read_to_string("/var/log/carma/carma.log").unwrap_or_default()
+}
+
+#[test]
+fn a_hung_state_lock_holder_fails_carma_steps_in_bounded_time_and_spares_others() {
+    require_cluster();
+    // A process that takes the state lock and never lets go.
+    let mut holder: Child = Command::new("flock").args(["-o", "/run/carma/state.lock", "sleep", "30"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let r = user(&["srun", "--carma-mem=1G", "true"], 60);
+    let took = t.elapsed();
+    let plain = user(&["srun", "true"], 30);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_ne!(r.code, 0, "a CARMA step ran without its state lock");
+    assert!(r.stderr.contains("state lock") && r.stderr.contains("not obtained within 5.0s"), "{}", r.stderr);
+    assert!(took < Duration::from_secs(20), "lock wait not bounded: {took:?}");
+    assert_eq!(plain.code, 0, "a job without CARMA was affected: {}", plain.stderr);
+    node_ok();
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+}
+
+#[test]
+fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
+    require_cluster();
+    for (i, bad) in
+        [&b"\x00\xffgarbage"[..], b"{\"version\":1,\"rr_cur", b"{\"version\":7,\"rr_cursor\":0,\"reservations\":[]}"]
+            .into_iter()
+            .enumerate()
+    {
+        std::fs::write(STATE, bad).unwrap();
+        let before = std::fs::read_dir("/run/carma")
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".corrupt."))
+            .count();
+        let r = user(&["srun", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
+        assert!(r.stdout.contains("gpus="), "case {i}: {}", r.stdout);
+        let after = std::fs::read_dir("/run/carma")
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".corrupt."))
+            .count();
+        assert_eq!(after, before + 1, "case {i}: the bad file was not kept aside");
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(STATE).unwrap()).expect("state rewritten as valid JSON");
+        assert_eq!(v["version"], 1);
+    }
+    assert!(carma_log().contains("unreadable") && carma_log().contains("rebuilding from live GPU readings"));
+    node_ok();
+}
+
+#[test]
+fn an_insecure_state_directory_is_refused_with_the_fix() {
+    require_cluster();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions("/run/carma", std::fs::Permissions::from_mode(0o777)).unwrap();
+    let r = user(&["srun", "--carma-mem=1G", "true"], 60);
+    std::fs::set_permissions("/run/carma", std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("must be owned by uid 0 and writable only by it") && r.stderr.contains("chmod 755"),
+        "{}",
+        r.stderr
+    );
+    node_ok();
+}
+
+#[test]
+fn a_missing_or_malformed_gpu_file_fails_carma_steps_with_its_name() {
+    require_cluster();
+    let _restore = Restore::new(SIM);
+    for (content, needle) in
+        [(Some("gpus: [oops\n"), "simulated GPU file /etc/carma/sim-gpus.yaml"), (None, "sim-gpus.yaml")]
+    {
+        match content {
+            Some(c) => std::fs::write(SIM, c).unwrap(),
+            None => std::fs::remove_file(SIM).unwrap(),
+        }
+        let (r, out) = sbatch_wait(&["--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
+        assert_ne!(r.code, 0);
+        assert!(out.contains("carma: this step was not started") && out.contains(needle), "{out}");
+        assert!(!out.contains("SHOULD-NOT-RUN"));
+        user(&["srun", "true"], 30).ok();
+        node_ok();
+    }
+}
+
+#[test]
+fn kill_9_of_a_slurmstepd_releases_its_reservation() {
+    require_cluster();
+    let r = user(
+        &["sbatch", "--parsable", "-o", "/dev/null", "--carma-mem=3G", "--wrap", "carma-fakejob --mem 2G --seconds 20"],
+        30,
+    )
+    .ok();
+    let job = r.stdout.trim().to_string();
+    let start = Instant::now();
+    let stepd = loop {
+        let p = root(&["pgrep", "-f", &format!("slurmstepd: \\[{job}.batch\\]")], 10);
+        if p.code == 0 {
+            break p.stdout.trim().to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "job {job} never started");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let status = |_: ()| root(&["carma", "status", "--json"], 20).ok().stdout;
+    assert!(status(()).contains(&format!("\"job\": {job}")), "no reservation for job {job}");
+    root(&["kill", "-9", &stepd], 10).ok();
+    std::thread::sleep(Duration::from_millis(1200));
+    // The next placement collects the dead holder's reservation.
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    assert!(!status(()).contains(&format!("\"job\": {job}")), "reservation of killed job {job} kept");
+    assert!(carma_log().contains(&format!("released job {job} from GPU")), "release not logged");
+    root(&["scancel", &job], 10);
+    let _ = root(&["pkill", "-f", "carma-fakejob --mem 2G --seconds 20"], 10);
+    assert!(Path::new("/run/carma/state.json").exists());
+    node_ok();
+}
