@@ -17,6 +17,7 @@ trap 'tests/cluster.sh stop' EXIT
 
 echo "== benchmarks (figures, not pass/fail)"
 cargo bench -q -p carma-placement --bench latency
+cargo bench -q -p carma-sim --bench speed
 
 echo "== tests"
 # Integration tests share one cluster and its 4 GPUs: run them one at a time.

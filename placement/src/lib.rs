@@ -17,6 +17,6 @@ pub mod state;
 
 pub use gpu::{GpuProcess, GpuReading};
 pub use place::{Decision, LinuxProcesses, PlaceError, Placer, Processes, Request, StepRef};
-pub use policy::{Demand, NoFit, Params, choose};
+pub use policy::{Demand, NoFit, Params, Reject, choose};
 pub use source::{GpuSource, SourceError, open_source};
 pub use state::{Holding, NodeState, Reservation, StateStore};

@@ -25,19 +25,50 @@ pub struct Demand {
     pub estimate_mib: Option<u64>,
 }
 
-/// Why each GPU was passed over; prints as one line.
+/// Why a GPU was passed over. Kept structured and formatted only when
+/// shown: a busy node (or the simulator) refuses far more often than it logs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reject {
+    SlurmWhole(u32),
+    Exclusive(u32),
+    NotIdleJob(u32),
+    NotIdleProcesses { count: usize, used_mib: u64 },
+    SmActivity { sm: f64, cap: f64 },
+    Memory { free_mib: u64, estimate_mib: u64, headroom_mib: u64 },
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reject::SlurmWhole(job) => write!(f, "held whole by Slurm job {job}"),
+            Reject::Exclusive(job) => write!(f, "held exclusively by job {job}"),
+            Reject::NotIdleJob(job) => write!(f, "not idle (job {job} placed here)"),
+            Reject::NotIdleProcesses { count, used_mib } => {
+                write!(f, "not idle ({count} processes, {used_mib} MiB used)")
+            }
+            Reject::SmActivity { sm, cap } => write!(f, "SM activity {sm:.2} > cap {cap:.2}"),
+            Reject::Memory { free_mib, estimate_mib, headroom_mib } => {
+                write!(f, "effective free {free_mib} MiB < {estimate_mib} MiB estimate + {headroom_mib} MiB headroom")
+            }
+        }
+    }
+}
+
+/// Why each GPU was passed over (`None`: it qualified); prints as one line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NoFit {
     pub wanted: u32,
-    pub reasons: Vec<(u32, String)>,
+    pub reasons: Vec<(u32, Option<Reject>)>,
 }
 
 impl fmt::Display for NoFit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let eligible = self.reasons.iter().filter(|(_, r)| r.is_empty()).count();
+        let eligible = self.reasons.iter().filter(|(_, r)| r.is_none()).count();
         write!(f, "{eligible} of {} GPUs qualify, {} needed", self.reasons.len(), self.wanted)?;
-        for (gpu, why) in self.reasons.iter().filter(|(_, r)| !r.is_empty()) {
-            write!(f, "; GPU{gpu}: {why}")?;
+        for (gpu, why) in &self.reasons {
+            if let Some(why) = why {
+                write!(f, "; GPU{gpu}: {why}")?;
+            }
         }
         Ok(())
     }
@@ -89,29 +120,33 @@ fn reject(
     need_whole: bool,
     est: u64,
     p: &Params,
-) -> Option<String> {
-    let on_gpu: Vec<_> = state.reservations.iter().filter(|r| r.gpus.contains(&gpu.index)).collect();
-    if let Some(r) = on_gpu.iter().find(|r| r.holding == Holding::SlurmWhole) {
-        return Some(format!("held whole by Slurm job {}", r.job));
-    }
-    if let Some(r) = on_gpu.iter().find(|r| r.exclusive) {
-        return Some(format!("held exclusively by job {}", r.job));
+) -> Option<Reject> {
+    let mut on_gpu = state.reservations.iter().filter(|r| r.gpus.contains(&gpu.index));
+    let mut first = None;
+    for r in on_gpu.by_ref() {
+        if r.holding == Holding::SlurmWhole {
+            return Some(Reject::SlurmWhole(r.job));
+        }
+        if r.exclusive {
+            return Some(Reject::Exclusive(r.job));
+        }
+        first.get_or_insert(r.job);
     }
     if need_whole {
-        if let Some(r) = on_gpu.first() {
-            return Some(format!("not idle (job {} placed here)", r.job));
+        if let Some(job) = first {
+            return Some(Reject::NotIdleJob(job));
         }
         if !gpu.processes.is_empty() {
-            return Some(format!("not idle ({} processes, {} MiB used)", gpu.processes.len(), gpu.used_mib));
+            return Some(Reject::NotIdleProcesses { count: gpu.processes.len(), used_mib: gpu.used_mib });
         }
         return None;
     }
     if gpu.sm_activity > p.sm_activity_cap {
-        return Some(format!("SM activity {:.2} > cap {:.2}", gpu.sm_activity, p.sm_activity_cap));
+        return Some(Reject::SmActivity { sm: gpu.sm_activity, cap: p.sm_activity_cap });
     }
     let free = effective_free_mib(gpu, state, owners);
     if free < est + p.headroom_mib {
-        return Some(format!("effective free {free} MiB < {est} MiB estimate + {} MiB headroom", p.headroom_mib));
+        return Some(Reject::Memory { free_mib: free, estimate_mib: est, headroom_mib: p.headroom_mib });
     }
     None
 }
@@ -138,7 +173,7 @@ pub fn choose(
         if why.is_none() {
             ok.push((g, effective_free_mib(g, state, owners)));
         }
-        reasons.push((g.index, why.unwrap_or_default()));
+        reasons.push((g.index, why));
     }
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {

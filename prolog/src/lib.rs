@@ -3,4 +3,5 @@
 
 pub mod args;
 pub mod recovery;
+pub mod simulate;
 pub mod status;

@@ -1,6 +1,7 @@
 //! carma: CARMA's admin command.
 //!
 //!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
+//!   carma simulate ...                       replay a job trace under CARMA's policies
 
 use carma_config::Config;
 use carma_placement::Placer;
@@ -10,16 +11,22 @@ use std::path::Path;
 
 const USAGE: &str = "usage: carma status [--json] [--config FILE]";
 
+fn usage() -> String {
+    format!("{USAGE}\n       {}", carma_tools::simulate::USAGE.replace('\n', "\n       "))
+}
+
 fn main() {
     let mut argv = std::env::args().skip(1);
     let cmd = argv.next().unwrap_or_default();
     let result = match cmd.as_str() {
         "status" => cmd_status(argv.collect()),
+        "simulate" => carma_tools::simulate::cmd_simulate(argv.collect()),
+        "simulate-report" => carma_tools::simulate::cmd_report(argv.collect()),
         "-h" | "--help" | "help" => {
-            println!("{USAGE}");
+            println!("{}", usage());
             Ok(())
         }
-        other => Err(format!("unknown command '{other}'\n{USAGE}")),
+        other => Err(format!("unknown command '{other}'\n{}", usage())),
     };
     if let Err(e) = result {
         eprintln!("carma: {e}");

@@ -1,0 +1,75 @@
+//! Simulation speed: the paper's two 60-job traces under all six policies,
+//! and a synthetic 100,000-job trace on 128 nodes x 8 GPUs (magm).
+//! Targets: both traces well under a second; the large one under a minute.
+//! Run: cargo bench -p carma-sim --bench speed
+
+use carma_config::Policy;
+use carma_placement::Params;
+use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn cfg(cluster: Cluster, policy: Policy, sample_s: f64) -> SimConfig {
+    SimConfig {
+        cluster,
+        policy,
+        estimator: Estimator::Oracle,
+        params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
+        assumptions: Assumptions { sample_s, ..Assumptions::default() },
+    }
+}
+
+fn main() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/carma");
+    let w = read_workloads(&data.join("workloads.csv")).expect("workloads.csv");
+    let one = Cluster::parse("1x4x40G").unwrap();
+    let t = Instant::now();
+    for name in ["trace_t1.csv", "trace_t2.csv"] {
+        let trace = read_trace(&data.join(name)).unwrap();
+        for p in Policy::ALL {
+            simulate(&trace, &w, &cfg(one, p, 60.0)).unwrap();
+        }
+    }
+    println!(
+        "paper traces t1+t2, 6 policies each (12 runs): {:.3} s (target: well under 1 s)",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Synthetic: the paper's single-GPU workloads, shortened 10x, arriving
+    // every 0.25 s on average (deterministic LCG): ~1,500 jobs want the
+    // 1,024 GPUs at once, so placement, collocation and queueing all work.
+    let names: Vec<&String> = {
+        let mut v: Vec<&String> = w.iter().filter(|(_, x)| x.gpus == 1).map(|(k, _)| k).collect();
+        v.sort();
+        v
+    };
+    let short: HashMap<String, Workload> =
+        w.iter().map(|(k, x)| (k.clone(), Workload { solo_s: (x.solo_s / 10.0).max(30.0), ..x.clone() })).collect();
+    let mut seed: u64 = 42;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) as f64 / (1u64 << 31) as f64
+    };
+    let mut at = 0.0;
+    let trace: Vec<TraceJob> = (0..100_000)
+        .map(|i| {
+            at += next() * 0.5;
+            TraceJob {
+                seq: i,
+                submit_s: at,
+                workload: names[(next() * names.len() as f64) as usize % names.len()].clone(),
+            }
+        })
+        .collect();
+    let big = Cluster { nodes: 128, gpus_per_node: 8, mem_mib: 40960 };
+    let t = Instant::now();
+    let o = simulate(&trace, &short, &cfg(big, Policy::Magm, 0.0)).unwrap();
+    let done = o.jobs.iter().filter(|j| j.end_s.is_some()).count();
+    println!(
+        "synthetic 100,000 jobs on 128x8 GPUs (magm): {:.1} s (target < 60 s); {done} finished, makespan {:.1} h, {} OOMs",
+        t.elapsed().as_secs_f64(),
+        o.makespan_s / 3600.0,
+        o.ooms
+    );
+}

@@ -1,0 +1,510 @@
+//! The event loop. Jobs wait in a FIFO queue (head-of-line, like CARMA's;
+//! the recovery queue goes first). Placement reads each node through a
+//! `GpuSource` and asks `carma_placement::choose`, the code the plugin runs.
+//! Between events every quantity is linear in time, so the integrals
+//! (SM activity, memory, energy) are exact.
+
+use crate::input::{TraceJob, Workload};
+use carma_config::Policy;
+use carma_placement::policy::Demand;
+use carma_placement::state::{Holding, NodeState, Reservation};
+use carma_placement::{GpuProcess, GpuReading, GpuSource, Params, SourceError, choose};
+use std::collections::{HashMap, VecDeque};
+
+/// Every modelling choice, with its default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assumptions {
+    /// A job's memory grows linearly from 0 to its peak over this many
+    /// seconds after it starts (frameworks allocate during the first
+    /// iterations): why memory that is promised but not yet used matters.
+    pub ramp_s: f64,
+    /// Slowdown per extra job sharing a GPU, on top of SM over-subscription:
+    /// a GPU whose jobs' solo SM activities sum to D > 1 runs each D× slower.
+    pub penalty: f64,
+    /// GPU power when idle and at full SM activity (A100-SXM4-40GB: ~60 W
+    /// idle, 400 W TDP); power is linear in SM activity between the two.
+    pub idle_w: f64,
+    pub max_w: f64,
+    /// Interval of the per-GPU timeline for plots (0 = no timeline).
+    pub sample_s: f64,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Assumptions { ramp_s: 60.0, penalty: 0.10, idle_w: 60.0, max_w: 400.0, sample_s: 60.0 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cluster {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub mem_mib: u64,
+}
+
+impl Cluster {
+    /// `NxGxMEM` (`1x4x40G`), `NxG` (40 GiB GPUs) or `G` (one node).
+    pub fn parse(s: &str) -> Result<Cluster, String> {
+        let parts: Vec<&str> = s.split('x').collect();
+        let int = |p: &str| {
+            p.parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("cluster '{s}': '{p}' is not a positive number"))
+        };
+        let (nodes, gpus, mem) = match parts.as_slice() {
+            [g] => (1, int(g)?, 40960),
+            [n, g] => (int(n)?, int(g)?, 40960),
+            [n, g, m] => {
+                (int(n)?, int(g)?, carma_config::parse_size_mib(m).map_err(|e| format!("cluster '{s}': {e}"))?)
+            }
+            _ => return Err(format!("cluster '{s}': write NODESxGPUSxMEM, e.g. 1x4x40G")),
+        };
+        Ok(Cluster { nodes, gpus_per_node: gpus, mem_mib: mem })
+    }
+
+    pub fn gpus(&self) -> usize {
+        (self.nodes * self.gpus_per_node) as usize
+    }
+}
+
+/// Where a job's memory estimate comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Estimator {
+    /// The measured peak: a perfect estimator.
+    Oracle,
+    /// A column `<name>_estimate_mib` of the workload table. The paper uses
+    /// 40000 for "failed or capped": such jobs get whole GPUs.
+    Column(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub cluster: Cluster,
+    pub policy: Policy,
+    pub estimator: Estimator,
+    pub params: Params,
+    pub assumptions: Assumptions,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    pub seq: u32,
+    pub workload: String,
+    pub submit_s: f64,
+    pub start_s: Option<f64>,
+    pub end_s: Option<f64>,
+    pub ooms: u32,
+    /// Never placeable (more GPUs than a node has).
+    pub rejected: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub t: f64,
+    pub sm: Vec<f64>,
+    pub mem_mib: Vec<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub policy: Policy,
+    pub makespan_s: f64,
+    pub jobs: Vec<JobResult>,
+    /// Time-averaged over the makespan, per GPU (node-major).
+    pub gpu_sm: Vec<f64>,
+    pub gpu_mem_mib: Vec<f64>,
+    pub energy_j: f64,
+    /// Most jobs that ever ran at once on each GPU.
+    pub max_jobs_per_gpu: Vec<u32>,
+    pub ooms: u32,
+    pub recoveries: u32,
+    pub timeline: Vec<Sample>,
+}
+
+impl Outcome {
+    fn finished(&self) -> impl Iterator<Item = &JobResult> {
+        self.jobs.iter().filter(|j| j.end_s.is_some())
+    }
+
+    pub fn jct(&self) -> Vec<f64> {
+        self.finished().map(|j| j.end_s.unwrap_or(0.0) - j.submit_s).collect()
+    }
+
+    pub fn waits(&self) -> Vec<f64> {
+        self.jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect()
+    }
+
+    pub fn mean_sm(&self) -> f64 {
+        mean(&self.gpu_sm)
+    }
+}
+
+pub fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+/// Nearest-rank percentile of unsorted values.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1]
+}
+
+struct Run {
+    job: usize,
+    pid: u32,
+    node: usize,
+    gpus: Vec<u32>,
+    start: f64,
+    peak: f64,
+    sm: f64,
+    solo_s: f64,
+    progress: f64,
+}
+
+impl Run {
+    fn alloc(&self, t: f64, ramp: f64) -> f64 {
+        if ramp <= 0.0 { self.peak } else { self.peak * ((t - self.start) / ramp).clamp(0.0, 1.0) }
+    }
+}
+
+/// One simulated node seen through CARMA's GPU-source trait.
+struct NodeView<'a> {
+    cluster: Cluster,
+    runs: &'a [Run],
+    /// Indices into `runs` of this node's runs.
+    on_node: &'a [usize],
+    t: f64,
+    ramp: f64,
+}
+
+impl GpuSource for NodeView<'_> {
+    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
+        Ok((0..self.cluster.gpus_per_node)
+            .map(|index| {
+                let mut used = 0.0;
+                let mut sm = 0.0;
+                let mut processes = Vec::new();
+                for r in self.on_node.iter().map(|&i| &self.runs[i]).filter(|r| r.gpus.contains(&index)) {
+                    let a = r.alloc(self.t, self.ramp);
+                    used += a;
+                    sm += r.sm;
+                    processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
+                }
+                GpuReading {
+                    index,
+                    uuid: String::new(),
+                    total_mib: self.cluster.mem_mib,
+                    used_mib: used.ceil() as u64,
+                    sm_activity: sm.min(1.0),
+                    processes,
+                    power_w: None,
+                }
+            })
+            .collect())
+    }
+
+    fn name(&self) -> &'static str {
+        "trace"
+    }
+}
+
+const EPS: f64 = 1e-6;
+
+pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: &SimConfig) -> Result<Outcome, String> {
+    let a = &cfg.assumptions;
+    let cl = cfg.cluster;
+    let wl: Vec<&Workload> = trace
+        .iter()
+        .map(|j| {
+            workloads.get(&j.workload).ok_or_else(|| format!("trace job {}: unknown workload '{}'", j.seq, j.workload))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut results: Vec<JobResult> = trace
+        .iter()
+        .map(|j| JobResult {
+            seq: j.seq,
+            workload: j.workload.clone(),
+            submit_s: j.submit_s,
+            start_s: None,
+            end_s: None,
+            ooms: 0,
+            rejected: false,
+        })
+        .collect();
+    let mut states: Vec<NodeState> = (0..cl.nodes).map(|_| NodeState::default()).collect();
+    let mut runs: Vec<Run> = Vec::new();
+    let (mut queue, mut recovery) = (VecDeque::new(), VecDeque::new());
+    let mut next_arrival = 0;
+    let mut next_pid = 1u32;
+    let ngpu = cl.gpus();
+    let (mut sm_int, mut mem_int) = (vec![0.0; ngpu], vec![0.0; ngpu]);
+    let mut max_jobs = vec![0u32; ngpu];
+    let (mut energy, mut ooms, mut recoveries) = (0.0, 0u32, 0u32);
+    let mut timeline = Vec::new();
+    let mut next_sample = 0.0;
+    let mut t = trace.first().map_or(0.0, |j| j.submit_s);
+    let t0 = t;
+    let gpu_slot = |node: usize, g: u32| node * cl.gpus_per_node as usize + g as usize;
+    // Whether the queue head may fit now. Between events, effective free
+    // memory only shrinks (ramps) and SM activity is constant, so a blocked
+    // head is retried only after something ends or a new head arrives.
+    let mut dirty = true;
+    let mut by_node: Vec<Vec<usize>> = vec![Vec::new(); cl.nodes as usize];
+
+    loop {
+        while next_arrival < trace.len() && trace[next_arrival].submit_s <= t + EPS {
+            dirty |= queue.is_empty() && recovery.is_empty();
+            queue.push_back(next_arrival);
+            next_arrival += 1;
+        }
+        for v in &mut by_node {
+            v.clear();
+        }
+        for (i, r) in runs.iter().enumerate() {
+            by_node[r.node].push(i);
+        }
+        // Place queue heads while they fit (recovery queue first).
+        while dirty {
+            let from_recovery = !recovery.is_empty();
+            let Some(&job) = recovery.front().or(queue.front()) else {
+                dirty = false;
+                break;
+            };
+            let w = wl[job];
+            if w.gpus > cl.gpus_per_node {
+                results[job].rejected = true;
+                if from_recovery {
+                    recovery.pop_front()
+                } else {
+                    queue.pop_front()
+                };
+                continue;
+            }
+            let estimate = if from_recovery {
+                Some(w.peak_mib)
+            } else {
+                match &cfg.estimator {
+                    Estimator::Oracle => Some(w.peak_mib),
+                    Estimator::Column(c) => w.estimates.get(c).copied().filter(|&e| e < 40000),
+                }
+            };
+            let policy = if from_recovery { Policy::Exclusive } else { cfg.policy };
+            let demand = Demand { policy, count: w.gpus, estimate_mib: estimate };
+            let mut placed = None;
+            for node in 0..cl.nodes as usize {
+                let owners: HashMap<u32, u32> = by_node[node].iter().map(|&i| (runs[i].pid, runs[i].pid)).collect();
+                let readings = NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, ramp: a.ramp_s }
+                    .read()
+                    .map_err(|e| e.0)?;
+                if let Ok(c) = choose(&readings, &mut states[node], &demand, &cfg.params, &owners) {
+                    placed = Some((node, c));
+                    break;
+                }
+            }
+            let Some((node, choice)) = placed else {
+                dirty = false;
+                break;
+            };
+            if from_recovery {
+                recovery.pop_front()
+            } else {
+                queue.pop_front()
+            };
+            let pid = next_pid;
+            next_pid += 1;
+            states[node].reservations.push(Reservation {
+                job: pid,
+                gpus: choice.gpus.clone(),
+                estimate_mib: choice.reserve_mib,
+                estimate_source: "sim".into(),
+                exclusive: choice.exclusive,
+                holding: Holding::Carma,
+                policy: Some(policy),
+                since: 0,
+                holders: vec![pid],
+            });
+            results[job].start_s.get_or_insert(t);
+            by_node[node].push(runs.len());
+            runs.push(Run {
+                job,
+                pid,
+                node,
+                gpus: choice.gpus,
+                start: t,
+                peak: w.peak_mib as f64,
+                sm: w.sm,
+                solo_s: w.solo_s.max(1.0),
+                progress: 0.0,
+            });
+        }
+        if runs.is_empty() && next_arrival == trace.len() {
+            // Whatever still waits can never start (nothing will free up).
+            for &j in queue.iter().chain(recovery.iter()) {
+                results[j].rejected = true;
+            }
+            break;
+        }
+
+        // Per-GPU SM demand and job count → each run's slowdown.
+        let mut demand_sm = vec![0.0; ngpu];
+        let mut count = vec![0u32; ngpu];
+        for r in &runs {
+            for &g in &r.gpus {
+                demand_sm[gpu_slot(r.node, g)] += r.sm;
+                count[gpu_slot(r.node, g)] += 1;
+            }
+        }
+        for (m, c) in max_jobs.iter_mut().zip(&count) {
+            *m = (*m).max(*c);
+        }
+        let slow = |s: usize| demand_sm[s].max(1.0) * (1.0 + a.penalty * f64::from(count[s].saturating_sub(1)));
+        let rate: Vec<f64> = runs
+            .iter()
+            .map(|r| 1.0 / (r.solo_s * r.gpus.iter().map(|&g| slow(gpu_slot(r.node, g))).fold(1.0, f64::max)))
+            .collect();
+
+        // Next event: arrival, completion, end of a ramp, an OOM, a sample.
+        let mut t_next = f64::INFINITY;
+        if next_arrival < trace.len() {
+            t_next = t_next.min(trace[next_arrival].submit_s);
+        }
+        for (r, &k) in runs.iter().zip(&rate) {
+            t_next = t_next.min(t + (1.0 - r.progress) / k);
+            if r.start + a.ramp_s > t + EPS {
+                t_next = t_next.min(r.start + a.ramp_s);
+            }
+        }
+        let oom = next_oom(&runs, &by_node, &cl, t, t_next, a.ramp_s);
+        if let Some((when, _)) = oom {
+            t_next = t_next.min(when);
+        }
+        if a.sample_s > 0.0 && next_sample <= t_next {
+            t_next = t_next.min(next_sample.max(t));
+        }
+        let dt = (t_next - t).max(0.0);
+
+        // Integrate over [t, t_next]: everything is linear in between.
+        for s in 0..ngpu {
+            let u = demand_sm[s].min(1.0);
+            sm_int[s] += u * dt;
+            energy += (a.idle_w + (a.max_w - a.idle_w) * u) * dt;
+        }
+        for r in &runs {
+            let m = (r.alloc(t, a.ramp_s) + r.alloc(t_next, a.ramp_s)) / 2.0 * dt;
+            for &g in &r.gpus {
+                mem_int[gpu_slot(r.node, g)] += m;
+            }
+        }
+        if a.sample_s > 0.0 && (t_next - next_sample).abs() < EPS {
+            let mut mem = vec![0.0; ngpu];
+            for r in &runs {
+                for &g in &r.gpus {
+                    mem[gpu_slot(r.node, g)] += r.alloc(t_next, a.ramp_s);
+                }
+            }
+            timeline.push(Sample { t: t_next - t0, sm: demand_sm.iter().map(|d| d.min(1.0)).collect(), mem_mib: mem });
+            next_sample += a.sample_s;
+        }
+        for (r, &k) in runs.iter_mut().zip(&rate) {
+            r.progress += k * dt;
+        }
+        t = t_next;
+
+        // An OOM: the job that allocated last on that GPU crashes.
+        if let Some((when, victim)) = oom {
+            if (when - t).abs() < EPS {
+                let r = runs.remove(victim);
+                states[r.node].release_holder(r.pid, r.pid);
+                results[r.job].ooms += 1;
+                dirty = true;
+                ooms += 1;
+                recoveries += 1;
+                recovery.push_back(r.job);
+            }
+        }
+        let mut i = 0;
+        while i < runs.len() {
+            if runs[i].progress >= 1.0 - 1e-9 {
+                let r = runs.remove(i);
+                states[r.node].release_holder(r.pid, r.pid);
+                results[r.job].end_s = Some(t);
+                dirty = true;
+            } else {
+                i += 1;
+            }
+        }
+    }
+    let makespan = results.iter().filter_map(|j| j.end_s).fold(t0, f64::max) - t0;
+    let span = makespan.max(EPS);
+    Ok(Outcome {
+        policy: cfg.policy,
+        makespan_s: makespan,
+        jobs: results,
+        gpu_sm: sm_int.iter().map(|v| v / span).collect(),
+        gpu_mem_mib: mem_int.iter().map(|v| v / span).collect(),
+        energy_j: energy,
+        max_jobs_per_gpu: max_jobs,
+        ooms,
+        recoveries,
+        timeline,
+    })
+}
+
+/// The earliest moment in (t, horizon] at which some GPU's allocated memory
+/// exceeds its capacity, and the run that crashes then: the one that
+/// started last among those still allocating on that GPU.
+fn next_oom(
+    runs: &[Run],
+    by_node: &[Vec<usize>],
+    cl: &Cluster,
+    t: f64,
+    horizon: f64,
+    ramp: f64,
+) -> Option<(f64, usize)> {
+    let mut best: Option<(f64, usize)> = None;
+    let cap = cl.mem_mib as f64;
+    for on_node in by_node {
+        // Only GPUs where something is still allocating can cross capacity.
+        if !on_node.iter().any(|&i| runs[i].start + ramp > t + EPS || ramp <= 0.0) {
+            continue;
+        }
+        for g in 0..cl.gpus_per_node {
+            let on: Vec<usize> = on_node.iter().copied().filter(|&i| runs[i].gpus.contains(&g)).collect();
+            if !on.iter().any(|&i| runs[i].start + ramp > t + EPS || ramp <= 0.0) {
+                continue;
+            }
+            let alloc = |x: f64| on.iter().map(|&i| runs[i].alloc(x, ramp)).sum::<f64>();
+            let end = on.iter().map(|&i| runs[i].start + ramp).fold(t, f64::max).min(horizon);
+            if alloc(end) <= cap {
+                continue;
+            }
+            // alloc is non-decreasing: bisect for the crossing.
+            let (mut lo, mut hi) = (t, end);
+            if alloc(lo) > cap {
+                hi = lo;
+            } else {
+                for _ in 0..60 {
+                    let mid = (lo + hi) / 2.0;
+                    if alloc(mid) > cap { hi = mid } else { lo = mid }
+                }
+            }
+            let Some(victim) = on
+                .iter()
+                .copied()
+                .filter(|&i| runs[i].start + ramp > hi - EPS || ramp <= 0.0)
+                .max_by(|&a, &b| runs[a].start.total_cmp(&runs[b].start).then(runs[a].pid.cmp(&runs[b].pid)))
+            else {
+                continue;
+            };
+            if best.is_none_or(|(w, _)| hi < w) {
+                best = Some((hi, victim));
+            }
+        }
+    }
+    best
+}

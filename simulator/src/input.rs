@@ -1,0 +1,127 @@
+//! The trace (`seq,submit_offset_s,workload`) and the workload table (the
+//! columns of the CARMA paper's workloads.csv; extra columns are ignored,
+//! an optional `sm_activity` column overrides the class default).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub name: String,
+    pub gpus: u32,
+    /// Run time alone on one GPU (exclusive), seconds.
+    pub solo_s: f64,
+    /// Measured peak GPU memory per GPU, MiB.
+    pub peak_mib: u64,
+    /// Estimates by column name (horus, faketensor, gpumemnet), MiB per GPU.
+    pub estimates: HashMap<String, u64>,
+    /// SM activity when running alone, 0–1.
+    pub sm: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceJob {
+    pub seq: u32,
+    pub submit_s: f64,
+    pub workload: String,
+}
+
+/// Solo SM activity by dataset, when the table has no `sm_activity` column:
+/// large-image CNNs and transformers keep an A100 busy, CIFAR-sized and
+/// MNIST jobs barely do. Documented assumptions, not measurements.
+pub fn default_sm(dataset: &str) -> f64 {
+    match dataset {
+        "imagenet" => 0.65,
+        "wikitext-2" => 0.75,
+        "coco" | "voc" => 0.60,
+        "cifar100" => 0.25,
+        "mnist" => 0.10,
+        "criteo-terabyte" => 0.40,
+        _ => 0.50,
+    }
+}
+
+fn rows(path: &Path) -> Result<(Vec<String>, Vec<Vec<String>>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> = lines
+        .next()
+        .ok_or_else(|| format!("{}: empty", path.display()))?
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let body = lines.map(|l| l.split(',').map(|s| s.trim().to_string()).collect()).collect();
+    Ok((header, body))
+}
+
+pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> {
+    let (h, body) = rows(path)?;
+    let col = |name: &str| h.iter().position(|c| c == name);
+    let need = |name: &str| col(name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let (iw, ig, ipk) = (need("workload")?, need("gpus")?, need("measured_peak_mib")?);
+    let (iex, imin, iep) = (col("exclusive_minutes"), col("minutes_per_epoch"), col("epochs"));
+    let (ids, ism) = (col("dataset"), col("sm_activity"));
+    let mut out = HashMap::new();
+    for (n, r) in body.iter().enumerate() {
+        let line = n + 2;
+        let get = |i: usize| r.get(i).map(String::as_str).unwrap_or("");
+        let num = |i: usize, what: &str| {
+            get(i)
+                .parse::<f64>()
+                .map_err(|_| format!("{} line {line}: {what} '{}' is not a number", path.display(), get(i)))
+        };
+        let minutes = match iex.map(get).filter(|s| !s.is_empty()) {
+            Some(m) => {
+                m.parse::<f64>().map_err(|_| format!("{} line {line}: exclusive_minutes '{m}'", path.display()))?
+            }
+            // Missing run time (the paper's mnist row): minutes per epoch × epochs, else 1 minute.
+            None => match (
+                imin.map(get).and_then(|s| s.parse::<f64>().ok()),
+                iep.map(get).and_then(|s| s.parse::<f64>().ok()),
+            ) {
+                (Some(m), Some(e)) => m * e,
+                _ => 1.0,
+            },
+        };
+        let mut estimates = HashMap::new();
+        for (i, c) in h.iter().enumerate() {
+            if let Some(name) = c.strip_suffix("_estimate_mib") {
+                if let Ok(v) = get(i).parse::<u64>() {
+                    estimates.insert(name.to_string(), v);
+                }
+            }
+        }
+        let sm = match ism.map(get).filter(|s| !s.is_empty()) {
+            Some(s) => s.parse::<f64>().map_err(|_| format!("{} line {line}: sm_activity '{s}'", path.display()))?,
+            None => default_sm(ids.map(get).unwrap_or("")),
+        };
+        let w = Workload {
+            name: get(iw).to_string(),
+            gpus: num(ig, "gpus")? as u32,
+            solo_s: minutes * 60.0,
+            peak_mib: num(ipk, "measured_peak_mib")? as u64,
+            estimates,
+            sm,
+        };
+        out.insert(w.name.clone(), w);
+    }
+    Ok(out)
+}
+
+pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, String> {
+    let (h, body) = rows(path)?;
+    let col =
+        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let (is, io, iw) = (col("seq")?, col("submit_offset_s")?, col("workload")?);
+    let mut jobs = Vec::new();
+    for (n, r) in body.iter().enumerate() {
+        let bad = |what: &str| format!("{} line {}: bad {what}", path.display(), n + 2);
+        jobs.push(TraceJob {
+            seq: r.get(is).and_then(|s| s.parse().ok()).ok_or_else(|| bad("seq"))?,
+            submit_s: r.get(io).and_then(|s| s.parse().ok()).ok_or_else(|| bad("submit_offset_s"))?,
+            workload: r.get(iw).cloned().ok_or_else(|| bad("workload"))?,
+        });
+    }
+    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
+    Ok(jobs)
+}

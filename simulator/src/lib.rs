@@ -1,0 +1,15 @@
+//! A discrete-event simulator that replays a job trace through CARMA's real
+//! preconditions and policies (`carma_placement::choose`, fed by a
+//! `GpuSource` over simulated nodes), so admins can compare policies before
+//! switching CARMA on, and the project can compare itself with the paper.
+//!
+//! Every modelling assumption is a field of [`Assumptions`], documented there
+//! and in docs/simulation.md.
+
+pub mod engine;
+pub mod input;
+pub mod report;
+pub mod svg;
+
+pub use engine::{Assumptions, Cluster, Estimator, Outcome, SimConfig, simulate};
+pub use input::{TraceJob, Workload, read_trace, read_workloads};

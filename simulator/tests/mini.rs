@@ -1,0 +1,109 @@
+//! Hand-computable mini traces: every figure below is worked out in the
+//! comments, not taken from a run.
+
+use carma_config::Policy;
+use carma_placement::Params;
+use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, simulate};
+use std::collections::HashMap;
+
+fn wl(name: &str, peak_gib: u64, solo_s: f64, sm: f64, estimate_gib: Option<u64>) -> Workload {
+    let mut estimates = HashMap::new();
+    if let Some(e) = estimate_gib {
+        estimates.insert("test".to_string(), e * 1024);
+    }
+    Workload { name: name.into(), gpus: 1, solo_s, peak_mib: peak_gib * 1024, estimates, sm }
+}
+
+fn job(seq: u32, at: f64, w: &str) -> TraceJob {
+    TraceJob { seq, submit_s: at, workload: w.into() }
+}
+
+fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
+    SimConfig {
+        cluster: Cluster { nodes: 1, gpus_per_node: 1, mem_mib: 40 * 1024 },
+        policy,
+        estimator,
+        params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
+        assumptions: Assumptions { ramp_s, penalty: 0.0, idle_w: 60.0, max_w: 400.0, sample_s: 0.0 },
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-3
+}
+
+#[test]
+fn two_light_jobs_collocate_under_carma_and_queue_under_exclusive() {
+    // A at t=0, B at t=10: 10 GiB, 100 s, SM 0.3 each; one 40 GiB GPU.
+    let w: HashMap<_, _> = [("light".to_string(), wl("light", 10, 100.0, 0.3, None))].into();
+    let trace = [job(0, 0.0, "light"), job(1, 10.0, "light")];
+    for policy in [Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized, Policy::RoundRobin] {
+        // SM 0.3 <= cap, 10 GiB + 2 GiB headroom fits: B starts at once;
+        // total SM 0.6 <= 1 and no penalty: no slowdown. A ends 100, B 110.
+        let o = simulate(&trace, &w, &cfg(policy, Estimator::Oracle, 0.0)).unwrap();
+        assert!(close(o.makespan_s, 110.0), "{policy}: {}", o.makespan_s);
+        assert!(close(o.jobs[1].start_s.unwrap(), 10.0), "{policy}");
+        assert_eq!(o.ooms, 0);
+    }
+    // Exclusive: B waits for A (ends 100), then runs 100 s: makespan 200, B waits 90.
+    let o = simulate(&trace, &w, &cfg(Policy::Exclusive, Estimator::Oracle, 0.0)).unwrap();
+    assert!(close(o.makespan_s, 200.0), "{}", o.makespan_s);
+    assert!(close(o.jobs[1].start_s.unwrap() - o.jobs[1].submit_s, 90.0));
+    // Never collocated: B starts exactly when A ends.
+    assert!(close(o.jobs[1].start_s.unwrap(), o.jobs[0].end_s.unwrap()));
+    assert_eq!(o.max_jobs_per_gpu, vec![1]);
+    // SM integral: 0.3 over 200 s.
+    assert!(close(o.gpu_sm[0], 0.3), "{}", o.gpu_sm[0]);
+    // Energy: (60 + 340 * 0.3) W * 200 s.
+    assert!(close(o.energy_j, (60.0 + 340.0 * 0.3) * 200.0), "{}", o.energy_j);
+}
+
+#[test]
+fn interference_slows_both_jobs_by_their_total_sm_demand() {
+    // SM 0.8 each (at the cap, still eligible). From t=10 the GPU is asked
+    // for 1.6: both run 1.6x slower. A has 90 s of work left: 144 s, ends 154.
+    // B did 144/160 = 90% by then; its last 10 s alone: ends 164.
+    let w: HashMap<_, _> = [("heavy".to_string(), wl("heavy", 10, 100.0, 0.8, None))].into();
+    let trace = [job(0, 0.0, "heavy"), job(1, 10.0, "heavy")];
+    let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
+    assert!(close(o.jobs[0].end_s.unwrap(), 154.0), "{:?}", o.jobs[0]);
+    assert!(close(o.jobs[1].end_s.unwrap(), 164.0), "{:?}", o.jobs[1]);
+    assert!(close(o.makespan_s, 164.0));
+}
+
+#[test]
+fn an_underestimated_job_ooms_and_is_rerun_alone() {
+    // Peak 30 GiB, estimated 10 GiB; memory ramps over 10 s. A starts at 0.
+    // At t=5 A holds 15 GiB (more than its estimate, so nothing is promised):
+    // effective free 25 GiB >= 10 + 2: B is placed. Allocated memory
+    // 3t + 3(t-5) GiB passes 40 GiB at t = 55/6; B started last: it crashes,
+    // waits in the recovery queue for an idle GPU (A ends at 100) and reruns
+    // alone 100..200.
+    let w: HashMap<_, _> = [("big".to_string(), wl("big", 30, 100.0, 0.3, Some(10)))].into();
+    let trace = [job(0, 0.0, "big"), job(1, 5.0, "big")];
+    let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Column("test".into()), 10.0)).unwrap();
+    assert_eq!((o.ooms, o.recoveries), (1, 1));
+    assert_eq!(o.jobs[1].ooms, 1);
+    assert!(close(o.jobs[0].end_s.unwrap(), 100.0));
+    assert!(close(o.jobs[1].end_s.unwrap(), 200.0), "{:?}", o.jobs[1]);
+    // With the oracle estimate (30 GiB) B never starts beside A: no OOM.
+    let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 10.0)).unwrap();
+    assert_eq!(o.ooms, 0);
+    assert!(close(o.jobs[1].start_s.unwrap(), 100.0));
+}
+
+#[test]
+fn exclusive_never_collocates_on_a_busy_trace() {
+    let w: HashMap<_, _> =
+        [("a".to_string(), wl("a", 5, 50.0, 0.2, None)), ("b".to_string(), wl("b", 12, 70.0, 0.5, None))].into();
+    let trace: Vec<TraceJob> =
+        (0..20).map(|i| job(i, f64::from(i) * 7.0, if i % 2 == 0 { "a" } else { "b" })).collect();
+    let mut c = cfg(Policy::Exclusive, Estimator::Oracle, 5.0);
+    c.cluster = Cluster { nodes: 2, gpus_per_node: 2, mem_mib: 40 * 1024 };
+    let o = simulate(&trace, &w, &c).unwrap();
+    assert_eq!(o.max_jobs_per_gpu, vec![1; 4], "exclusive collocated");
+    assert!(o.jobs.iter().all(|j| j.end_s.is_some()));
+    let carma = simulate(&trace, &w, &SimConfig { policy: Policy::Magm, ..c }).unwrap();
+    assert!(carma.makespan_s <= o.makespan_s + 1e-6);
+    assert!(carma.max_jobs_per_gpu.iter().any(|&n| n > 1), "magm never collocated: {:?}", carma.max_jobs_per_gpu);
+}
