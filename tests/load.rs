@@ -1,0 +1,102 @@
+//! Load: rounds of 64 mixed CARMA jobs submitted at once to the real
+//! cluster (4 simulated GPUs). While they run, `carma status --json` is
+//! sampled: no GPU may ever be promised beyond its capacity minus headroom;
+//! afterwards every job must have succeeded, every reservation be released
+//! and the state file be valid.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+const ROUNDS: usize = 2;
+const JOBS: usize = 64;
+const HEADROOM_MIB: u64 = 2048;
+
+/// Mixed sizes: (carma-mem, fakejob mem, seconds).
+const MIX: [(&str, &str, &str); 4] = [("2G", "2G", "2"), ("6G", "5G", "3"), ("12G", "11G", "3"), ("20G", "18G", "2")];
+
+fn check_invariants(status: &serde_json::Value) -> Result<(), String> {
+    for g in status["gpus"].as_array().ok_or("no gpus in status")? {
+        let total = g["total_mib"].as_u64().unwrap_or(0);
+        let used = g["used_mib"].as_u64().unwrap_or(0);
+        let promised = g["promised_mib"].as_u64().unwrap_or(0);
+        let jobs = g["jobs"].as_array().map_or(0, Vec::len);
+        if used > total {
+            return Err(format!("GPU {}: used {used} > total {total}", g["index"]));
+        }
+        // One job alone may use a GPU up to its capacity (exclusive or the
+        // first job); shared GPUs keep the headroom free.
+        if jobs > 1 && used + promised > total - HEADROOM_MIB {
+            return Err(format!(
+                "GPU {}: used {used} + promised {promised} > {} with {jobs} jobs",
+                g["index"],
+                total - HEADROOM_MIB
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn rounds_of_64_jobs_keep_every_invariant() {
+    require_cluster();
+    let mut samples = 0usize;
+    let started = Instant::now();
+    for round in 0..ROUNDS {
+        let name = unique(&format!("load{round}"));
+        let mut ids = Vec::new();
+        for i in 0..JOBS {
+            let (mem, fake, secs) = MIX[i % MIX.len()];
+            let policy = ["magm", "bf", "ff", "lug", "rr"][i % 5];
+            let r = user(
+                &[
+                    "sbatch",
+                    "--parsable",
+                    "-J",
+                    &name,
+                    "-o",
+                    "/dev/null",
+                    &format!("--carma-policy={policy}"),
+                    &format!("--carma-mem={mem}"),
+                    "--wrap",
+                    &format!("carma-fakejob --mem {fake} --seconds {secs} --ramp 1"),
+                ],
+                30,
+            )
+            .ok();
+            ids.push(r.stdout.trim().to_string());
+        }
+        // Sample the node state while the round runs.
+        let deadline = Instant::now() + Duration::from_secs(400);
+        loop {
+            let st = root(&["carma", "status", "--json"], 20).ok();
+            let v: serde_json::Value = serde_json::from_str(&st.stdout).expect("status is JSON");
+            check_invariants(&v).unwrap_or_else(|e| panic!("round {round}: {e}\n{}", st.stdout));
+            samples += 1;
+            let left = root(&["squeue", "-h", "-n", &name], 20).stdout.lines().count();
+            if left == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round {round}: {left} jobs still queued after 400 s");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        // Every job ran to completion: none failed for a CARMA reason.
+        for id in &ids {
+            let r = root(&["scontrol", "show", "job", "-o", id], 20);
+            assert!(r.stdout.contains("JobState=COMPLETED"), "job {id} did not complete: {}", r.stdout.trim());
+        }
+    }
+    let st = root(&["carma", "status", "--json"], 20).ok();
+    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    assert_eq!(v["reservations"].as_array().map(Vec::len), Some(0), "reservations left: {}", st.stdout);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read("/run/carma/state.json").unwrap()).expect("state.json valid");
+    assert_eq!(state["version"], 1);
+    let drained = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
+    assert!(!drained.contains("drain"), "{drained}");
+    println!(
+        "load: {} jobs in {ROUNDS} rounds, {samples} state samples, {:.0} s",
+        ROUNDS * JOBS,
+        started.elapsed().as_secs_f64()
+    );
+}
