@@ -125,7 +125,7 @@ fn a_job_that_cannot_fit_waits_and_starts_when_memory_frees() {
         .map(|_| (opts(&["--carma-policy=ff", "--carma-mem=30G"]), "--mem 30G --seconds 6".to_string()))
         .collect();
     let big = thread::spawn(move || run_all(std::mem::take(&mut jobs)));
-    thread::sleep(std::time::Duration::from_secs(2));
+    wait_reservations(4);
     let late = run_all(vec![(opts(&["--carma-policy=ff", "--carma-mem=20G"]), "--mem 20G --seconds 1".to_string())]);
     let big = big.join().unwrap();
     let first_end = big.iter().map(|s| s.end).fold(f64::MAX, f64::min);
@@ -142,7 +142,7 @@ fn parallel_sruns_never_get_the_same_last_slot() {
         .map(|_| (opts(&["--carma-policy=exclusive", "--carma-mem=1G"]), "--mem 1G --seconds 8".to_string()))
         .collect();
     let holders = thread::spawn(move || run_all(std::mem::take(&mut hold)));
-    thread::sleep(std::time::Duration::from_secs(2));
+    wait_reservations(3);
     let racers: Vec<_> = (0..2)
         .map(|_| {
             thread::spawn(|| {
@@ -174,7 +174,7 @@ fn gpus_slurm_gave_whole_are_never_collocation_targets() {
     // A job without CARMA holds GPU 0 whole through Slurm's gres.
     let hold =
         thread::spawn(|| user(&["srun", "--gres=gpu:1", "bash", "-c", "echo GPU=$CUDA_VISIBLE_DEVICES; sleep 6"], 60));
-    thread::sleep(std::time::Duration::from_secs(2));
+    wait_reservations(1); // the prolog's record of the GPU Slurm gave whole
     let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CUDA_VISIBLE_DEVICES"], 60).ok();
     let held = hold.join().unwrap().ok();
     let held_gpu = held.stdout.trim().trim_start_matches("GPU=").to_string();
@@ -182,9 +182,15 @@ fn gpus_slurm_gave_whole_are_never_collocation_targets() {
     assert_eq!(r.stdout.trim(), "1", "first-fit must skip the GPU Slurm gave whole to another job");
     // A shard job without CARMA does not block its GPU.
     let hold = thread::spawn(|| {
-        user(&["srun", "--gres=shard:1", "bash", "-c", "echo GPU=$CUDA_VISIBLE_DEVICES; sleep 5"], 60)
+        user(&["srun", "--gres=shard:1", "bash", "-c", "touch /tmp/carma-tests/shard-up; sleep 5"], 60)
     });
-    thread::sleep(std::time::Duration::from_secs(2));
+    let up = std::path::Path::new("/tmp/carma-tests/shard-up");
+    let start = std::time::Instant::now();
+    while !up.exists() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "shard job never started");
+        thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_file(up);
     let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CUDA_VISIBLE_DEVICES"], 60).ok();
     hold.join().unwrap().ok();
     assert_eq!(r.stdout.trim(), "0", "a shard job's GPU stays a collocation target");

@@ -25,13 +25,20 @@ fn field(job: &str, key: &str) -> String {
     r.stdout.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))).unwrap_or_default().to_string()
 }
 
-/// Waits for a terminal state (a requeued job passes through PENDING).
+/// Waits for a terminal state that stays put: between a run's end and its
+/// epilog's requeue, Slurm briefly reports FAILED for a job that restarts.
 fn wait_done(job: &str, secs: u64) -> String {
     let start = Instant::now();
+    let terminal = |s: &str| ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"].contains(&s);
     loop {
         let st = field(job, "JobState");
-        if ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"].contains(&st.as_str()) {
-            return st;
+        if terminal(&st) {
+            let restarts = field(job, "Restarts");
+            std::thread::sleep(Duration::from_millis(2500));
+            if field(job, "JobState") == st && field(job, "Restarts") == restarts {
+                return st;
+            }
+            continue;
         }
         assert!(start.elapsed() < Duration::from_secs(secs), "job {job} still {st} after {secs}s");
         std::thread::sleep(Duration::from_millis(300));
@@ -52,7 +59,7 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
         &["--carma-policy=ff", "--carma-mem=16G"],
         "echo \"$CARMA_DECISION\"\ncarma-fakejob --mem 16G --seconds 16",
     );
-    std::thread::sleep(Duration::from_secs(1));
+    wait_reservations(1);
     let (victim, out) = submit(&["--carma-policy=ff", "--carma-mem=8G", "--export=ALL,GROW=30G"], VICTIM);
     let t0 = Instant::now();
     assert_eq!(wait_done(&victim, 90), "COMPLETED");

@@ -124,3 +124,21 @@ pub fn require_cluster() {
         r.stderr
     );
 }
+
+/// Waits (at most 60 s) until CARMA's node state holds at least `n`
+/// reservations, i.e. that many jobs have been placed.
+pub fn wait_reservations(n: usize) {
+    let start = std::time::Instant::now();
+    loop {
+        let r = root(&["carma", "status", "--json"], 20);
+        let count = serde_json::from_str::<serde_json::Value>(&r.stdout)
+            .ok()
+            .and_then(|v| v["reservations"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        if count >= n {
+            return;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "only {count} of {n} jobs placed after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

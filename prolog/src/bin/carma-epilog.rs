@@ -322,7 +322,7 @@ fn requeue(job: &str) -> Result<(), String> {
 }
 
 /// `--prompt-restart JOB`: waits (at most a minute) until the requeued job
-/// is PENDING, then sets its start time to now.
+/// is PENDING, then sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
     let Some(job) = args.first().and_then(|j| j.to_str()).filter(|j| j.bytes().all(|b| b.is_ascii_digit())) else {
         return 2;
@@ -332,7 +332,10 @@ fn prompt_restart(args: &[OsString]) -> i32 {
         let out = Command::new("scontrol").args(["show", "job", "-o", job]).stderr(Stdio::null()).output();
         let pending = out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("JobState=PENDING"));
         if pending {
-            return i32::from(scontrol(&["update", &format!("JobId={job}"), "StartTime=now"]).is_err());
+            // Not "now": slurmd revokes the previous run's credential with
+            // one-second granularity and kills a run that starts within that
+            // second ("Job credential revoked"), measured on Slurm 22.05.
+            return i32::from(scontrol(&["update", &format!("JobId={job}"), "StartTime=now+3"]).is_err());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
