@@ -163,3 +163,33 @@ fn kill_9_of_a_slurmstepd_releases_its_reservation() {
     assert!(Path::new("/run/carma/state.json").exists());
     node_ok();
 }
+
+#[test]
+fn slurmd_restart_while_carma_jobs_run() {
+    require_cluster();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let r =
+            sbatch_wait(&["--carma-mem=3G"], &[], "echo \"$CARMA_DECISION\"\ncarma-fakejob --mem 2G --seconds 8", 120);
+        tx.send(()).ok();
+        r
+    });
+    wait_reservations(1);
+    // Restart slurmd under the running job (its slurmstepd lives on).
+    let pid = std::fs::read_to_string("/run/carma-cluster/slurmd.pid").unwrap();
+    root(&["kill", "-TERM", pid.trim()], 10).ok();
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{}", pid.trim())).exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "slurmd did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    root(&["slurmd", "-N", &host], 20).ok();
+    rx.recv_timeout(Duration::from_secs(120)).expect("job did not finish after slurmd restart");
+    let (r, out) = waiter.join().unwrap();
+    assert_eq!(r.code, 0, "{out}");
+    assert!(out.contains("carma-fakejob: done"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&root(&["carma", "status", "--json"], 20).ok().stdout).unwrap();
+    assert_eq!(v["reservations"].as_array().map(Vec::len), Some(0), "reservation kept after the job ended");
+    node_ok();
+}

@@ -81,11 +81,19 @@ fn an_underestimated_job_ooms_and_is_rerun_alone() {
     // alone 100..200.
     let w: HashMap<_, _> = [("big".to_string(), wl("big", 30, 100.0, 0.3, Some(10)))].into();
     let trace = [job(0, 0.0, "big"), job(1, 5.0, "big")];
-    let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Column("test".into()), 10.0)).unwrap();
-    assert_eq!((o.ooms, o.recoveries), (1, 1));
-    assert_eq!(o.jobs[1].ooms, 1);
-    assert!(close(o.jobs[0].end_s.unwrap(), 100.0));
-    assert!(close(o.jobs[1].end_s.unwrap(), 200.0), "{:?}", o.jobs[1]);
+    for policy in [Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized, Policy::RoundRobin] {
+        let o = simulate(&trace, &w, &cfg(policy, Estimator::Column("test".into()), 10.0)).unwrap();
+        assert_eq!((o.ooms, o.recoveries), (1, 1), "{policy}");
+        assert_eq!((o.jobs[0].ooms, o.jobs[1].ooms), (0, 1), "{policy}: the job that allocated last must crash");
+        assert!(close(o.jobs[1].start_s.unwrap(), 5.0), "{policy}: B first started beside A");
+        assert!(close(o.jobs[0].end_s.unwrap(), 100.0), "{policy}");
+        assert!(close(o.jobs[1].end_s.unwrap(), 200.0), "{policy}: {:?}", o.jobs[1]);
+        assert!(close(o.makespan_s, 200.0), "{policy}");
+    }
+    // Exclusive never starts B beside A, so nothing crashes.
+    let o = simulate(&trace, &w, &cfg(Policy::Exclusive, Estimator::Column("test".into()), 10.0)).unwrap();
+    assert_eq!(o.ooms, 0);
+    assert!(close(o.jobs[1].start_s.unwrap(), 100.0) && close(o.makespan_s, 200.0));
     // With the oracle estimate (30 GiB) B never starts beside A: no OOM.
     let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 10.0)).unwrap();
     assert_eq!(o.ooms, 0);

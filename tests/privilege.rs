@@ -1,0 +1,97 @@
+//! Privilege boundaries: CARMA runs as root in slurmstepd, the prolog and
+//! the epilog; users must not be able to change its state, and files they
+//! name are opened with their rights only.
+
+mod common;
+use common::*;
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+#[test]
+fn state_and_log_files_are_root_owned_and_not_user_writable() {
+    require_cluster();
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    for path in
+        ["/run/carma", "/run/carma/state.json", "/run/carma/state.lock", "/var/log/carma", "/var/log/carma/carma.log"]
+    {
+        let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(m.uid(), 0, "{path} not owned by root");
+        assert_eq!(m.mode() & 0o022, 0, "{path} is group/world writable: {:o}", m.mode());
+    }
+    // The job user can neither change nor add state.
+    for args in [
+        vec!["touch", "/run/carma/state.json"],
+        vec!["touch", "/run/carma/recovery-1"],
+        vec!["cp", "/dev/null", "/run/carma/state.json"],
+        vec!["touch", "/var/log/carma/carma.log"],
+    ] {
+        let r = user(&args, 10);
+        assert_ne!(r.code, 0, "user could run {args:?}");
+    }
+}
+
+#[test]
+fn the_epilog_reads_job_output_with_the_users_rights() {
+    require_cluster();
+    // The job swaps its own output file for a link to /etc/shadow and fails
+    // with an OOM line, hoping root will read (and log) the link's target.
+    let name = unique("shadow");
+    let out = work_dir().join(format!("{name}.out"));
+    let body = format!(
+        "echo 'torch.OutOfMemoryError: CUDA out of memory.'\nrm -f {0}\nln -s /etc/shadow {0}\nexit 1",
+        out.display()
+    );
+    let script = script(&name, &body);
+    let r =
+        user(&["sbatch", "--parsable", "-J", &name, "-o", out.to_str().unwrap(), "--carma-mem=1G", &script], 30).ok();
+    let job = r.stdout.trim().to_string();
+    let start = Instant::now();
+    let log = loop {
+        let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap_or_default();
+        if log.contains(&format!("job {job}: ")) || log.contains(&format!("job {job} ")) && log.contains("unreadable") {
+            break log;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no epilog line for job {job}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let line = log.lines().filter(|l| l.contains(&format!("job {job}"))).last().unwrap().to_string();
+    assert!(line.contains("cannot scan its output") && line.contains("UNREADABLE"), "{line}");
+    assert!(!log.contains("root:"), "shadow content reached CARMA's log");
+    let restarts = root(&["scontrol", "show", "job", "-o", &job], 10).stdout;
+    assert!(restarts.contains("Restarts=0"), "requeued on a file the user cannot read: {restarts}");
+}
+
+#[test]
+fn no_production_code_spawns_a_shell() {
+    // Slurm runs CARMA as root with user-influenced values around: commands
+    // are executed directly with fixed arguments, never through a shell.
+    let root_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut offenders = Vec::new();
+    for dir in ["spank-plugin/src", "config/src", "placement/src", "prolog/src", "estimator/src", "simulator/src"] {
+        let mut stack = vec![root_dir.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    // Only code before a file's unit tests counts.
+                    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                    for bad in [
+                        "Command::new(\"sh\")",
+                        "Command::new(\"bash\")",
+                        "Command::new(\"/bin/sh\")",
+                        "libc::system",
+                        "\"-c\"",
+                    ] {
+                        if code.contains(bad) {
+                            offenders.push(format!("{}: {bad}", p.display()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:?}");
+}
