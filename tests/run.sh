@@ -19,6 +19,9 @@ echo "== benchmarks (figures, not pass/fail)"
 cargo bench -q -p carma-placement --bench latency
 cargo bench -q -p carma-sim --bench speed
 
+echo "== fuzzing (bounded)"
+tests/fuzz.sh
+
 echo "== tests"
 # Integration tests share one cluster and its 4 GPUs: run them one at a time.
 cargo test --profile "$PROFILE" --workspace -- --test-threads=1

@@ -160,7 +160,13 @@ impl JobRequest {
     /// Validates one raw value and stores it. `source` names where it came
     /// from for the error line (`--carma-mem`, `CARMA_MEM`, ...).
     pub fn set(&mut self, option: OptionName, raw: &[u8], source: &str) -> Result<(), OptionError> {
-        let err = |reason: String| OptionError { option, source: source.to_string(), value: shown(raw), reason };
+        // Parsers quote the value in their reasons: clean those too.
+        let err = |reason: String| OptionError {
+            option,
+            source: source.to_string(),
+            value: shown(raw),
+            reason: shown(reason.as_bytes()),
+        };
         if raw.len() > MAX_VALUE_LEN {
             return Err(err(format!("value longer than {MAX_VALUE_LEN} bytes")));
         }
@@ -290,6 +296,9 @@ mod tests {
         assert!(line.len() < 400);
         let line = r.set(OptionName::Policy, b"x\ny\x1b[31m", "--carma-policy").unwrap_err().to_string();
         assert!(!line.contains('\n') && !line.contains('\x1b'));
+        // Found by the option_values fuzz target: a reason quoting the value.
+        let line = r.set(OptionName::Mem, b"\x05\x7f", "--carma-mem").unwrap_err().to_string();
+        assert!(!line.chars().any(char::is_control), "{line:?}");
     }
 
     #[test]
