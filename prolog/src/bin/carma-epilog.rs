@@ -146,17 +146,7 @@ fn scan_output(cfg: &Config, job: &str) -> Result<(Option<String>, Option<PathBu
         ));
     }
     for pattern in patterns {
-        let mut args: Vec<OsString> = vec!["--as-user-read-tail".into(), pattern.clone().into()];
-        for v in [
-            "SLURM_JOB_WORK_DIR",
-            "SLURM_JOB_ID",
-            "SLURM_JOB_USER",
-            "SLURMD_NODENAME",
-            "SLURM_ARRAY_JOB_ID",
-            "SLURM_ARRAY_TASK_ID",
-        ] {
-            args.push(env(v).into());
-        }
+        let args = helper_args(&["--as-user-read-tail", &pattern]);
         let out = run_self_as(user, &args, (TAIL_BYTES + 4096) as usize, HELPER_TIMEOUT)?;
         let text = String::from_utf8_lossy(&out);
         let (head, body) = text.split_once('\n').unwrap_or((&text, ""));
@@ -173,25 +163,29 @@ fn scan_output(cfg: &Config, job: &str) -> Result<(Option<String>, Option<PathBu
     Ok((None, notes.pop()))
 }
 
-/// `--as-user-read-tail PATTERN WORKDIR JOBID USER NODE ARRAYJOB ARRAYTASK`:
-/// resolves the pattern and prints "FILE path" and the file's tail, or one
-/// line saying why not.
-fn helper_read_tail(args: &[OsString]) -> i32 {
+/// A helper's command line: `lead` arguments, then the job's fields.
+fn helper_args(lead: &[&str]) -> Vec<OsString> {
+    lead.iter()
+        .map(OsString::from)
+        .chain(JobFields::from_slurm_env().to_args().into_iter().map(OsString::from))
+        .collect()
+}
+
+/// Splits a helper's arguments into its `n` leading ones and the job fields.
+fn helper_parse(args: &[OsString], n: usize) -> Option<(Vec<String>, JobFields)> {
     let a: Vec<String> = args.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-    if a.len() != 7 {
+    let (lead, rest) = a.split_at_checked(n)?;
+    Some((lead.to_vec(), JobFields::from_args(rest)?))
+}
+
+/// `--as-user-read-tail PATTERN <job fields>`: resolves the pattern and
+/// prints "FILE path" and the file's tail, or one line saying why not.
+fn helper_read_tail(args: &[OsString]) -> i32 {
+    let Some((lead, fields)) = helper_parse(args, 1) else {
         println!("ERROR helper arguments");
         return 2;
-    }
-    let opt = |s: &String| (!s.is_empty()).then(|| s.clone());
-    let fields = JobFields {
-        work_dir: PathBuf::from(&a[1]),
-        job_id: a[2].clone(),
-        user: a[3].clone(),
-        node: a[4].clone(),
-        array_job_id: opt(&a[5]),
-        array_task_id: opt(&a[6]),
     };
-    let path = match resolve(&a[0], &fields) {
+    let path = match resolve(&lead[0], &fields) {
         Resolved::File(p) => p,
         Resolved::NotFound(p) => {
             println!("NOTFOUND {p} does not exist or is not readable by the job's user");
@@ -230,42 +224,20 @@ fn append_to_job_output(msg: &str, log: &dyn Fn(&str)) {
     let Ok(user) = job_user() else { return };
     let pattern = [env("SLURM_JOB_STDERR"), env("SLURM_JOB_STDOUT")].into_iter().find(|p| !p.is_empty());
     let Some(pattern) = pattern else { return };
-    let mut args: Vec<OsString> = vec!["--as-user-append".into(), pattern.into(), msg.into()];
-    for v in [
-        "SLURM_JOB_WORK_DIR",
-        "SLURM_JOB_ID",
-        "SLURM_JOB_USER",
-        "SLURMD_NODENAME",
-        "SLURM_ARRAY_JOB_ID",
-        "SLURM_ARRAY_TASK_ID",
-    ] {
-        args.push(env(v).into());
-    }
+    let args = helper_args(&["--as-user-append", &pattern, msg]);
     if let Err(e) = run_self_as(user, &args, 1024, HELPER_TIMEOUT) {
         log(&format!("could not write to the job's output: {e}"));
     }
 }
 
-/// `--as-user-append PATTERN MESSAGE WORKDIR JOBID USER NODE ARRAYJOB ARRAYTASK`
+/// `--as-user-append PATTERN MESSAGE <job fields>`
 fn helper_append(args: &[OsString]) -> i32 {
-    let a: Vec<String> = args.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-    if a.len() != 8 {
-        return 2;
-    }
-    let opt = |s: &String| (!s.is_empty()).then(|| s.clone());
-    let fields = JobFields {
-        work_dir: PathBuf::from(&a[2]),
-        job_id: a[3].clone(),
-        user: a[4].clone(),
-        node: a[5].clone(),
-        array_job_id: opt(&a[6]),
-        array_task_id: opt(&a[7]),
-    };
-    let Resolved::File(path) = resolve(&a[0], &fields) else { return 1 };
+    let Some((lead, fields)) = helper_parse(args, 2) else { return 2 };
+    let Resolved::File(path) = resolve(&lead[0], &fields) else { return 1 };
     let f = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(path);
     match f {
         Ok(mut f) if f.metadata().is_ok_and(|m| m.is_file()) => {
-            let _ = writeln!(f, "{}", a[1]);
+            let _ = writeln!(f, "{}", lead[1]);
             0
         }
         _ => 1,

@@ -15,6 +15,47 @@ pub struct JobFields {
     pub work_dir: PathBuf,
 }
 
+impl JobFields {
+    /// From the epilog's environment (set by slurmd).
+    pub fn from_slurm_env() -> JobFields {
+        let env = |n: &str| std::env::var(n).unwrap_or_default();
+        let opt = |n: &str| Some(env(n)).filter(|v| !v.is_empty());
+        JobFields {
+            job_id: env("SLURM_JOB_ID"),
+            user: env("SLURM_JOB_USER"),
+            node: env("SLURMD_NODENAME"),
+            array_job_id: opt("SLURM_ARRAY_JOB_ID"),
+            array_task_id: opt("SLURM_ARRAY_TASK_ID"),
+            work_dir: PathBuf::from(env("SLURM_JOB_WORK_DIR")),
+        }
+    }
+
+    /// As arguments for a helper process (the inverse of [`JobFields::from_args`]).
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            self.work_dir.to_string_lossy().into_owned(),
+            self.job_id.clone(),
+            self.user.clone(),
+            self.node.clone(),
+            self.array_job_id.clone().unwrap_or_default(),
+            self.array_task_id.clone().unwrap_or_default(),
+        ]
+    }
+
+    pub fn from_args(a: &[String]) -> Option<JobFields> {
+        let [work_dir, job_id, user, node, array_job, array_task] = a else { return None };
+        let opt = |s: &String| (!s.is_empty()).then(|| s.clone());
+        Some(JobFields {
+            work_dir: PathBuf::from(work_dir),
+            job_id: job_id.clone(),
+            user: user.clone(),
+            node: node.clone(),
+            array_job_id: opt(array_job),
+            array_task_id: opt(array_task),
+        })
+    }
+}
+
 #[derive(Debug, PartialEq)]
 pub enum Resolved {
     File(PathBuf),
@@ -148,6 +189,15 @@ mod tests {
         assert!(matches!(resolve("missing-%j.out", &f), Resolved::NotFound(_)));
         assert!(matches!(resolve("%x/%j.out", &f), Resolved::NotFound(_)));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn fields_round_trip_through_helper_arguments() {
+        let f = JobFields { array_task_id: Some("3".into()), ..fields(Path::new("/w")) };
+        let back = JobFields::from_args(&f.to_args()).unwrap();
+        assert_eq!((back.job_id, back.user, back.node, back.work_dir), (f.job_id, f.user, f.node, f.work_dir));
+        assert_eq!((back.array_job_id, back.array_task_id), (None, Some("3".into())));
+        assert!(JobFields::from_args(&["x".into()]).is_none());
     }
 
     #[test]
