@@ -158,10 +158,13 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Messages quote values from the file, which may span lines
+        // (multi-line YAML scalars): keep the error on one line.
+        let message: String = self.message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
         if self.key.is_empty() {
-            write!(f, "config {}: {}", self.path.display(), self.message)
+            write!(f, "config {}: {}", self.path.display(), message)
         } else {
-            write!(f, "config {}: {}: {}", self.path.display(), self.key, self.message)
+            write!(f, "config {}: {}: {}", self.path.display(), self.key, message)
         }
     }
 }
@@ -435,6 +438,13 @@ mod tests {
             assert!(line.contains(key), "{text:?} -> {line}");
             assert!(!line.contains('\n'), "{line}");
         }
+    }
+
+    #[test]
+    fn values_spanning_lines_still_give_one_line() {
+        // Found by the config_yaml fuzz target.
+        let line = parse("monitor_window: \"5s\\nmemory\"\n").unwrap_err().to_string();
+        assert!(line.contains("monitor_window") && !line.chars().any(char::is_control), "{line:?}");
     }
 
     #[test]
