@@ -51,7 +51,12 @@ pub fn job_has_stepd(job: u32) -> bool {
         return false;
     };
     dir.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))).any(|e| {
-        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.len() < 4096 && c.starts_with(prefix.as_bytes()))
+        // Only the first bytes matter: never read a whole (up to 2 MiB) command line.
+        use std::io::Read;
+        let mut head = Vec::with_capacity(64);
+        std::fs::File::open(e.path().join("cmdline"))
+            .and_then(|f| f.take(64).read_to_end(&mut head))
+            .is_ok_and(|_| head.starts_with(prefix.as_bytes()))
     })
 }
 
