@@ -136,3 +136,21 @@ fn cancelled_no_requeue_and_recovery_none_jobs_are_never_requeued() {
             && log.contains("--carma-recovery=none: not requeued")
     );
 }
+
+#[test]
+fn looser_recovery_reruns_with_the_crashed_runs_need_instead_of_a_whole_gpu() {
+    require_cluster();
+    let (nb, _) = submit(&["--carma-policy=ff", "--carma-mem=16G"], "carma-fakejob --mem 16G --seconds 16");
+    wait_reservations(1);
+    let (victim, out) =
+        submit(&["--carma-policy=ff", "--carma-mem=8G", "--carma-recovery=looser", "--export=ALL,GROW=30G"], VICTIM);
+    assert_eq!(wait_done(&victim, 90), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let rerun = text.lines().find(|l| l.starts_with("RUN 1")).unwrap_or_else(|| panic!("no rerun: {text}"));
+    // The OOM message said "Tried to allocate 30720 MiB"; plus the 2 GiB margin.
+    assert!(rerun.contains("recovery=looser") && rerun.contains("estimate=32768M source=recovery"), "{rerun}");
+    assert!(rerun.contains("exclusive=false"), "looser must not take a whole GPU: {rerun}");
+    assert!(!rerun.contains("gpus=0 "), "16G neighbour + 32G does not fit GPU 0: {rerun}");
+    assert!(text.contains("carma-fakejob: done"), "{text}");
+    assert_eq!(wait_done(&nb, 60), "COMPLETED");
+}
