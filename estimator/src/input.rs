@@ -1,0 +1,86 @@
+//! The neutral description every parser produces, bounded reading, and
+//! one-line parse errors (file, line, what was expected).
+
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+/// Model descriptions are kilobytes; an ONNX export without weights is at
+/// most a few MB. Anything larger is refused before parsing.
+pub const MAX_MODEL_BYTES: u64 = 16 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layer {
+    /// The module kind as the description names it (`Conv2d`, `ReLU`, ...).
+    pub kind: String,
+    /// Output elements per sample (batch dimension removed).
+    pub out_elems: u64,
+    pub params: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Network {
+    pub layers: Vec<Layer>,
+    /// The batch size the description was made with, if it says.
+    pub batch_in_file: Option<u64>,
+    /// The footer's total, where there is one.
+    pub total_params: Option<u64>,
+}
+
+impl Network {
+    pub fn params(&self) -> u64 {
+        self.total_params.unwrap_or_else(|| self.layers.iter().map(|l| l.params).sum())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub file: String,
+    /// 1-based; 0 when the problem is the file as a whole.
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let message: String = self.message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        if self.line == 0 {
+            write!(f, "{}: {message}", self.file)
+        } else {
+            write!(f, "{} line {}: {message}", self.file, self.line)
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// Reads a regular file of at most MAX_MODEL_BYTES as text. A FIFO, a
+/// device or a directory is refused without blocking; binary content is
+/// refused as not UTF-8.
+pub fn read_bounded(path: &Path) -> Result<String, ParseError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |m: String| ParseError { file: path.display().to_string(), line: 0, message: m };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        // O_NONBLOCK: opening a FIFO must not wait for a writer.
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| err(format!("cannot open: {e}")))?;
+    let meta = f.metadata().map_err(|e| err(format!("cannot stat: {e}")))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    if meta.len() > MAX_MODEL_BYTES {
+        return Err(err(format!(
+            "{} bytes is larger than the {MAX_MODEL_BYTES}-byte limit for model files",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_MODEL_BYTES + 1).read_to_end(&mut bytes).map_err(|e| err(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > MAX_MODEL_BYTES {
+        return Err(err(format!("larger than the {MAX_MODEL_BYTES}-byte limit for model files")));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| err(format!("not a text file (invalid UTF-8 at byte {})", e.utf8_error().valid_up_to())))
+}
