@@ -3,6 +3,7 @@
 //! plan; docs/estimator-findings.md the measured basis).
 
 pub mod input;
+pub mod listing;
 pub mod torchsummary;
 
 pub use input::{Layer, Network, ParseError, read_bounded};
