@@ -33,7 +33,12 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
         if !in_table || t.is_empty() {
             continue;
         }
-        net.layers.push(parse_row(t).map_err(|m| err(n, m))?);
+        let (layer, batch) = parse_row(t).map_err(|m| err(n, m))?;
+        if net.layers.is_empty() {
+            // -1 means "any batch size".
+            net.batch_in_file = u64::try_from(batch).ok().filter(|b| *b > 0);
+        }
+        net.layers.push(layer);
         if net.layers.len() > 100_000 {
             return Err(err(n, "more than 100000 layers".into()));
         }
@@ -49,8 +54,8 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     Ok(net)
 }
 
-/// `Kind-N  [b, d1, d2, ...]  params`
-fn parse_row(t: &str) -> Result<Layer, String> {
+/// `Kind-N  [b, d1, d2, ...]  params` → the layer and its batch dimension
+fn parse_row(t: &str) -> Result<(Layer, i64), String> {
     let open = t.find('[').ok_or("expected an output shape like [32, 64, 112, 112]")?;
     let close = t.rfind(']').filter(|&c| c > open).ok_or("expected ']' closing the output shape")?;
     let name = t[..open].trim();
@@ -67,28 +72,19 @@ fn parse_row(t: &str) -> Result<Layer, String> {
         .map(|s| s.parse::<i64>().map_err(|_| format!("'{s}' is not a dimension")))
         .collect::<Result<_, _>>()?;
     let (&batch, rest) = dims.split_first().ok_or("empty output shape")?;
-    let _ = batch;
     let mut elems: u64 = 1;
     for &d in rest {
         let d = u64::try_from(d).map_err(|_| format!("negative dimension {d}"))?;
         elems = elems.checked_mul(d).ok_or("output shape overflows")?;
     }
     let params = number(t[close + 1..].trim())?;
-    Ok(Layer { kind: kind.to_string(), out_elems: elems, params })
+    Ok((Layer { kind: kind.to_string(), out_elems: elems, params }, batch))
 }
 
 /// `25,557,032` → 25557032
 fn number(s: &str) -> Result<u64, String> {
     let digits: String = s.trim().chars().filter(|c| *c != ',').collect();
     digits.parse::<u64>().map_err(|_| format!("'{}' is not a count", s.trim()))
-}
-
-/// The batch size the table was made with (first dimension of the first row),
-/// if it is not -1.
-pub fn batch_in(text: &str) -> Option<u64> {
-    text.lines()
-        .find(|l| l.trim_start().split_whitespace().next().is_some_and(|w| w.contains('-')) && l.contains('['))
-        .and_then(|l| l[l.find('[')? + 1..].split(',').next()?.trim().parse::<u64>().ok())
 }
 
 #[cfg(test)]
@@ -114,7 +110,8 @@ Total params: 2,058,536
         assert_eq!(n.layers[3].out_elems, 1000);
         assert_eq!(n.total_params, Some(2_058_536));
         assert_eq!(n.params(), 2_058_536);
-        assert_eq!(batch_in(RESNET_HEAD), Some(32));
+        assert_eq!(n.batch_in_file, Some(32));
+        assert_eq!(parse(&RESNET_HEAD.replace("[32,", "[-1,"), "r").unwrap().batch_in_file, None);
     }
 
     #[test]

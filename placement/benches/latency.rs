@@ -64,6 +64,7 @@ fn main() {
                             count: 1,
                             estimate_mib: Some(512),
                             estimate_source: "declared".into(),
+                            shares: true,
                         };
                         barrier.wait();
                         let t = Instant::now();

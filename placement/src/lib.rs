@@ -7,6 +7,7 @@
 //! - [`place`]: lock → read → garbage-collect → decide → write → unlock.
 
 pub mod eventlog;
+pub mod fsutil;
 pub mod gpu;
 pub mod jobfiles;
 pub mod place;

@@ -28,6 +28,9 @@ pub struct Request {
     pub estimate_mib: Option<u64>,
     /// Which source decided the estimate, for logs and status.
     pub estimate_source: String,
+    /// The step shares its GPUs (shards or no Slurm GPUs): a whole-GPU
+    /// record the prolog made for the job is dropped in the same update.
+    pub shares: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -201,6 +204,9 @@ impl Placer {
         let params = self.params;
         let out = self.store.update(|st| {
             self.collect(st, false);
+            if req.shares {
+                drop_whole(st, step.job);
+            }
             if let Some(r) = st.job_mut(step.job) {
                 if !r.holders.contains(&step.holder) {
                     r.holders.push(step.holder);
@@ -306,10 +312,7 @@ impl Placer {
     /// The job shares its GPUs after all (shards or CARMA placement): forget
     /// the whole-GPU record the prolog made. Returns true if one existed.
     pub fn drop_whole(&self, job: u32) -> Result<bool, PlaceError> {
-        Ok(self.store.update(|st| match st.job(job) {
-            Some(r) if r.holding == Holding::SlurmWhole => st.release_job(job).is_some(),
-            _ => false,
-        })?)
+        Ok(self.store.update(|st| drop_whole(st, job))?)
     }
 
     /// A step ended: the job's GPUs are released when no step holds them.
@@ -320,5 +323,13 @@ impl Placer {
     /// The job ended (epilog): release whatever it still holds.
     pub fn release_job(&self, job: u32) -> Result<Option<Reservation>, PlaceError> {
         Ok(self.store.update(|st| st.release_job(job))?)
+    }
+}
+
+/// Forgets the job's whole-GPU record, if it has one.
+fn drop_whole(st: &mut NodeState, job: u32) -> bool {
+    match st.job(job) {
+        Some(r) if r.holding == Holding::SlurmWhole => st.release_job(job).is_some(),
+        _ => false,
     }
 }

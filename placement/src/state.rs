@@ -8,7 +8,7 @@ use carma_config::Policy;
 use fs2::FileExt;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -254,7 +254,7 @@ impl StateStore {
     /// an empty state, with a log line. Never fails, never drops silently.
     fn load(&self) -> NodeState {
         let path = self.state_path();
-        let text = match read_bounded(&path) {
+        let text = match crate::fsutil::read_bounded(&path, MAX_STATE_BYTES) {
             Ok(Some(t)) => t,
             Ok(None) => return NodeState::default(),
             Err(e) => return self.set_aside(&path, &e),
@@ -306,25 +306,6 @@ impl StateStore {
             StateError::Io { what: format!("writing {}", path.display()), err: e }
         })
     }
-}
-
-/// Reads a regular file (not a symlink) of bounded size; `None` if absent.
-fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open ({e})")),
-    };
-    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut buf = Vec::new();
-    file.take(MAX_STATE_BYTES + 1).read_to_end(&mut buf).map_err(|e| format!("cannot read ({e})"))?;
-    if buf.len() as u64 > MAX_STATE_BYTES {
-        return Err(format!("larger than {MAX_STATE_BYTES} bytes"));
-    }
-    Ok(Some(buf))
 }
 
 pub fn now_ms() -> u64 {

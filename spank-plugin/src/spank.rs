@@ -5,7 +5,7 @@
 //! `spank_*` calls in a typed handle whose methods return `Result`. C return
 //! codes are turned into errors in exactly one place: [`check`].
 
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(non_upper_case_globals)]
 
 use crate::dispatch;
 use crate::error::Error;
@@ -81,9 +81,6 @@ fn cstring(s: &str, what: &str) -> Result<CString, Error> {
 pub enum Item {
     JobId,
     StepId,
-    Uid,
-    Gid,
-    RestartCount,
 }
 
 /// The handle Slurm passes to each hook.
@@ -98,9 +95,6 @@ impl Spank {
         let code = match item {
             Item::JobId => S_JOB_ID,
             Item::StepId => S_JOB_STEPID,
-            Item::Uid => S_JOB_UID,
-            Item::Gid => S_JOB_GID,
-            Item::RestartCount => S_SLURM_RESTART_COUNT,
         };
         let mut value: u32 = 0;
         // SAFETY: each of these items writes one 32-bit value through the pointer.
@@ -181,7 +175,6 @@ fn args(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
 pub enum LogLevel {
     Error,
     Info,
-    Verbose,
     Debug,
 }
 
@@ -195,7 +188,6 @@ pub fn slurm_log(level: LogLevel, msg: &str) {
         match level {
             LogLevel::Error => sys::slurm_error(fmt, c.as_ptr()),
             LogLevel::Info => sys::slurm_info(fmt, c.as_ptr()),
-            LogLevel::Verbose => sys::slurm_verbose(fmt, c.as_ptr()),
             LogLevel::Debug => sys::slurm_debug(fmt, c.as_ptr()),
         }
     }

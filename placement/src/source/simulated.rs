@@ -18,7 +18,7 @@ use crate::procs::alive;
 use fs2::FileExt;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -96,20 +96,7 @@ fn size(v: &serde_yaml::Value, key: &str, file: &Path) -> Result<u64, SourceErro
 }
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    if !f.metadata().map_err(|e| e.to_string())?.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut buf = Vec::new();
-    f.take(MAX_FILE_BYTES + 1).read_to_end(&mut buf).map_err(|e| e.to_string())?;
-    if buf.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
-    }
-    Ok(buf)
+    crate::fsutil::read_bounded(path, MAX_FILE_BYTES)?.ok_or_else(|| "does not exist".to_string())
 }
 
 impl SimulatedGpus {

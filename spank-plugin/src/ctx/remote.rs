@@ -78,11 +78,12 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let step_id = sp.item_u32(Item::StepId)?;
     let step = StepRef { job, holder: std::process::id() };
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
-    if shards || slurm_gpus(sp)?.is_none() {
-        // The prolog recorded Slurm's GPUs as held whole; this job shares.
-        placer.drop_whole(job).context("placement")?;
-    }
+    // The prolog recorded Slurm's GPUs as held whole; a step on shards or
+    // without Slurm GPUs shows the job shares them.
+    let shares = shards || slurm_gpus(sp)?.is_none();
     if req.is_empty() {
+        // A shard step without CARMA: only forget that record.
+        placer.drop_whole(job).context("placement")?;
         return Ok(());
     }
     let (mut estimate_mib, mut estimate_source) = estimate(&req, cfg);
@@ -110,7 +111,8 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
             }
         }
     }
-    let request = Request { policy, count: req.gpu_count(), estimate_mib, estimate_source: estimate_source.clone() };
+    let request =
+        Request { policy, count: req.gpu_count(), estimate_mib, estimate_source: estimate_source.clone(), shares };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
     let decision = placer.place(step, &request, wait, cfg.timeouts.poll).map_err(|e| {
