@@ -70,6 +70,23 @@ pub enum UnknownEstimate {
     Mib(u64),
 }
 
+/// How model files become estimates (the estimator crate applies it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EstimatorMethod {
+    /// The continuous per-sample model (CNN/MLP) and the analytic one
+    /// (transformers).
+    Continuous,
+    /// The paper's GPUMemNet bins for CNNs and MLPs.
+    Gpumemnet,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EstimatorConfig {
+    /// The software stack's fixed memory (CUDA context, libraries).
+    pub runtime_mib: u64,
+    pub method: EstimatorMethod,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timeouts {
     /// Longest wait for the node state lock.
@@ -106,6 +123,7 @@ pub struct Config {
     /// Substrings that mark an out-of-memory crash in a job's output.
     pub oom_patterns: Vec<String>,
     pub timeouts: Timeouts,
+    pub estimator: EstimatorConfig,
 }
 
 /// Output lines of the common frameworks when the GPU runs out of memory.
@@ -144,6 +162,10 @@ impl Default for Config {
                 wait: Duration::from_secs(600),
                 poll: Duration::from_secs(2),
             },
+            // The CUDA context, cuBLAS/cuDNN handles and the framework's own
+            // allocations of a PyTorch job on an A100: a property of the
+            // software stack, not of the model (docs/estimator.md).
+            estimator: EstimatorConfig { runtime_mib: 700, method: EstimatorMethod::Continuous },
         }
     }
 }
@@ -200,6 +222,13 @@ struct RawRecovery {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawEstimator {
+    runtime: Option<Scalar>,
+    method: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawTimeouts {
     lock: Option<Scalar>,
     wait: Option<Scalar>,
@@ -222,6 +251,7 @@ struct RawConfig {
     oom_patterns: Option<Vec<String>>,
     extra_oom_patterns: Option<Vec<String>>,
     timeouts: Option<RawTimeouts>,
+    estimator: Option<RawEstimator>,
 }
 
 impl Config {
@@ -361,6 +391,21 @@ impl RawConfig {
                 return Err(bad("timeouts", "lock and poll must be longer than 0".into()));
             }
         }
+        if let Some(e) = self.estimator {
+            if let Some(v) = &e.runtime {
+                c.estimator.runtime_mib = size("estimator.runtime", v)?;
+                if c.estimator.runtime_mib > 64 * 1024 {
+                    return Err(bad("estimator.runtime", "more than 64G is not a runtime overhead".into()));
+                }
+            }
+            if let Some(m) = e.method.as_deref() {
+                c.estimator.method = match m {
+                    "continuous" => EstimatorMethod::Continuous,
+                    "gpumemnet" => EstimatorMethod::Gpumemnet,
+                    _ => return Err(bad("estimator.method", format!("'{m}' is unknown; use continuous or gpumemnet"))),
+                };
+            }
+        }
         Ok(c)
     }
 }
@@ -383,6 +428,17 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/slurm/carma.yaml"))
+    }
+
+    #[test]
+    fn estimator_section() {
+        let c = parse("estimator:\n  runtime: 1G\n  method: gpumemnet\n").unwrap();
+        assert_eq!(c.estimator, EstimatorConfig { runtime_mib: 1024, method: EstimatorMethod::Gpumemnet });
+        let e = parse("estimator:\n  method: magic\n").unwrap_err().to_string();
+        assert!(e.contains("estimator.method: 'magic' is unknown"), "{e}");
+        let e = parse("estimator:\n  runtime: lots\n").unwrap_err().to_string();
+        assert!(e.contains("estimator.runtime") && e.contains("2G"), "{e}");
+        assert!(parse("estimator:\n  runtme: 1G\n").is_err());
     }
 
     #[test]

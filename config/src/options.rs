@@ -326,3 +326,44 @@ mod tests {
         assert_eq!(OptionName::from_id(99), None);
     }
 }
+
+/// The estimate made at submit time (from `--carma-model`, as the user)
+/// travels to slurmstepd in this variable as `<MiB>M:<source>`. Like
+/// `--carma-mem` it is the user's own statement about the job.
+pub const ESTIMATE_ENV: &str = "CARMA_ESTIMATE";
+const ESTIMATE_SOURCES: [&str; 3] = ["layers", "analytic", "gpumemnet"];
+
+pub fn format_estimate(mib: u64, source: &str) -> String {
+    format!("{mib}M:{source}")
+}
+
+/// Parses a `CARMA_ESTIMATE` value: `<MiB>M:<source>`.
+pub fn parse_estimate(raw: &[u8]) -> Result<(u64, &'static str), String> {
+    let text = std::str::from_utf8(raw).map_err(|_| "not UTF-8".to_string())?;
+    let shown = || shown(raw);
+    let (size, source) = text.split_once(':').ok_or_else(|| format!("'{}' is not <MiB>M:<source>", shown()))?;
+    let mib = size
+        .strip_suffix('M')
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|n| (1..=1 << 24).contains(n))
+        .ok_or_else(|| format!("'{}' is not <MiB>M:<source>", shown()))?;
+    let source = ESTIMATE_SOURCES.iter().find(|s| **s == source).ok_or_else(|| format!("unknown source in '{}'", shown()))?;
+    Ok((mib, source))
+}
+
+#[cfg(test)]
+mod estimate_tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_refusals() {
+        assert_eq!(parse_estimate(format_estimate(5230, "layers").as_bytes()), Ok((5230, "layers")));
+        assert!(parse_estimate(b"5230M").is_err());
+        assert!(parse_estimate(b"0M:layers").is_err());
+        assert!(parse_estimate(b"99999999999M:layers").is_err());
+        assert!(parse_estimate(b"12M:declared").is_err());
+        assert!(parse_estimate(b"\xff").is_err());
+        let e = parse_estimate(b"1M:x\ny").unwrap_err();
+        assert!(!e.contains('\n'), "{e}");
+    }
+}

@@ -54,10 +54,9 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-/// Reads a regular file of at most MAX_MODEL_BYTES as text. A FIFO, a
-/// device or a directory is refused without blocking; binary content is
-/// refused as not UTF-8.
-pub fn read_bounded(path: &Path) -> Result<String, ParseError> {
+/// Reads a regular file of at most MAX_MODEL_BYTES. A FIFO, a device or a
+/// directory is refused without blocking.
+pub fn read_bounded_bytes(path: &Path) -> Result<Vec<u8>, ParseError> {
     use std::os::unix::fs::OpenOptionsExt;
     let err = |m: String| ParseError { file: path.display().to_string(), line: 0, message: m };
     let f = std::fs::OpenOptions::new()
@@ -81,6 +80,18 @@ pub fn read_bounded(path: &Path) -> Result<String, ParseError> {
     if bytes.len() as u64 > MAX_MODEL_BYTES {
         return Err(err(format!("larger than the {MAX_MODEL_BYTES}-byte limit for model files")));
     }
-    String::from_utf8(bytes)
-        .map_err(|e| err(format!("not a text file (invalid UTF-8 at byte {})", e.utf8_error().valid_up_to())))
+    Ok(bytes)
+}
+
+/// `read_bounded_bytes`, and binary content refused as not UTF-8.
+pub fn read_bounded(path: &Path) -> Result<String, ParseError> {
+    text(read_bounded_bytes(path)?, &path.display().to_string())
+}
+
+pub fn text(bytes: Vec<u8>, name: &str) -> Result<String, ParseError> {
+    String::from_utf8(bytes).map_err(|e| ParseError {
+        file: name.to_string(),
+        line: 0,
+        message: format!("not a text file (invalid UTF-8 at byte {})", e.utf8_error().valid_up_to()),
+    })
 }

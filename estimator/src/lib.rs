@@ -1,9 +1,20 @@
-//! GPU memory estimation for training jobs. So far: reading model
-//! descriptions into one neutral layer list (the estimator issue has the
-//! plan; docs/estimator-findings.md the measured basis).
+//! GPU memory estimation for training jobs: model descriptions read into
+//! one neutral layer list, then a continuous per-sample model (CNN/MLP),
+//! the paper's GPUMemNet classifier, or an analytic transformer model.
+//! docs/estimator.md has the rule and the measured validation.
 
+pub mod estimate;
+pub mod features;
+#[cfg(feature = "onnx")]
+pub mod gpumemnet;
+pub mod hf_config;
 pub mod input;
+pub mod layers_model;
 pub mod listing;
+#[cfg(feature = "onnx")]
+pub mod onnx;
 pub mod torchsummary;
+pub mod transformer;
 
-pub use input::{Layer, Network, ParseError, read_bounded};
+pub use estimate::{Estimate, Method, Settings, estimate};
+pub use input::{Layer, Network, ParseError, read_bounded, read_bounded_bytes};

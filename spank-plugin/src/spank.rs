@@ -126,6 +126,24 @@ impl Spank {
         check(rc, &format!("setenv {name}"))
     }
 
+    /// Sets or (with `None`) removes a variable in this srun/sbatch
+    /// process's own environment, which Slurm exports to the job (spank_setenv
+    /// works only in remote context). srun and sbatch change their own
+    /// environment the same way while processing options.
+    pub fn process_setenv(&self, name: &str, value: Option<&str>) -> Result<(), Error> {
+        let n = cstring(name, "setenv")?;
+        let rc = match value {
+            Some(value) => {
+                let v = cstring(value, "setenv")?;
+                // SAFETY: NUL-terminated strings; glibc copies them.
+                unsafe { libc::setenv(n.as_ptr(), v.as_ptr(), 1) }
+            }
+            // SAFETY: as above.
+            None => unsafe { libc::unsetenv(n.as_ptr()) },
+        };
+        if rc == 0 { Ok(()) } else { Err(Error::msg(format!("setenv {name}: {}", std::io::Error::last_os_error()))) }
+    }
+
     /// Passes a value from srun/sbatch to the job: it appears as
     /// `SLURM_SPANK_<name>` in the job and `SPANK_<name>` in prolog/epilog.
     pub fn job_control_setenv(&self, name: &str, value: &str) -> Result<(), Error> {

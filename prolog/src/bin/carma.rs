@@ -1,6 +1,7 @@
 //! carma: CARMA's admin command.
 //!
 //!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
+//!   carma estimate --model FILE [--batch-size N] [--json]   the GPU memory estimate and why
 //!   carma simulate ...                       replay a job trace under CARMA's policies
 
 use carma_config::Config;
@@ -9,7 +10,8 @@ use carma_tools::args::Args;
 use carma_tools::status;
 use std::path::Path;
 
-const USAGE: &str = "usage: carma status [--json] [--config FILE]";
+const USAGE: &str = "usage: carma status [--json] [--config FILE]
+       carma estimate --model FILE [--batch-size N] [--json] [--config FILE]";
 
 fn usage() -> String {
     format!("{USAGE}\n       {}", carma_tools::simulate::USAGE.replace('\n', "\n       "))
@@ -20,6 +22,7 @@ fn main() {
     let cmd = argv.next().unwrap_or_default();
     let result = match cmd.as_str() {
         "status" => cmd_status(argv.collect()),
+        "estimate" => cmd_estimate(argv.collect()),
         "simulate" => carma_tools::simulate::cmd_simulate(argv.collect()),
         "simulate-report" => carma_tools::simulate::cmd_report(argv.collect()),
         "-h" | "--help" | "help" => {
@@ -47,6 +50,28 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&status::to_json(&gpus, &state)).unwrap_or_default());
     } else {
         print!("{}", status::table(&gpus, &state));
+    }
+    Ok(())
+}
+
+fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
+    let a = Args::parse(argv, &["config", "model", "batch-size"], &["json"])?;
+    let cfg = config(&a)?;
+    let model = a.get("model").ok_or("--model FILE is required")?;
+    let batch = match a.get("batch-size") {
+        Some(b) => Some(b.parse::<u64>().ok().filter(|b| (1..=1 << 20).contains(b)).ok_or_else(|| {
+            format!("--batch-size: '{b}' is not a whole number from 1 to 1048576")
+        })?),
+        None => None,
+    };
+    let settings = carma_estimator::Settings::from_config(&cfg.estimator);
+    let bytes = carma_estimator::read_bounded_bytes(Path::new(model)).map_err(|e| e.to_string())?;
+    let est = carma_estimator::estimate(bytes, model, batch, &settings).map_err(|e| e.to_string())?;
+    if a.has("json") {
+        println!("{}", serde_json::to_string_pretty(&est).unwrap_or_default());
+    } else {
+        println!("{} MiB per GPU (source {}, {} file, {} family, batch {})", est.mib, est.source, est.format, est.family.name(), est.batch);
+        println!("{}", est.why);
     }
     Ok(())
 }

@@ -38,15 +38,27 @@ fn request(sp: &Spank) -> Result<JobRequest, Error> {
     Ok(req)
 }
 
-/// The per-GPU estimate and where it came from.
-fn estimate(req: &JobRequest, cfg: &Config) -> (Option<u64>, String) {
+/// The per-GPU estimate and where it came from: `--carma-mem`, else the
+/// estimate srun/sbatch made from `--carma-model` (the step's own
+/// CARMA_ESTIMATE first: an inner srun may name another model), else the
+/// configured rule for unknown jobs. Model files are never opened here:
+/// this runs as root.
+fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<(Option<u64>, String), Error> {
     if let Some(mib) = req.mem_mib {
-        return (Some(mib), "declared".into());
+        return Ok((Some(mib), "declared".into()));
     }
-    match cfg.unknown_estimate {
+    let env = carma_config::ESTIMATE_ENV;
+    if let Some(raw) = sp.getenv(env)?.or(sp.getenv(&format!("SLURM_SPANK_{env}"))?) {
+        let (mib, source) = carma_config::parse_estimate(raw.as_bytes()).map_err(|e| Error::msg(format!("{env}: {e}")))?;
+        return Ok((Some(mib), source.into()));
+    }
+    if req.model.is_some() {
+        log::info("a model was named but no estimate arrived from srun/sbatch; treating the job as unknown");
+    }
+    Ok(match cfg.unknown_estimate {
         UnknownEstimate::Exclusive => (None, "unknown".into()),
         UnknownEstimate::Mib(m) => (Some(m), "default".into()),
-    }
+    })
 }
 
 /// Never fails: a CARMA step's failure is deferred to task_init, anything
@@ -86,7 +98,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         placer.drop_whole(job).context("placement")?;
         return Ok(());
     }
-    let (mut estimate_mib, mut estimate_source) = estimate(&req, cfg);
+    let (mut estimate_mib, mut estimate_source) = estimate(sp, &req, cfg)?;
     let mut policy = req.policy.unwrap_or(cfg.default_policy);
     // A job requeued after a GPU OOM is rerun as its recovery mode says:
     // carma-epilog left a marker on this node; on another node the prolog

@@ -1,0 +1,203 @@
+//! One entry point: a model file's bytes and a batch size in, an estimate
+//! with its source and explanation out. The rule (docs/estimator.md):
+//! - transformers (module listing, config.json, ONNX with attention):
+//!   the analytic model;
+//! - CNNs and MLPs: the continuous per-sample model, or GPUMemNet's bin
+//!   when the admin chose `method: gpumemnet`. Both are reported.
+//! A declared `--carma-mem` and an observed history are applied by the
+//! caller (they need no model file).
+
+use crate::features::{self, Family};
+use crate::input::{Network, ParseError, text};
+use crate::layers_model::{self, Parts};
+use crate::transformer::{self, Shape};
+use crate::{hf_config, listing, torchsummary};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Continuous,
+    Gpumemnet,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub runtime_mib: u64,
+    pub method: Method,
+}
+
+impl Settings {
+    /// carma.yaml's `estimator:` section.
+    pub fn from_config(c: &carma_config::EstimatorConfig) -> Settings {
+        Settings {
+            runtime_mib: c.runtime_mib,
+            method: match c.method {
+                carma_config::EstimatorMethod::Continuous => Method::Continuous,
+                carma_config::EstimatorMethod::Gpumemnet => Method::Gpumemnet,
+            },
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        // carma.yaml's defaults (runtime 700 MiB: see config/src/file.rs)
+        Settings::from_config(&carma_config::Config::default().estimator)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Estimate {
+    pub mib: u64,
+    /// `layers`, `analytic` or `gpumemnet`.
+    pub source: &'static str,
+    /// `onnx`, `torchsummary`, `module-listing` or `hf-config`.
+    pub format: &'static str,
+    pub family: Family,
+    pub batch: u64,
+    pub params: u64,
+    pub parts: Parts,
+    /// GPUMemNet's bin for CNNs and MLPs (reported even when not used).
+    pub gpumemnet_mib: Option<u64>,
+    pub why: String,
+}
+
+enum Described {
+    Layers(Network),
+    Transformer(Shape),
+}
+
+fn no_batch(name: &str) -> ParseError {
+    ParseError {
+        file: name.into(),
+        line: 0,
+        message: "the file does not fix a batch size: give --carma-batch-size (or CARMA_BATCH_SIZE)".into(),
+    }
+}
+
+pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) -> Result<Estimate, ParseError> {
+    let (described, format) = describe(bytes, name)?;
+    match described {
+        Described::Transformer(shape) => {
+            let batch = batch.ok_or_else(|| no_batch(name))?;
+            let parts = transformer::parts(&shape, s.runtime_mib);
+            let mib = parts.at_batch(batch);
+            let why = format!(
+                "analytic transformer: {} blocks, hidden {}, {} heads, feed-forward {}, vocabulary {}, sequence {}, \
+                 {:.0} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam + {:.1} MiB per sample",
+                shape.blocks,
+                shape.hidden,
+                shape.heads,
+                shape.intermediate,
+                shape.vocab,
+                shape.seq,
+                shape.params as f64 / 1e6,
+                parts.runtime_mib,
+                parts.params_mib,
+                parts.per_sample_mib
+            );
+            Ok(Estimate {
+                mib,
+                source: "analytic",
+                format,
+                family: Family::Transformer,
+                batch,
+                params: shape.params,
+                parts,
+                gpumemnet_mib: None,
+                why,
+            })
+        }
+        Described::Layers(net) => {
+            let batch = batch.or(net.batch_in_file).ok_or_else(|| no_batch(name))?;
+            let profile = features::profile(&net);
+            let parts = layers_model::parts(&profile, s.runtime_mib);
+            let continuous = parts.at_batch(batch);
+            let gpumemnet = gpumemnet(&net, batch, &profile.activation, profile.family == Family::Cnn);
+            let (mib, source) = match (s.method, &gpumemnet) {
+                (Method::Gpumemnet, Ok(bin)) => (*bin, "gpumemnet"),
+                _ => (continuous, "layers"),
+            };
+            let why = format!(
+                "{} of {} layers, {:.1} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam \
+                 + {:.1} MiB per sample ({:.1} M elements kept x 4 B x alpha {:.3}) = {continuous} MiB; GPUMemNet bin {}",
+                profile.family.name(),
+                profile.layers,
+                profile.params as f64 / 1e6,
+                parts.runtime_mib,
+                parts.params_mib,
+                parts.per_sample_mib,
+                profile.retained_per_sample / 1e6,
+                parts.alpha,
+                match &gpumemnet {
+                    Ok(b) => format!("<= {b} MiB"),
+                    Err(e) => format!("unavailable ({e})"),
+                }
+            );
+            Ok(Estimate {
+                mib,
+                source,
+                format,
+                family: profile.family,
+                batch,
+                params: profile.params,
+                parts,
+                gpumemnet_mib: gpumemnet.ok(),
+                why,
+            })
+        }
+    }
+}
+
+#[cfg(feature = "onnx")]
+fn gpumemnet(net: &Network, batch: u64, activation: &str, cnn: bool) -> Result<u64, String> {
+    crate::gpumemnet::classify(net, batch, activation, cnn)
+}
+
+#[cfg(not(feature = "onnx"))]
+fn gpumemnet(_: &Network, _: u64, _: &str, _: bool) -> Result<u64, String> {
+    Err("built without ONNX support".into())
+}
+
+fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), ParseError> {
+    #[cfg(feature = "onnx")]
+    if crate::onnx::looks_like_onnx(&bytes) {
+        let g = crate::onnx::parse(&bytes, name)?;
+        return Ok((g.transformer.map_or(Described::Layers(g.net), Described::Transformer), "onnx"));
+    }
+    let t = text(bytes, name)?;
+    let trimmed = t.trim_start();
+    if trimmed.starts_with('{') {
+        return Ok((Described::Transformer(hf_config::parse(&t, name)?), "hf-config"));
+    }
+    if t.contains("Layer (type)") {
+        return Ok((Described::Layers(torchsummary::parse(&t, name)?), "torchsummary"));
+    }
+    if t.lines().any(|l| l.trim_end().ends_with(" params")) {
+        let l = listing::parse(&t, name)?;
+        return Ok((Described::Transformer(listing_shape(&l, name)?), "module-listing"));
+    }
+    Err(ParseError {
+        file: name.into(),
+        line: 0,
+        message: "not a model description: expected an ONNX file, a torchsummary table, a module listing with \
+                  'N params' per line, or a Hugging Face config.json"
+            .into(),
+    })
+}
+
+fn listing_shape(l: &listing::Listing, name: &str) -> Result<Shape, ParseError> {
+    let err = |m: &str| ParseError { file: name.into(), line: 0, message: m.into() };
+    let hidden = l.hidden.ok_or_else(|| err("the module listing has no Embedding: cannot tell the hidden size"))?;
+    if l.blocks == 0 {
+        return Err(err("the module listing has no repeated transformer blocks; for other networks give a torchsummary table or an ONNX file"));
+    }
+    Ok(Shape {
+        blocks: l.blocks.into(),
+        hidden,
+        heads: Shape::default_heads(hidden),
+        intermediate: l.intermediate.unwrap_or(4 * hidden),
+        vocab: l.vocab.unwrap_or(0),
+        seq: l.max_positions.unwrap_or(512),
+        params: l.root_params,
+    })
+}

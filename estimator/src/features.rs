@@ -1,0 +1,172 @@
+//! What a layer list says about training memory: the parameter count, the
+//! activation elements autograd keeps per sample, and the network family.
+//! The retention rule must match `estimator/train/train.py`, which fits the
+//! shipped coefficients with it.
+
+use crate::input::Network;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    Mlp,
+    Cnn,
+    Transformer,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Mlp => "mlp",
+            Family::Cnn => "cnn",
+            Family::Transformer => "transformer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Profile {
+    pub family: Family,
+    pub params: u64,
+    /// Elements kept per sample for the backward pass, plus two buffers of
+    /// the largest layer's size (the gradients in flight at the peak).
+    pub retained_per_sample: f64,
+    pub layers: usize,
+    /// GPUMemNet's features.
+    pub total_activations: u64,
+    pub counts: KindCounts,
+    pub activation: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct KindCounts {
+    pub conv: u32,
+    pub norm: u32,
+    pub dropout: u32,
+    pub pool: u32,
+    pub linear: u32,
+    pub activation: u32,
+}
+
+/// Output elements autograd keeps per output element of a layer of this kind.
+pub fn retention(kind: &str) -> f64 {
+    let k = kind.to_ascii_lowercase();
+    if is_view(&k) {
+        0.0
+    } else if k.starts_with("maxpool") {
+        3.0 // the output and int64 indices
+    } else if k == "dropout" {
+        1.25 // the output and a bool mask
+    } else {
+        1.0
+    }
+}
+
+/// Layers that alias their input (no new memory).
+fn is_view(lower: &str) -> bool {
+    matches!(lower, "flatten" | "identity" | "reshape" | "squeeze" | "unsqueeze" | "view")
+}
+
+/// The activation functions GPUMemNet's features encode, in its order
+/// (`estimator/train/train.py` ACTIVATIONS).
+pub const ACTIVATIONS: [&str; 12] =
+    ["relu", "gelu", "silu", "leakyrelu", "prelu", "tanh", "softplus", "selu", "elu", "mish", "identity", "none"];
+
+fn group(lower: &str) -> Option<usize> {
+    Some(if lower.starts_with("conv") {
+        0
+    } else if lower.starts_with("batchnorm") || lower == "batch_normalization" || lower.contains("norm") {
+        1
+    } else if lower == "dropout" {
+        2
+    } else if lower.contains("pool") {
+        3
+    } else if lower == "linear" || lower == "gemm" {
+        4
+    } else if ACTIVATIONS.contains(&lower) || matches!(lower, "relu6" | "sigmoid" | "hardswish" | "softmax") {
+        5
+    } else {
+        return None;
+    })
+}
+
+pub fn profile(net: &Network) -> Profile {
+    let mut retained = 0f64;
+    let mut largest = 0u64;
+    let mut total = 0u64;
+    let mut counts = [0u32; 6];
+    let mut acts: Vec<(String, u32)> = Vec::new();
+    for l in &net.layers {
+        let lower = l.kind.to_ascii_lowercase();
+        retained += retention(&lower) * l.out_elems as f64;
+        if !is_view(&lower) {
+            largest = largest.max(l.out_elems);
+        }
+        total = total.saturating_add(l.out_elems);
+        if let Some(g) = group(&lower) {
+            counts[g] += 1;
+        }
+        if ACTIVATIONS.contains(&lower.as_str()) {
+            match acts.iter_mut().find(|(k, _)| *k == lower) {
+                Some((_, n)) => *n += 1,
+                None => acts.push((lower, 1)),
+            }
+        }
+    }
+    let activation = acts.into_iter().max_by_key(|(_, n)| *n).map_or_else(|| "none".to_string(), |(k, _)| k);
+    let family = if counts[0] > 0 { Family::Cnn } else { Family::Mlp };
+    Profile {
+        family,
+        params: net.params(),
+        retained_per_sample: retained + 2.0 * largest as f64,
+        layers: net.layers.len(),
+        total_activations: total,
+        counts: KindCounts {
+            conv: counts[0],
+            norm: counts[1],
+            dropout: counts[2],
+            pool: counts[3],
+            linear: counts[4],
+            activation: counts[5],
+        },
+        activation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::Layer;
+
+    fn layer(kind: &str, out_elems: u64, params: u64) -> Layer {
+        Layer { kind: kind.into(), out_elems, params }
+    }
+
+    #[test]
+    fn retention_counts_pool_indices_dropout_masks_and_skips_views() {
+        let net = Network {
+            layers: vec![
+                layer("Conv2d", 100, 10),
+                layer("ReLU", 100, 0),
+                layer("MaxPool2d", 25, 0),
+                layer("Flatten", 25, 0),
+                layer("Dropout", 25, 0),
+                layer("Linear", 10, 260),
+            ],
+            ..Default::default()
+        };
+        let p = profile(&net);
+        // 100 + 100 + 3*25 + 0 + 1.25*25 + 10, plus 2 x the largest (100)
+        assert_eq!(p.retained_per_sample, 100.0 + 100.0 + 75.0 + 31.25 + 10.0 + 200.0);
+        assert_eq!(p.family, Family::Cnn);
+        assert_eq!(p.params, 270);
+        assert_eq!(p.activation, "relu");
+        assert_eq!((p.counts.conv, p.counts.pool, p.counts.dropout, p.counts.linear), (1, 1, 1, 1));
+    }
+
+    #[test]
+    fn no_convolution_is_an_mlp() {
+        let net = Network { layers: vec![layer("Linear", 10, 110), layer("GELU", 10, 0)], ..Default::default() };
+        let p = profile(&net);
+        assert_eq!((p.family, p.activation.as_str()), (Family::Mlp, "gelu"));
+    }
+}

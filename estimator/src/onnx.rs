@@ -1,0 +1,178 @@
+//! An ONNX export of the user's network (`torch.onnx.export`, weights
+//! optional), walked with tract-onnx's shape inference: every operator's
+//! output whose shape has the batch dimension is an activation; weight
+//! inputs and initializers are parameters.
+
+use crate::input::{Layer, Network, ParseError};
+use crate::transformer::Shape;
+use tract_onnx::pb;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::infer::Factoid;
+
+/// What a walk found beyond the layer list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Graph {
+    pub net: Network,
+    /// The batch size the file fixes, when the first input's first
+    /// dimension is a number rather than a name.
+    pub fixed_batch: Option<u64>,
+    /// Attention found (softmax over [batch, heads, query, key]): the
+    /// transformer's shape, read off the graph, for the analytic model.
+    pub transformer: Option<Shape>,
+}
+
+pub fn looks_like_onnx(bytes: &[u8]) -> bool {
+    // A ModelProto starts with field 1 (ir_version, varint): tag 0x08.
+    bytes.first() == Some(&0x08)
+}
+
+pub fn parse(bytes: &[u8], name: &str) -> Result<Graph, ParseError> {
+    let err = |m: String| ParseError { file: name.to_string(), line: 0, message: m };
+    let onnx = tract_onnx::onnx();
+    let proto: pb::ModelProto = onnx
+        .proto_model_for_read(&mut &bytes[..])
+        .map_err(|e| err(format!("not an ONNX model ({})", one_line(&e))))?;
+    let graph = proto.graph.as_ref().ok_or_else(|| err("the ONNX model has no graph".into()))?;
+    // External data would make tract open other files named by the model.
+    if graph.initializer.iter().any(|t| t.data_location == Some(pb::tensor_proto::DataLocation::External as i32)) {
+        return Err(err("ONNX external data is not supported: export with weights inside or without them".into()));
+    }
+    let initialized: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let data_input = graph
+        .input
+        .iter()
+        .position(|i| !initialized.contains(i.name.as_str()))
+        .ok_or_else(|| err("the ONNX graph has no input".into()))?;
+    let mut model = onnx
+        .model_for_proto_model(&proto)
+        .map_err(|e| err(format!("cannot read the ONNX graph ({})", one_line(&e))))?;
+    let batch = model.symbols.sym("carma_batch");
+    // The data input's first dimension becomes the batch symbol, whatever
+    // the file calls it (or a number, which is remembered).
+    let fixed_batch = {
+        let outlet = model.input_outlets().map_err(|e| err(one_line(&e)))?[data_input];
+        let fact = model.outlet_fact(outlet).map_err(|e| err(one_line(&e)))?.clone();
+        let mut dims: Vec<TDim> = fact
+            .shape
+            .concretize()
+            .ok_or_else(|| err("the data input's shape is not declared".into()))?
+            .into_iter()
+            .collect();
+        if dims.is_empty() {
+            return Err(err("the data input is a scalar; expected a batch dimension first".into()));
+        }
+        let fixed = dims[0].as_i64().and_then(|b| u64::try_from(b).ok());
+        dims[0] = batch.clone().into();
+        let dt = fact.datum_type.concretize().unwrap_or(DatumType::F32);
+        model
+            .set_input_fact(data_input, InferenceFact::dt_shape(dt, dims))
+            .map_err(|e| err(one_line(&e)))?;
+        fixed
+    };
+    model.analyse(false).map_err(|e| err(format!("shape inference failed ({})", one_line(&e))))?;
+    let one = SymbolValues::default().with(&batch, 1);
+    let mut net = Network::default();
+    let mut seen = Seen::default();
+    let mut params: u64 = 0;
+    for node in model.nodes() {
+        let op = node.op.name().to_string();
+        let Some(shape) = node.outputs.first().and_then(|o| o.fact.shape.concretize()) else { continue };
+        let numel = |eval: bool| -> Option<u64> {
+            shape.iter().try_fold(1u64, |acc, d| {
+                let d = if eval { d.eval(&one) } else { d.clone() };
+                acc.checked_mul(u64::try_from(d.as_i64()?).ok()?)
+            })
+        };
+        let batched = shape.iter().any(|d| d.symbols().contains(&batch));
+        if op == "Source" {
+            // Graph inputs other than the data: weights exported as inputs.
+            if !batched && node.id != model.input_outlets().map_err(|e| err(one_line(&e)))?[data_input].node {
+                params = params.saturating_add(numel(false).unwrap_or(0));
+            }
+            continue;
+        }
+        if op == "Const" {
+            if let Some(n) = numel(false) {
+                if n > 1 {
+                    params = params.saturating_add(n);
+                }
+            }
+            continue;
+        }
+        if !batched {
+            continue;
+        }
+        let dims: Vec<u64> =
+            shape.iter().map(|d| d.eval(&one).as_i64().and_then(|v| u64::try_from(v).ok()).unwrap_or(0)).collect();
+        seen.note(&op, &dims);
+        let out_elems = numel(true).ok_or_else(|| err(format!("cannot size the output of {}", node.name)))?;
+        net.layers.push(Layer { kind: op, out_elems, params: 0 });
+        if net.layers.len() > 1_000_000 {
+            return Err(err("more than 1000000 operators".into()));
+        }
+    }
+    net.total_params = Some(params);
+    net.batch_in_file = fixed_batch;
+    // An eval-mode export folds each BatchNormalization into the Conv
+    // before it; training keeps both outputs. Without any BatchNorm in the
+    // graph, every Conv is assumed to have had one (over-counts networks
+    // that never had BatchNorm, such as VGG, which is the safe side).
+    if !net.layers.iter().any(|l| l.kind.contains("BatchNorm")) {
+        let folded: Vec<Layer> = net
+            .layers
+            .iter()
+            .filter(|l| l.kind.starts_with("Conv"))
+            .map(|l| Layer { kind: "BatchNorm(folded)".into(), out_elems: l.out_elems, params: 0 })
+            .collect();
+        net.layers.extend(folded);
+    }
+    let transformer = seen.shape(params);
+    Ok(Graph { net, fixed_batch, transformer })
+}
+
+/// What a transformer's operators reveal of its shape (batch = 1).
+#[derive(Default)]
+struct Seen {
+    /// (heads, key positions) of each rank-4 softmax: one per block.
+    softmax: Vec<(u64, u64)>,
+    norm_width: Vec<u64>,
+    act_width: Vec<u64>,
+    widest: u64,
+}
+
+impl Seen {
+    fn note(&mut self, op: &str, dims: &[u64]) {
+        let last = dims.last().copied().unwrap_or(0);
+        match op {
+            "Softmax" if dims.len() == 4 => self.softmax.push((dims[1], dims[3])),
+            "LayerNorm" | "LayerNormalization" => self.norm_width.push(last),
+            _ if op.starts_with("Gelu") || op == "Relu" || op == "Erf" => self.act_width.push(last),
+            _ => {}
+        }
+        if op.starts_with("MatMul") || op == "Gemm" || op == "Add" {
+            self.widest = self.widest.max(last);
+        }
+    }
+
+    fn shape(&self, params: u64) -> Option<Shape> {
+        let &(heads, seq) = self.softmax.first()?;
+        let hidden = most_common(&self.norm_width)?;
+        let intermediate = most_common(&self.act_width).filter(|i| *i > hidden).unwrap_or(4 * hidden);
+        // A language-model head is the widest output; without one, none.
+        let vocab = if self.widest > intermediate { self.widest } else { 0 };
+        Some(Shape { blocks: self.softmax.len() as u64, hidden, heads, intermediate, vocab, seq, params })
+    }
+}
+
+fn most_common(v: &[u64]) -> Option<u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for &x in v.iter().filter(|x| **x > 0) {
+        *counts.entry(x).or_insert(0u32) += 1;
+    }
+    counts.into_iter().max_by_key(|(_, n)| *n).map(|(x, _)| x)
+}
+
+fn one_line(e: &TractError) -> String {
+    let s = format!("{e:#}");
+    s.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(300).collect()
+}
