@@ -1,0 +1,160 @@
+//! Real-Slurm tests of the estimator path: `--carma-model` is read and
+//! estimated by sbatch/srun as the submitting user, the estimate reaches
+//! slurmstepd and decides placement; bad or hostile model files are
+//! refused at submit time with one line, and nothing is submitted.
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::process::Command;
+use std::thread;
+
+fn shared() -> PathBuf {
+    let d = std::env::var_os("CARMA_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data"));
+    assert!(d.join("onnx").is_dir(), "no {}: set CARMA_DATA to ../shared/data", d.display());
+    d
+}
+
+/// A copy of a shared model file the test user owns.
+fn user_copy(rel: &str) -> String {
+    let src = shared().join(rel);
+    let dst = work_dir().join(src.file_name().unwrap());
+    std::fs::copy(&src, &dst).unwrap();
+    Command::new("chown").args([USER, dst.to_str().unwrap()]).status().unwrap();
+    dst.to_string_lossy().into_owned()
+}
+
+/// What `carma estimate` (run as the user) says for this file and batch.
+fn cli_estimate(model: &str, batch: &str) -> (u64, String) {
+    let r = user(&["carma", "estimate", "--model", model, "--batch-size", batch, "--json"], 60).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    (v["mib"].as_u64().unwrap(), v["source"].as_str().unwrap().to_string())
+}
+
+const BODY: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPU $CUDA_VISIBLE_DEVICES\"\nsleep 6";
+
+fn field<'a>(out: &'a str, tag: &str) -> &'a str {
+    out.lines().find_map(|l| l.strip_prefix(tag)).unwrap_or_else(|| panic!("no {tag} in job output:\n{out}"))
+}
+
+#[test]
+fn model_estimates_reach_the_job_and_decide_placement() {
+    require_cluster();
+    let big = user_copy("onnx/resnet50.onnx");
+    let small = user_copy("carma/model-summaries/resnet18_cifar100.model");
+    let (big_mib, big_src) = cli_estimate(&big, "128");
+    let (small_mib, _) = cli_estimate(&small, "128");
+    // Two big ones cannot share a 40 GiB GPU (with 2 GiB headroom each);
+    // a small one fits next to a big one.
+    assert!(big_mib + 2048 > 20 * 1024 && big_mib + small_mib + 2048 < 40 * 1024, "{big_mib} {small_mib}");
+    let jobs = [(big.clone(), "128"), (big.clone(), "128"), (small.clone(), "128"), (small.clone(), "128")];
+    let mut handles = Vec::new();
+    for (i, (model, batch)) in jobs.into_iter().enumerate() {
+        let opts = vec!["--carma-policy=ff".to_string(), format!("--carma-model={model}"), format!("--carma-batch-size={batch}")];
+        handles.push(thread::spawn(move || {
+            let o: Vec<&str> = opts.iter().map(String::as_str).collect();
+            sbatch_wait(&o, &[], BODY, 120)
+        }));
+        // One at a time, so first-fit's order is the submission order.
+        wait_reservations(i + 1);
+    }
+    let outs: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).map(|(r, out)| {
+        assert_eq!(r.code, 0, "{} {}\n{out}", r.stdout, r.stderr);
+        out
+    }).collect();
+    let gpu = |i: usize| field(&outs[i], "GPU ").to_string();
+    assert!(
+        field(&outs[0], "DECISION ").contains(&format!("estimate={big_mib}M source={big_src}")),
+        "{}",
+        outs[0]
+    );
+    assert!(field(&outs[2], "DECISION ").contains(&format!("estimate={small_mib}M")), "{}", outs[2]);
+    assert_ne!(gpu(0), gpu(1), "two {big_mib} MiB jobs shared a GPU");
+    assert_eq!(gpu(2), gpu(0), "first-fit should put a {small_mib} MiB job next to the first big one");
+    assert_eq!(gpu(3), gpu(0));
+}
+
+#[test]
+fn srun_estimates_too_and_declared_memory_wins() {
+    require_cluster();
+    let model = user_copy("carma/model-summaries/resnet18_cifar100.model");
+    let (mib, _) = cli_estimate(&model, "64");
+    let m = format!("--carma-model={model}");
+    let r = user(&["srun", &m, "--carma-batch-size=64", "printenv", "CARMA_DECISION"], 60).ok();
+    assert!(r.stdout.contains(&format!("estimate={mib}M source=layers")), "{}", r.stdout);
+    let r = user(&["srun", &m, "--carma-batch-size=64", "--carma-mem=3G", "printenv", "CARMA_DECISION"], 60).ok();
+    assert!(r.stdout.contains("estimate=3072M source=declared"), "{}", r.stdout);
+}
+
+/// One error line naming the option and the file; nothing submitted; the
+/// file's content never echoed.
+fn refused(model: &str, expect: &str) {
+    for cmd in ["sbatch", "srun"] {
+        let name = unique("badmodel");
+        let s = script(&name, "true");
+        let m = format!("--carma-model={model}");
+        let mut args = vec![cmd, "-J", &name, &m, "--carma-batch-size=8"];
+        args.push(if cmd == "sbatch" { &s } else { "true" });
+        let r = user(&args, 30);
+        assert_ne!(r.code, 0, "{cmd} accepted {model}");
+        let line = r
+            .stderr
+            .lines()
+            .find(|l| l.contains("--carma-model: "))
+            .unwrap_or_else(|| panic!("{cmd} {model}: no error line in {:?}", r.stderr));
+        assert!(line.contains("carma: ") && line.contains(expect), "{cmd} {model}: {line}");
+        assert!(!r.stderr.contains("root:"), "{cmd} {model}: content echoed: {}", r.stderr);
+        assert!(jobs_named(&name).is_empty(), "{cmd} {model}: a job was submitted");
+    }
+}
+
+#[test]
+fn malformed_and_hostile_model_files_are_refused_at_submit_time() {
+    require_cluster();
+    let dir = work_dir();
+    let chown = |p: &PathBuf| {
+        Command::new("chown").args(["-h", USER, p.to_str().unwrap()]).status().unwrap();
+    };
+    // A truncated torchsummary table: file and line named.
+    let summary = std::fs::read_to_string(shared().join("carma/model-summaries/resnet50_32.model")).unwrap();
+    let cut: String = summary.lines().take(12).collect::<Vec<_>>().join("\n") + "\n  Conv2d-13   [32, 64";
+    let truncated = dir.join("truncated.model");
+    std::fs::write(&truncated, cut).unwrap();
+    chown(&truncated);
+    refused(truncated.to_str().unwrap(), "truncated.model line 13: expected ']' closing the output shape");
+    // Binary garbage that looks like protobuf, and a truncated ONNX file.
+    let garbage = dir.join("garbage.onnx");
+    std::fs::write(&garbage, [0x08u8, 0xff, 0xff, 0xff, 0x00, 0x12, 0x99, 0x01, 0x02]).unwrap();
+    chown(&garbage);
+    refused(garbage.to_str().unwrap(), "not an ONNX model");
+    let onnx = std::fs::read(shared().join("onnx/resnet50.onnx")).unwrap();
+    let half = dir.join("half.onnx");
+    std::fs::write(&half, &onnx[..onnx.len() / 2]).unwrap();
+    chown(&half);
+    refused(half.to_str().unwrap(), "half.onnx: ");
+    // Files the user may not read, followed links included.
+    refused("/etc/shadow", "Permission denied");
+    let link = dir.join("shadow-link.onnx");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/etc/shadow", &link).unwrap();
+    chown(&link);
+    refused(link.to_str().unwrap(), "Permission denied");
+    // Not regular files: no blocking on a FIFO, no endless read of /dev/zero.
+    let fifo = dir.join("model.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    chown(&fifo);
+    refused(fifo.to_str().unwrap(), "not a regular file");
+    refused("/dev/zero", "not a regular file");
+    refused(dir.to_str().unwrap(), "not a regular file");
+    // Larger than the 16 MiB bound: refused before reading.
+    let huge = dir.join("huge.model");
+    let f = std::fs::File::create(&huge).unwrap();
+    f.set_len(3 << 30).unwrap();
+    chown(&huge);
+    refused(huge.to_str().unwrap(), "larger than the 16777216-byte limit");
+    let _ = std::fs::remove_file(&huge);
+    refused(dir.join("no-such-file.onnx").to_str().unwrap(), "No such file");
+}
