@@ -18,6 +18,7 @@ trap 'tests/cluster.sh stop' EXIT
 echo "== benchmarks (figures, not pass/fail)"
 cargo bench -q -p carma-placement --bench latency
 cargo bench -q -p carma-sim --bench speed
+cargo bench -q -p carma-estimator --bench estimate
 
 echo "== fuzzing (bounded)"
 tests/fuzz.sh

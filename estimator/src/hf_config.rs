@@ -35,9 +35,14 @@ pub fn parse(text: &str, name: &str) -> Result<Shape, ParseError> {
     }
     // embeddings (tokens, positions, 2 token types) + per block (QKV and
     // output projections, feed-forward, two LayerNorms) + LM head transform
-    let (h, i) = (hidden, intermediate);
+    let (h, i) = (u128::from(hidden), u128::from(intermediate));
     let per_block = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h;
-    let params = (vocab + positions + 2) * h + 2 * h + blocks * per_block + h * h + 3 * h + vocab;
+    let total = (u128::from(vocab + positions) + 2) * h + 2 * h + u128::from(blocks) * per_block + h * h + 3 * h
+        + u128::from(vocab);
+    let params = u64::try_from(total)
+        .ok()
+        .filter(|p| *p < 1 << 44)
+        .ok_or_else(|| err(0, format!("{total} parameters is implausible")))?;
     Ok(Shape { blocks, hidden, heads, intermediate, vocab, seq: positions, params })
 }
 

@@ -46,6 +46,14 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Graph, ParseError> {
     let mut model = onnx
         .model_for_proto_model(&proto)
         .map_err(|e| err(format!("cannot read the ONNX graph ({})", one_line(&e))))?;
+    // tract lists only the inputs that are not initializers: find ours by name.
+    let data_name = graph.input[data_input].name.as_str();
+    let data_input = model
+        .input_outlets()
+        .map_err(|e| err(one_line(&e)))?
+        .iter()
+        .position(|o| model.node(o.node).name == data_name)
+        .ok_or_else(|| err(format!("the data input '{data_name}' is not a graph input")))?;
     let batch = model.symbols.sym("carma_batch");
     // The data input's first dimension becomes the batch symbol, whatever
     // the file calls it (or a number, which is remembered).
@@ -175,4 +183,42 @@ fn most_common(v: &[u64]) -> Option<u64> {
 fn one_line(e: &TractError) -> String {
     let s = format!("{e:#}");
     s.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(300).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped GPUMemNet classifier: an ONNX file in the repository.
+    const CLASSIFIER: &[u8] = include_bytes!("../models/gpumemnet_cnn.onnx");
+
+    #[test]
+    fn walks_a_small_graph() {
+        let g = parse(CLASSIFIER, "gpumemnet_cnn.onnx").unwrap();
+        // 12 -> 64 -> 32 -> 6 with biases, plus the 12-wide mean and std.
+        let params = 12 * 64 + 64 + 64 * 32 + 32 + 32 * 6 + 6 + 2 * 12;
+        assert_eq!(g.net.total_params, Some(params));
+        assert_eq!(g.fixed_batch, Some(1), "the classifier's input is [1, 12]");
+        assert!(g.transformer.is_none());
+        let relu: Vec<u64> =
+            g.net.layers.iter().filter(|l| l.kind == "Relu" || l.kind == "Clip").map(|l| l.out_elems).collect();
+        assert_eq!(relu, vec![64, 32], "{:?}", g.net.layers);
+    }
+
+    #[test]
+    fn truncated_and_corrupted_files_are_errors_not_panics() {
+        for cut in (0..CLASSIFIER.len()).step_by(61) {
+            let r = std::panic::catch_unwind(|| parse(&CLASSIFIER[..cut], "cut.onnx"));
+            assert!(r.is_ok(), "panic on a file cut at {cut} bytes");
+            if let Ok(Err(e)) = r {
+                assert!(e.to_string().starts_with("cut.onnx: "), "{e}");
+            }
+        }
+        let mut flipped = CLASSIFIER.to_vec();
+        for i in (0..flipped.len()).step_by(37) {
+            flipped[i] ^= 0x5a;
+        }
+        assert!(std::panic::catch_unwind(|| parse(&flipped, "x.onnx")).is_ok());
+        assert!(parse(b"\x08garbage", "g.onnx").unwrap_err().to_string().contains("not an ONNX model"));
+    }
 }
