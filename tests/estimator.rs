@@ -158,3 +158,39 @@ fn malformed_and_hostile_model_files_are_refused_at_submit_time() {
     let _ = std::fs::remove_file(&huge);
     refused(dir.join("no-such-file.onnx").to_str().unwrap(), "No such file");
 }
+
+#[test]
+fn an_observed_peak_raises_the_next_estimate_of_the_same_job() {
+    require_cluster();
+    let model = user_copy("carma/model-summaries/resnet34_cifar100.model");
+    // A batch size of this run's own: the node's history outlives test runs.
+    let batch = 16 + std::process::id() % 997;
+    let (mib, _) = cli_estimate(&model, &batch.to_string());
+    let m = format!("--carma-model={model}");
+    let b = format!("--carma-batch-size={batch}");
+    let opts = ["--carma-policy=ff", m.as_str(), b.as_str()];
+    // The job uses 6 GiB, far above its estimate (but it fits: no OOM).
+    let first = {
+        let o: Vec<String> = opts.iter().map(|s| s.to_string()).collect();
+        thread::spawn(move || {
+            let o: Vec<&str> = o.iter().map(String::as_str).collect();
+            sbatch_wait(&o, &[], "echo \"DECISION $CARMA_DECISION\"\ncarma-fakejob --mem 6G --seconds 5", 120)
+        })
+    };
+    wait_reservations(1);
+    thread::sleep(std::time::Duration::from_secs(2));
+    // Any placement on the node samples what placed jobs use.
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    let (r, out) = first.join().unwrap();
+    assert_eq!(r.code, 0, "{out}");
+    assert!(field(&out, "DECISION ").contains(&format!("estimate={mib}M source=layers")), "{out}");
+    // The same model and batch size again: its history (6144 MiB + 10%) wins.
+    let (r, out) = sbatch_wait(&opts, &[], "echo \"DECISION $CARMA_DECISION\"", 60);
+    assert_eq!(r.code, 0, "{out}");
+    assert!(field(&out, "DECISION ").contains("estimate=6758M source=history"), "{out}");
+    // Another batch size is another job: no history.
+    let other = format!("--carma-batch-size={}", batch + 1000);
+    let (r, out) = sbatch_wait(&["--carma-policy=ff", &m, &other], &[], "echo \"DECISION $CARMA_DECISION\"", 60);
+    assert_eq!(r.code, 0, "{out}");
+    assert!(field(&out, "DECISION ").contains("source=layers"), "{out}");
+}

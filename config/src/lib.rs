@@ -14,7 +14,7 @@ mod units;
 pub use file::{
     Config, ConfigError, EstimatorConfig, EstimatorMethod, DEFAULT_CONFIG_PATH, GpuSource, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
 };
-pub use options::{ESTIMATE_ENV, JobRequest, OptionError, OptionName, format_estimate, parse_estimate};
+pub use options::{ESTIMATE_ENV, JobRequest, OptionError, OptionName, SubmitEstimate, format_estimate, parse_estimate};
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
 pub use units::{parse_duration, parse_size_mib};

@@ -328,27 +328,45 @@ mod tests {
 }
 
 /// The estimate made at submit time (from `--carma-model`, as the user)
-/// travels to slurmstepd in this variable as `<MiB>M:<source>`. Like
-/// `--carma-mem` it is the user's own statement about the job.
+/// travels to slurmstepd in this variable as `<MiB>M:<source>:<signature>`,
+/// the signature being 16 hex digits naming the model file and batch size
+/// (for the node's history of observed peaks). Like `--carma-mem` it is the
+/// user's own statement about the job.
 pub const ESTIMATE_ENV: &str = "CARMA_ESTIMATE";
 const ESTIMATE_SOURCES: [&str; 3] = ["layers", "analytic", "gpumemnet"];
 
-pub fn format_estimate(mib: u64, source: &str) -> String {
-    format!("{mib}M:{source}")
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitEstimate {
+    pub mib: u64,
+    pub source: &'static str,
+    pub signature: Option<String>,
 }
 
-/// Parses a `CARMA_ESTIMATE` value: `<MiB>M:<source>`.
-pub fn parse_estimate(raw: &[u8]) -> Result<(u64, &'static str), String> {
-    let text = std::str::from_utf8(raw).map_err(|_| "not UTF-8".to_string())?;
-    let shown = || shown(raw);
-    let (size, source) = text.split_once(':').ok_or_else(|| format!("'{}' is not <MiB>M:<source>", shown()))?;
+pub fn format_estimate(mib: u64, source: &str, signature: u64) -> String {
+    format!("{mib}M:{source}:{signature:016x}")
+}
+
+/// Parses a `CARMA_ESTIMATE` value.
+pub fn parse_estimate(raw: &[u8]) -> Result<SubmitEstimate, String> {
+    let bad = || format!("'{}' is not <MiB>M:<source>:<signature>", shown(raw));
+    let text = std::str::from_utf8(raw).map_err(|_| bad())?;
+    let mut parts = text.split(':');
+    let (size, source, signature) = (parts.next().unwrap_or(""), parts.next().ok_or_else(bad)?, parts.next());
+    if parts.next().is_some() {
+        return Err(bad());
+    }
     let mib = size
         .strip_suffix('M')
         .and_then(|n| n.parse::<u64>().ok())
         .filter(|n| (1..=1 << 24).contains(n))
-        .ok_or_else(|| format!("'{}' is not <MiB>M:<source>", shown()))?;
-    let source = ESTIMATE_SOURCES.iter().find(|s| **s == source).ok_or_else(|| format!("unknown source in '{}'", shown()))?;
-    Ok((mib, source))
+        .ok_or_else(bad)?;
+    let source = ESTIMATE_SOURCES.iter().find(|s| **s == source).ok_or_else(|| format!("unknown source in '{}'", shown(raw)))?;
+    let signature = match signature {
+        Some(s) if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) => Some(s.to_ascii_lowercase()),
+        Some(_) => return Err(bad()),
+        None => None,
+    };
+    Ok(SubmitEstimate { mib, source, signature })
 }
 
 #[cfg(test)]
@@ -357,7 +375,11 @@ mod estimate_tests {
 
     #[test]
     fn round_trip_and_refusals() {
-        assert_eq!(parse_estimate(format_estimate(5230, "layers").as_bytes()), Ok((5230, "layers")));
+        let e = parse_estimate(format_estimate(5230, "layers", 0xabc).as_bytes()).unwrap();
+        assert_eq!((e.mib, e.source, e.signature.as_deref()), (5230, "layers", Some("0000000000000abc")));
+        assert_eq!(parse_estimate(b"12M:analytic").unwrap().signature, None);
+        assert!(parse_estimate(b"12M:analytic:xyz").is_err());
+        assert!(parse_estimate(b"12M:analytic:0000000000000abc:1").is_err());
         assert!(parse_estimate(b"5230M").is_err());
         assert!(parse_estimate(b"0M:layers").is_err());
         assert!(parse_estimate(b"99999999999M:layers").is_err());

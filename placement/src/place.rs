@@ -2,7 +2,7 @@
 //! reuse the job's GPUs or choose new ones, and record the reservation.
 
 use crate::gpu::GpuReading;
-use crate::policy::{Demand, NoFit, Params, choose};
+use crate::policy::{Demand, NoFit, Params, choose, history_estimate, observe};
 use crate::procs;
 use crate::source::{GpuSource, SourceError, open_source};
 use crate::state::{Holding, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
@@ -31,6 +31,8 @@ pub struct Request {
     /// The step shares its GPUs (shards or no Slurm GPUs): a whole-GPU
     /// record the prolog made for the job is dropped in the same update.
     pub shares: bool,
+    /// The job's signature (model file and batch size), for the history.
+    pub signature: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +43,8 @@ pub struct Decision {
     pub reserve_mib: u64,
     /// The job already held these GPUs (an earlier step placed it).
     pub reused: bool,
+    /// Set when this node's history of the job's signature raised the estimate.
+    pub history_mib: Option<u64>,
     /// Effective free memory of each chosen GPU when chosen (empty if reused).
     pub free_mib: Vec<u64>,
 }
@@ -200,7 +204,7 @@ impl Placer {
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
         let readings = self.read()?;
         let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
-        let demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
+        let mut demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
         let params = self.params;
         let out = self.store.update(|st| {
             self.collect(st, false);
@@ -216,11 +220,17 @@ impl Placer {
                     exclusive: r.exclusive,
                     reserve_mib: r.estimate_mib,
                     reused: true,
+                    history_mib: None,
                     free_mib: vec![],
                 });
             }
             let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
             let owners = self.processes.owners(&pids, &holders);
+            observe(st, &readings, &owners);
+            let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib);
+            if history_mib.is_some() {
+                demand.estimate_mib = history_mib;
+            }
             let choice = match choose(&readings, st, &demand, &params, &owners) {
                 Ok(c) => c,
                 Err(_) => {
@@ -232,18 +242,21 @@ impl Placer {
                 job: step.job,
                 gpus: choice.gpus.clone(),
                 estimate_mib: choice.reserve_mib,
-                estimate_source: req.estimate_source.clone(),
+                estimate_source: if history_mib.is_some() { "history".into() } else { req.estimate_source.clone() },
                 exclusive: choice.exclusive,
                 holding: Holding::Carma,
                 policy: Some(req.policy),
                 since: now_secs(),
                 holders: vec![step.holder],
+                signature: req.signature.clone(),
+                observed_mib: 0,
             });
             Ok(Decision {
                 gpus: choice.gpus,
                 exclusive: choice.exclusive,
                 reserve_mib: choice.reserve_mib,
                 reused: false,
+                history_mib,
                 free_mib: choice.free_mib,
             })
         })?;
@@ -304,6 +317,8 @@ impl Placer {
                 policy: None,
                 since: now_secs(),
                 holders: vec![],
+                signature: None,
+                observed_mib: 0,
             });
         })?;
         Ok(())

@@ -107,6 +107,31 @@ pub fn promised_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u
         .sum()
 }
 
+/// Raises each CARMA reservation's observed peak to what its processes
+/// use now on any of its GPUs.
+pub fn observe(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32, u32>) {
+    for r in state.reservations.iter_mut().filter(|r| r.holding == Holding::Carma) {
+        for g in gpus.iter().filter(|g| r.gpus.contains(&g.index)) {
+            let used: u64 = g
+                .processes
+                .iter()
+                .filter(|p| owners.get(&p.pid).is_some_and(|h| r.holders.contains(h)))
+                .map(|p| p.used_mib)
+                .sum();
+            r.observed_mib = r.observed_mib.max(used);
+        }
+    }
+}
+
+/// The estimate a job's history asks for: its highest observed peak plus
+/// 10%, when that is more than the estimate it came with. Observed peaks
+/// are lower bounds (sampled at decisions), so history only ever raises.
+pub fn history_estimate(state: &NodeState, signature: Option<&str>, estimate_mib: Option<u64>) -> Option<u64> {
+    let peak = *state.history.get(signature?)?;
+    let wanted = peak + peak / 10;
+    (estimate_mib.is_some_and(|e| wanted > e)).then_some(wanted)
+}
+
 /// Live free memory minus promised memory.
 pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u32>) -> u64 {
     gpu.free_mib().saturating_sub(promised_mib(gpu, state, owners))

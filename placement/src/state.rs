@@ -6,6 +6,7 @@
 
 use carma_config::Policy;
 use fs2::FileExt;
+use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -46,6 +47,14 @@ pub struct Reservation {
     /// reservation without live holders is released. Empty = a job-level
     /// record (made by the prolog before any step), kept while the job runs.
     pub holders: Vec<u32>,
+    /// The job's signature (model file and batch size, from srun/sbatch),
+    /// under which its observed peak is remembered.
+    #[serde(default)]
+    pub signature: Option<String>,
+    /// Highest per-GPU memory its processes were seen using (at placement
+    /// decisions on this node): a lower bound of its peak.
+    #[serde(default)]
+    pub observed_mib: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,11 +66,24 @@ pub struct NodeState {
     /// Next GPU index the round-robin policy starts from.
     pub rr_cursor: u32,
     pub reservations: Vec<Reservation>,
+    /// Observed peaks of ended jobs by signature, MiB (the `history`
+    /// estimate). At most HISTORY_MAX entries.
+    #[serde(default)]
+    pub history: BTreeMap<String, u64>,
 }
+
+/// Bounds the state file: beyond this, the smallest signature is dropped.
+pub const HISTORY_MAX: usize = 4096;
 
 impl Default for NodeState {
     fn default() -> NodeState {
-        NodeState { version: STATE_VERSION, last_gc_ms: 0, rr_cursor: 0, reservations: Vec::new() }
+        NodeState {
+            version: STATE_VERSION,
+            last_gc_ms: 0,
+            rr_cursor: 0,
+            reservations: Vec::new(),
+            history: BTreeMap::new(),
+        }
     }
 }
 
@@ -88,6 +110,9 @@ impl NodeState {
             .into_iter()
             .partition(|r| !r.holders.is_empty() || job_running(r.job));
         self.reservations = keep;
+        for r in &gone {
+            self.remember(r);
+        }
         gone
     }
 
@@ -103,7 +128,21 @@ impl NodeState {
 
     pub fn release_job(&mut self, job: u32) -> Option<Reservation> {
         let i = self.reservations.iter().position(|r| r.job == job)?;
-        Some(self.reservations.remove(i))
+        let r = self.reservations.remove(i);
+        self.remember(&r);
+        Some(r)
+    }
+
+    /// Keeps an ended job's observed peak under its signature (the highest
+    /// seen over its runs).
+    fn remember(&mut self, r: &Reservation) {
+        let Some(sig) = r.signature.as_ref().filter(|_| r.observed_mib > 0) else { return };
+        let e = self.history.entry(sig.clone()).or_insert(0);
+        *e = (*e).max(r.observed_mib);
+        while self.history.len() > HISTORY_MAX {
+            let first = self.history.keys().next().cloned();
+            first.map(|k| self.history.remove(&k));
+        }
     }
 }
 
@@ -373,6 +412,8 @@ mod tests {
             policy: Some(Policy::Magm),
             since: 1,
             holders: vec![holder],
+            signature: None,
+            observed_mib: 0,
         }
     }
 

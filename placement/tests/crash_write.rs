@@ -28,6 +28,8 @@ fn writer_loop() {
                         policy: None,
                         since: 0,
                         holders: vec![std::process::id()],
+                        signature: None,
+                        observed_mib: 0,
                     })
                     .collect();
             })

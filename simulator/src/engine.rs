@@ -327,6 +327,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 policy: Some(policy),
                 since: 0,
                 holders: vec![pid],
+                signature: None,
+                observed_mib: 0,
             });
             results[job].start_s.get_or_insert(t);
             by_node[node].push(runs.len());

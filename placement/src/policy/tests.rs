@@ -1,6 +1,6 @@
 use super::*;
 use crate::gpu::GpuProcess;
-use crate::state::Reservation;
+use crate::state::{HISTORY_MAX, Reservation};
 use proptest::prelude::*;
 
 const P: Params = Params { sm_activity_cap: 0.8, headroom_mib: 2048 };
@@ -36,6 +36,8 @@ fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
         policy: Some(Policy::Magm),
         since: 0,
         holders: vec![holder],
+        signature: None,
+        observed_mib: 0,
     }
 }
 
@@ -233,4 +235,29 @@ proptest! {
         }
         prop_assert_eq!(st.reservations, NodeState::default().reservations);
     }
+}
+
+#[test]
+fn observed_peaks_become_history_that_only_raises_estimates() {
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation { signature: Some("00000000000000aa".into()), ..carma(1, vec![0], 1000, 10) });
+    st.reservations.push(carma(2, vec![1], 1000, 20)); // no signature: nothing to remember
+    // GPU0's process 1000 belongs to job 1's slurmstepd (10); GPU1's to job 2's.
+    let owners: HashMap<u32, u32> = [(1000, 10), (1001, 20)].into();
+    observe(&mut st, &[gpu(0, 6000, 0.2), gpu(1, 3000, 0.2)], &owners);
+    observe(&mut st, &[gpu(0, 4000, 0.2), gpu(1, 3000, 0.2)], &owners); // lower later: the peak stays
+    assert_eq!(st.job(1).map(|r| r.observed_mib), Some(6000));
+    st.release_holder(1, 10);
+    st.release_job(2);
+    assert_eq!(st.history.len(), 1, "{:?}", st.history);
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(1000)), Some(6600), "peak + 10%");
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(8000)), None, "never lowers");
+    assert_eq!(history_estimate(&st, Some("00000000000000bb"), Some(1000)), None);
+    assert_eq!(history_estimate(&st, None, Some(1000)), None);
+    // Bounded: the oldest-sorting signatures go first.
+    for i in 0..HISTORY_MAX as u64 + 10 {
+        st.reservations.push(Reservation { signature: Some(format!("{i:016x}")), observed_mib: 1, ..carma(9, vec![0], 1, 9) });
+        st.release_job(9);
+    }
+    assert_eq!(st.history.len(), HISTORY_MAX);
 }

@@ -43,21 +43,21 @@ fn request(sp: &Spank) -> Result<JobRequest, Error> {
 /// CARMA_ESTIMATE first: an inner srun may name another model), else the
 /// configured rule for unknown jobs. Model files are never opened here:
 /// this runs as root.
-fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<(Option<u64>, String), Error> {
+fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<(Option<u64>, String, Option<String>), Error> {
     if let Some(mib) = req.mem_mib {
-        return Ok((Some(mib), "declared".into()));
+        return Ok((Some(mib), "declared".into(), None));
     }
     let env = carma_config::ESTIMATE_ENV;
     if let Some(raw) = sp.getenv(env)?.or(sp.getenv(&format!("SLURM_SPANK_{env}"))?) {
-        let (mib, source) = carma_config::parse_estimate(raw.as_bytes()).map_err(|e| Error::msg(format!("{env}: {e}")))?;
-        return Ok((Some(mib), source.into()));
+        let e = carma_config::parse_estimate(raw.as_bytes()).map_err(|e| Error::msg(format!("{env}: {e}")))?;
+        return Ok((Some(e.mib), e.source.into(), e.signature));
     }
     if req.model.is_some() {
         log::info("a model was named but no estimate arrived from srun/sbatch; treating the job as unknown");
     }
     Ok(match cfg.unknown_estimate {
-        UnknownEstimate::Exclusive => (None, "unknown".into()),
-        UnknownEstimate::Mib(m) => (Some(m), "default".into()),
+        UnknownEstimate::Exclusive => (None, "unknown".into(), None),
+        UnknownEstimate::Mib(m) => (Some(m), "default".into(), None),
     })
 }
 
@@ -98,7 +98,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         placer.drop_whole(job).context("placement")?;
         return Ok(());
     }
-    let (mut estimate_mib, mut estimate_source) = estimate(sp, &req, cfg)?;
+    let (mut estimate_mib, mut estimate_source, signature) = estimate(sp, &req, cfg)?;
     let mut policy = req.policy.unwrap_or(cfg.default_policy);
     // A job requeued after a GPU OOM is rerun as its recovery mode says:
     // carma-epilog left a marker on this node; on another node the prolog
@@ -123,13 +123,23 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
             }
         }
     }
-    let request =
-        Request { policy, count: req.gpu_count(), estimate_mib, estimate_source: estimate_source.clone(), shares };
+    let request = Request {
+        policy,
+        count: req.gpu_count(),
+        estimate_mib,
+        estimate_source: estimate_source.clone(),
+        shares,
+        signature,
+    };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
-    let est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
+    let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
     let decision = placer.place(step, &request, wait, cfg.timeouts.poll).map_err(|e| {
         Error::msg(format!("job {job} step {step_id}: policy {policy}, estimate {est} ({estimate_source}): {e}"))
     })?;
+    if let Some(mib) = decision.history_mib {
+        est = format!("{mib}M");
+        estimate_source = "history".into();
+    }
     let gpus: Vec<String> = decision.gpus.iter().map(u32::to_string).collect();
     let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}");
     log::event(&format!("job {job} step {step_id}: {summary}"));

@@ -44,11 +44,22 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
     let bytes = carma_estimator::read_bounded_bytes(model).map_err(|e| fail(&e))?;
     let settings = carma_estimator::Settings::from_config(&cfg.estimator);
     let name = model.display().to_string();
+    let signature = signature(&bytes, req.batch_size);
     let est = std::panic::catch_unwind(|| {
         carma_estimator::estimate(bytes, &name, req.batch_size.map(u64::from), &settings)
     })
     .map_err(|_| fail(&format!("{name}: the estimator failed on this file (please report it)")))?
     .map_err(|e| fail(&e))?;
     log::info(&format!("estimate {} MiB per GPU ({}, {}): {}", est.mib, est.source, est.format, est.why));
-    Ok(carma_config::format_estimate(est.mib, est.source))
+    Ok(carma_config::format_estimate(est.mib, est.source, signature))
+}
+
+/// FNV-1a over the model file and the batch size: the same job submitted
+/// again finds its observed peak in the node's history.
+fn signature(model: &[u8], batch: Option<u32>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in model.iter().chain(&batch.unwrap_or(0).to_le_bytes()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
