@@ -107,6 +107,8 @@ fn refused(model: &str, expect: &str) {
         assert!(line.contains("carma: ") && line.contains(expect), "{cmd} {model}: {line}");
         assert!(!r.stderr.contains("root:"), "{cmd} {model}: content echoed: {}", r.stderr);
         assert!(jobs_named(&name).is_empty(), "{cmd} {model}: a job was submitted");
+        let shown = line.split("--carma-model: ").nth(1).unwrap_or(line);
+        report("hostile", &format!("{cmd} --carma-model={model}: refused before submission: {shown}"));
     }
 }
 

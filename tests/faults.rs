@@ -65,6 +65,7 @@ fn a_hung_state_lock_holder_fails_carma_steps_in_bounded_time_and_spares_others(
     assert_eq!(plain.code, 0, "a job without CARMA was affected: {}", plain.stderr);
     node_ok();
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    report("fault", "state lock held by a hung process: CARMA steps fail after the configured lock timeout with a clear error; non-CARMA jobs unaffected");
 }
 
 #[test]
@@ -93,6 +94,7 @@ fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
     }
     assert!(carma_log().contains("unreadable") && carma_log().contains("rebuilding from live GPU readings"));
     node_ok();
+    report("fault", "state file truncated, filled with garbage, of a future schema version, deleted: set aside with a log line and rebuilt");
 }
 
 #[test]
@@ -109,6 +111,7 @@ fn an_insecure_state_directory_is_refused_with_the_fix() {
         r.stderr
     );
     node_ok();
+    report("fault", "state directory world-writable: refused with the chmod fix");
 }
 
 #[test]
@@ -129,6 +132,7 @@ fn a_missing_or_malformed_gpu_file_fails_carma_steps_with_its_name() {
         user(&["srun", "true"], 30).ok();
         node_ok();
     }
+    report("fault", "simulated GPU file malformed or missing: CARMA steps fail naming the file; others run; node not drained");
 }
 
 #[test]
@@ -162,6 +166,7 @@ fn kill_9_of_a_slurmstepd_releases_its_reservation() {
     let _ = root(&["pkill", "-f", "carma-fakejob --mem 2G --seconds 20"], 10);
     assert!(Path::new("/run/carma/state.json").exists());
     node_ok();
+    report("fault", "kill -9 of a running job's slurmstepd: its reservation is reclaimed at the next placement, with a log line");
 }
 
 #[test]
@@ -192,4 +197,48 @@ fn slurmd_restart_while_carma_jobs_run() {
     let v: serde_json::Value = serde_json::from_str(&root(&["carma", "status", "--json"], 20).ok().stdout).unwrap();
     assert_eq!(v["reservations"].as_array().map(Vec::len), Some(0), "reservation kept after the job ended");
     node_ok();
+    report("fault", "slurmd restarted while CARMA jobs run: they complete, reservations released, node not drained");
+}
+
+/// Unmounts the small tmpfs when dropped.
+struct Mounted(&'static str);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0).status();
+    }
+}
+
+#[test]
+fn a_full_state_disk_fails_carma_steps_cleanly_and_keeps_the_old_state() {
+    require_cluster();
+    const DIR: &str = "/run/carma-full";
+    const CONF: &str = "/etc/slurm/carma.yaml";
+    std::fs::create_dir_all(DIR).unwrap();
+    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", DIR]).status().unwrap().success());
+    let _mounted = Mounted(DIR);
+    let _conf = Restore::new(CONF);
+    let conf = std::fs::read_to_string(CONF).unwrap();
+    std::fs::write(CONF, conf.replace("state_dir: /run/carma\n", &format!("state_dir: {DIR}\n"))).unwrap();
+    // A first job writes the state there.
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    let state = format!("{DIR}/state.json");
+    let before = std::fs::read(&state).expect("state written on the small disk");
+    // Fill the disk.
+    let _ = Command::new("dd").args(["if=/dev/zero", &format!("of={DIR}/fill"), "bs=4k"]).output();
+    let (r, out) = sbatch_wait(&["--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
+    assert_ne!(r.code, 0, "{out}");
+    assert!(out.contains("carma: this step was not started") && out.contains("No space left on device"), "{out}");
+    assert!(!out.contains("SHOULD-NOT-RUN"));
+    assert_eq!(std::fs::read(&state).unwrap(), before, "the old state changed");
+    let names: Vec<String> =
+        std::fs::read_dir(DIR).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.contains(".tmp.")), "temp file left behind: {names:?}");
+    // Jobs without CARMA do not notice; the node is not drained.
+    user(&["srun", "true"], 30).ok();
+    node_ok();
+    // Space again: CARMA steps run again.
+    std::fs::remove_file(format!("{DIR}/fill")).unwrap();
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    report("fault", "state disk full (64 KiB tmpfs): CARMA steps fail with No space left on device, the old state file is unchanged, no temp file left, others run; with space again CARMA runs");
 }

@@ -28,6 +28,8 @@ fn bad_option_value_fails_at_submit_and_submits_nothing() {
         ("salloc", "--carma-mem=lots", "invalid --carma-mem=lots"),
         ("sbatch", "--carma-batch-size=-3", "invalid --carma-batch-size=-3"),
         ("srun", "--carma-recovery=twice", "invalid --carma-recovery=twice"),
+        ("sbatch", "--carma-mem=99999999999999999999G", "invalid --carma-mem=99999999999999999999G"),
+        ("srun", "--carma-gpus=4294967297", "invalid --carma-gpus=4294967297"),
     ] {
         let name = unique("bad");
         let script = script(&name, "true");
@@ -42,6 +44,7 @@ fn bad_option_value_fails_at_submit_and_submits_nothing() {
             .unwrap_or_else(|| panic!("{cmd} {opt}: no error line in {:?}", r.stderr));
         assert!(line.contains("carma: ") && line.contains("expected"), "{line}");
         assert!(jobs_named(&name).is_empty(), "{cmd} {opt}: a job was submitted");
+        report("hostile", &format!("{cmd} {opt}: refused before submission"));
     }
 }
 

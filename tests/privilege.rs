@@ -28,6 +28,7 @@ fn state_and_log_files_are_root_owned_and_not_user_writable() {
         let r = user(&args, 10);
         assert_ne!(r.code, 0, "user could run {args:?}");
     }
+    report("privilege", "state directory, state file and log are root-owned and not writable by the job user (write attempts by the user fail)");
 }
 
 #[test]
@@ -59,6 +60,7 @@ fn the_epilog_reads_job_output_with_the_users_rights() {
     assert!(!log.contains("root:"), "shadow content reached CARMA's log");
     let restarts = root(&["scontrol", "show", "job", "-o", &job], 10).stdout;
     assert!(restarts.contains("Restarts=0"), "requeued on a file the user cannot read: {restarts}");
+    report("privilege", "the epilog reads a job's output with the job user's uid/gid: a root-only file named as output is not read");
 }
 
 #[test]
@@ -94,4 +96,5 @@ fn no_production_code_spawns_a_shell() {
         }
     }
     assert!(offenders.is_empty(), "{offenders:?}");
+    report("privilege", "no production source spawns a shell or passes user strings to one");
 }

@@ -14,6 +14,10 @@ echo "== build"
 cargo build --profile "$PROFILE" --workspace --bins --lib
 tests/cluster.sh start
 trap 'tests/cluster.sh stop' EXIT
+# Tests append what they injected and survived here (tests/reliability-report.sh);
+# the directory is also where the test user's job scripts and outputs go.
+install -d -o carmatest /tmp/carma-tests
+: > /tmp/carma-tests/reliability.log
 
 echo "== benchmarks (figures, not pass/fail)"
 cargo bench -q -p carma-placement --bench latency
@@ -21,7 +25,7 @@ cargo bench -q -p carma-sim --bench speed
 cargo bench -q -p carma-estimator --bench estimate
 
 echo "== fuzzing (bounded)"
-tests/fuzz.sh
+tests/fuzz.sh | tee -a /tmp/carma-tests/reliability.log
 
 echo "== tests"
 # Integration tests share one cluster and its 4 GPUs: run them one at a time.

@@ -430,6 +430,17 @@ mod tests {
         Config::parse(text, Path::new("/etc/slurm/carma.yaml"))
     }
 
+    /// The example admins copy must stay valid and say what the defaults are.
+    #[test]
+    fn the_example_carma_yaml_is_valid_and_states_the_defaults() {
+        let c = parse(include_str!("../../slurm-conf-examples/carma.yaml")).unwrap();
+        let d = Config::default();
+        assert_eq!(
+            (c.default_policy, c.sm_activity_cap, c.headroom_mib, c.state_dir, c.estimator, c.timeouts),
+            (d.default_policy, d.sm_activity_cap, d.headroom_mib, d.state_dir, d.estimator, d.timeouts)
+        );
+    }
+
     #[test]
     fn estimator_section() {
         let c = parse("estimator:\n  runtime: 1G\n  method: gpumemnet\n").unwrap();

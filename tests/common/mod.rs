@@ -142,3 +142,19 @@ pub fn wait_reservations(n: usize) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Where tests record what they injected and survived, for
+/// docs/reliability.md (tests/run.sh starts it empty).
+pub const REPORT: &str = "/tmp/carma-tests/reliability.log";
+
+/// Records one line for the reliability report (only reached when the
+/// test's assertions before it held).
+pub fn report(section: &str, text: &str) {
+    use std::io::Write;
+    let line = format!("{section}: {}", text.replace('\n', " "));
+    println!("reliability: {line}");
+    work_dir();
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(REPORT) {
+        let _ = writeln!(f, "{line}");
+    }
+}
