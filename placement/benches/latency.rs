@@ -65,6 +65,7 @@ fn main() {
                             estimate_mib: Some(512),
                             estimate_source: "declared".into(),
                             shares: true,
+                            signature: None,
                         };
                         barrier.wait();
                         let t = Instant::now();
