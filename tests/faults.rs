@@ -76,6 +76,8 @@ fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
             .into_iter()
             .enumerate()
     {
+        // The previous step's slurmstepd must be done with the state first.
+        wait_released();
         std::fs::write(STATE, bad).unwrap();
         let before = std::fs::read_dir("/run/carma")
             .unwrap()

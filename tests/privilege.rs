@@ -60,7 +60,7 @@ fn the_epilog_reads_job_output_with_the_users_rights() {
     assert!(!log.contains("root:"), "shadow content reached CARMA's log");
     let restarts = root(&["scontrol", "show", "job", "-o", &job], 10).stdout;
     assert!(restarts.contains("Restarts=0"), "requeued on a file the user cannot read: {restarts}");
-    report("privilege", "the epilog reads a job's output with the job user's uid/gid: a root-only file named as output is not read");
+    report("privilege", "a job that swaps its output file for a link to /etc/shadow and prints an OOM line: the epilog, reading as the job user, cannot open it; no requeue, nothing of /etc/shadow logged");
 }
 
 #[test]

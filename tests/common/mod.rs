@@ -143,6 +143,23 @@ pub fn wait_reservations(n: usize) {
     }
 }
 
+/// Waits (at most 30 s) until no CARMA reservation is left: a step's
+/// slurmstepd releases its GPUs after srun has already returned.
+pub fn wait_released() {
+    let start = std::time::Instant::now();
+    loop {
+        let r = root(&["carma", "status", "--json"], 20);
+        let count = serde_json::from_str::<serde_json::Value>(&r.stdout)
+            .ok()
+            .and_then(|v| v["reservations"].as_array().map(Vec::len));
+        if count == Some(0) {
+            return;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "reservations still held after 30 s: {}", r.stdout);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Where tests record what they injected and survived, for
 /// docs/reliability.md (tests/run.sh starts it empty).
 pub const REPORT: &str = "/tmp/carma-tests/reliability.log";
