@@ -81,6 +81,7 @@ fn cstring(s: &str, what: &str) -> Result<CString, Error> {
 pub enum Item {
     JobId,
     StepId,
+    JobUid,
 }
 
 /// The handle Slurm passes to each hook.
@@ -95,6 +96,7 @@ impl Spank {
         let code = match item {
             Item::JobId => S_JOB_ID,
             Item::StepId => S_JOB_STEPID,
+            Item::JobUid => S_JOB_UID,
         };
         let mut value: u32 = 0;
         // SAFETY: each of these items writes one 32-bit value through the pointer.

@@ -123,6 +123,10 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
             }
         }
     }
+    // History is per user: another user cannot raise (or learn) this
+    // user's estimates by claiming the same signature.
+    let uid = sp.item_u32(Item::JobUid)?;
+    let signature = signature.map(|s| format!("{uid}:{s}"));
     let request = Request {
         policy,
         count: req.gpu_count(),
