@@ -98,3 +98,33 @@ fn no_production_code_spawns_a_shell() {
     assert!(offenders.is_empty(), "{offenders:?}");
     report("privilege", "no production source spawns a shell or passes user strings to one");
 }
+
+#[test]
+fn an_understated_estimate_cannot_crowd_out_other_jobs() {
+    require_cluster();
+    wait_released();
+    // A job declares 1 GiB but takes 30 GiB of its GPU.
+    let liar = std::thread::spawn(|| {
+        sbatch_wait(
+            &["--carma-policy=ff", "--carma-mem=1G"],
+            &[],
+            "echo \"GPU $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 30G --seconds 6",
+            120,
+        )
+    });
+    wait_reservations(1);
+    std::thread::sleep(Duration::from_secs(2));
+    // First-fit would put a 14 GiB job on the same GPU if the declaration
+    // were believed; the live reading puts it elsewhere.
+    let (r, out) = sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $CUDA_VISIBLE_DEVICES\"", 60);
+    assert_eq!(r.code, 0, "{out}");
+    let (lr, lout) = liar.join().unwrap();
+    assert_eq!(lr.code, 0, "{lout}");
+    let gpu = |o: &str| o.lines().find_map(|l| l.strip_prefix("GPU ")).map(str::to_string);
+    assert!(gpu(&lout).is_some() && gpu(&out).is_some(), "{lout}\n{out}");
+    assert_ne!(gpu(&out), gpu(&lout), "placed next to 30 GiB of real use on a 40 GiB GPU");
+    report(
+        "privilege",
+        "a job that declares 1 GiB but uses 30 GiB cannot crowd out others: live readings count, the next job goes elsewhere",
+    );
+}
