@@ -277,6 +277,9 @@ impl StateStore {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("carma-lock".into())
+            // A small stack: the helper only waits in flock(2), and a
+            // smaller mapping is cheaper to create under a launch burst.
+            .stack_size(64 * 1024)
             .spawn(move || {
                 let r = if exclusive { file.lock_exclusive() } else { FileExt::lock_shared(&file) };
                 let _ = tx.send(r.map(|()| file));
