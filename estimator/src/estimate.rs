@@ -189,7 +189,9 @@ fn listing_shape(l: &listing::Listing, name: &str) -> Result<Shape, ParseError> 
     let err = |m: &str| ParseError { file: name.into(), line: 0, message: m.into() };
     let hidden = l.hidden.ok_or_else(|| err("the module listing has no Embedding: cannot tell the hidden size"))?;
     if l.blocks == 0 {
-        return Err(err("the module listing has no repeated transformer blocks; for other networks give a torchsummary table or an ONNX file"));
+        return Err(err(
+            "the module listing has no repeated transformer blocks; for other networks give a torchsummary table or an ONNX file",
+        ));
     }
     Ok(Shape {
         blocks: l.blocks.into(),

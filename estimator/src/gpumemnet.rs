@@ -2,8 +2,8 @@
 //! memory, one per family, trained by `estimator/train/train.py` on the
 //! paper's measurements and shipped as ONNX. Run with tract-onnx.
 
-use crate::input::Network;
 use crate::features::ACTIVATIONS;
+use crate::input::Network;
 use once_cell::sync::Lazy;
 use tract_onnx::prelude::*;
 

@@ -37,7 +37,11 @@ pub fn parse(text: &str, name: &str) -> Result<Shape, ParseError> {
     // output projections, feed-forward, two LayerNorms) + LM head transform
     let (h, i) = (u128::from(hidden), u128::from(intermediate));
     let per_block = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h;
-    let total = (u128::from(vocab + positions) + 2) * h + 2 * h + u128::from(blocks) * per_block + h * h + 3 * h
+    let total = (u128::from(vocab + positions) + 2) * h
+        + 2 * h
+        + u128::from(blocks) * per_block
+        + h * h
+        + 3 * h
         + u128::from(vocab);
     let params = u64::try_from(total)
         .ok()
@@ -64,8 +68,9 @@ mod tests {
 
     #[test]
     fn gpt2_keys_and_default_feed_forward() {
-        let s = parse(r#"{"n_embd": 1280, "n_layer": 36, "n_head": 20, "vocab_size": 50257, "n_positions": 1024}"#, "c")
-            .unwrap();
+        let s =
+            parse(r#"{"n_embd": 1280, "n_layer": 36, "n_head": 20, "vocab_size": 50257, "n_positions": 1024}"#, "c")
+                .unwrap();
         assert_eq!((s.intermediate, s.seq), (5120, 1024));
         // GPT-2 large: 774 M
         assert!((760_000_000..800_000_000).contains(&s.params), "{}", s.params);

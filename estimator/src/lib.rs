@@ -13,6 +13,8 @@ pub mod layers_model;
 pub mod listing;
 #[cfg(feature = "onnx")]
 pub mod onnx;
+#[cfg(feature = "onnx")]
+mod onnx_shapes;
 pub mod torchsummary;
 pub mod transformer;
 

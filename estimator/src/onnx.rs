@@ -27,11 +27,16 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
 }
 
 pub fn parse(bytes: &[u8], name: &str) -> Result<Graph, ParseError> {
+    parse_with(bytes, name, true)
+}
+
+/// `fast`: try the fast shape walk before tract's (off only in tests that
+/// compare the two).
+fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError> {
     let err = |m: String| ParseError { file: name.to_string(), line: 0, message: m };
     let onnx = tract_onnx::onnx();
-    let proto: pb::ModelProto = onnx
-        .proto_model_for_read(&mut &bytes[..])
-        .map_err(|e| err(format!("not an ONNX model ({})", one_line(&e))))?;
+    let proto: pb::ModelProto =
+        onnx.proto_model_for_read(&mut &bytes[..]).map_err(|e| err(format!("not an ONNX model ({})", one_line(&e))))?;
     let graph = proto.graph.as_ref().ok_or_else(|| err("the ONNX model has no graph".into()))?;
     // External data would make tract open other files named by the model.
     if graph.initializer.iter().any(|t| t.data_location == Some(pb::tensor_proto::DataLocation::External as i32)) {
@@ -43,9 +48,29 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Graph, ParseError> {
         .iter()
         .position(|i| !initialized.contains(i.name.as_str()))
         .ok_or_else(|| err("the ONNX graph has no input".into()))?;
-    let mut model = onnx
-        .model_for_proto_model(&proto)
-        .map_err(|e| err(format!("cannot read the ONNX graph ({})", one_line(&e))))?;
+    // The fast walk knows the operators training exports use; anything
+    // else goes to tract's general (and ~20x slower) shape inference.
+    if let Some(w) = crate::onnx_shapes::walk(graph, data_input).filter(|_| fast) {
+        let ops = w.ops.into_iter().map(|op| (op.kind.to_string(), op.dims)).collect();
+        return finish(ops, w.params, w.fixed_batch, &err);
+    }
+    let (ops, params, fixed_batch) = tract_walk(&onnx, &proto, data_input, &err)?;
+    finish(ops, params, fixed_batch, &err)
+}
+
+/// Operator outputs that carry the batch (kind, dims at batch 1), weight
+/// elements and the batch fixed in the file, by tract's shape inference.
+type Ops = Vec<(String, Vec<u64>)>;
+
+fn tract_walk(
+    onnx: &tract_onnx::Onnx,
+    proto: &pb::ModelProto,
+    data_input: usize,
+    err: &dyn Fn(String) -> ParseError,
+) -> Result<(Ops, u64, Option<u64>), ParseError> {
+    let graph = proto.graph.as_ref().ok_or_else(|| err("the ONNX model has no graph".into()))?;
+    let mut model =
+        onnx.model_for_proto_model(proto).map_err(|e| err(format!("cannot read the ONNX graph ({})", one_line(&e))))?;
     // tract lists only the inputs that are not initializers: find ours by name.
     let data_name = graph.input[data_input].name.as_str();
     let data_input = model
@@ -72,52 +97,59 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Graph, ParseError> {
         let fixed = dims[0].as_i64().and_then(|b| u64::try_from(b).ok());
         dims[0] = batch.clone().into();
         let dt = fact.datum_type.concretize().unwrap_or(DatumType::F32);
-        model
-            .set_input_fact(data_input, InferenceFact::dt_shape(dt, dims))
-            .map_err(|e| err(one_line(&e)))?;
+        model.set_input_fact(data_input, InferenceFact::dt_shape(dt, dims)).map_err(|e| err(one_line(&e)))?;
         fixed
     };
     model.analyse(false).map_err(|e| err(format!("shape inference failed ({})", one_line(&e))))?;
     let one = SymbolValues::default().with(&batch, 1);
-    let mut net = Network::default();
-    let mut seen = Seen::default();
+    let mut ops = Vec::new();
     let mut params: u64 = 0;
+    let data_node = model.input_outlets().map_err(|e| err(one_line(&e)))?[data_input].node;
     for node in model.nodes() {
         let op = node.op.name().to_string();
         let Some(shape) = node.outputs.first().and_then(|o| o.fact.shape.concretize()) else { continue };
-        let numel = |eval: bool| -> Option<u64> {
-            shape.iter().try_fold(1u64, |acc, d| {
-                let d = if eval { d.eval(&one) } else { d.clone() };
-                acc.checked_mul(u64::try_from(d.as_i64()?).ok()?)
-            })
-        };
         let batched = shape.iter().any(|d| d.symbols().contains(&batch));
-        if op == "Source" {
+        if op == "Source" || op == "Const" {
             // Graph inputs other than the data: weights exported as inputs.
-            if !batched && node.id != model.input_outlets().map_err(|e| err(one_line(&e)))?[data_input].node {
-                params = params.saturating_add(numel(false).unwrap_or(0));
-            }
-            continue;
-        }
-        if op == "Const" {
-            if let Some(n) = numel(false) {
-                if n > 1 {
-                    params = params.saturating_add(n);
-                }
+            let n = shape.iter().try_fold(1u64, |acc, d| acc.checked_mul(u64::try_from(d.as_i64()?).ok()?));
+            let weight = if op == "Source" { !batched && node.id != data_node } else { n.is_some_and(|n| n > 1) };
+            if weight {
+                params = params.saturating_add(n.unwrap_or(0));
             }
             continue;
         }
         if !batched {
             continue;
         }
-        let dims: Vec<u64> =
-            shape.iter().map(|d| d.eval(&one).as_i64().and_then(|v| u64::try_from(v).ok()).unwrap_or(0)).collect();
-        seen.note(&op, &dims);
-        let out_elems = numel(true).ok_or_else(|| err(format!("cannot size the output of {}", node.name)))?;
-        net.layers.push(Layer { kind: op, out_elems, params: 0 });
-        if net.layers.len() > 1_000_000 {
-            return Err(err("more than 1000000 operators".into()));
-        }
+        let dims = shape
+            .iter()
+            .map(|d| d.eval(&one).as_i64().and_then(|v| u64::try_from(v).ok()))
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| err(format!("cannot size the output of {}", node.name)))?;
+        ops.push((op, dims));
+    }
+    Ok((ops, params, fixed_batch))
+}
+
+/// The layer list, the transformer's shape and the folded BatchNorms.
+fn finish(
+    ops: Ops,
+    params: u64,
+    fixed_batch: Option<u64>,
+    err: &dyn Fn(String) -> ParseError,
+) -> Result<Graph, ParseError> {
+    if ops.len() > 1_000_000 {
+        return Err(err("more than 1000000 operators".into()));
+    }
+    let mut net = Network::default();
+    let mut seen = Seen::default();
+    for (kind, dims) in ops {
+        seen.note(&kind, &dims);
+        let out_elems = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| err(format!("the output of a {kind} operator is too large")))?;
+        net.layers.push(Layer { kind, out_elems, params: 0 });
     }
     net.total_params = Some(params);
     net.batch_in_file = fixed_batch;
@@ -205,6 +237,66 @@ mod tests {
         assert_eq!(relu, vec![64, 32], "{:?}", g.net.layers);
     }
 
+    /// The fast walk and tract agree on every shipped export of the paper's
+    /// networks (tract names some operators differently).
+    #[test]
+    fn fast_walk_matches_tract_on_the_paper_networks() {
+        let dir = std::env::var_os("CARMA_DATA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+            .join("onnx");
+        let mut files: Vec<_> = std::fs::read_dir(&dir).expect("CARMA_DATA/onnx").flatten().map(|e| e.path()).collect();
+        files.sort();
+        assert!(files.len() >= 9, "{files:?}");
+        let canon = |k: &str| -> String {
+            match k {
+                "ConvHir" => "Conv",
+                "Relu" => "Clip", // tract's name for Relu
+                "GlobalAvgPool" => "GlobalAveragePool",
+                "SumPool" => "AveragePool",
+                "InferenceConcat" => "Concat",
+                "MatMulInference" => "MatMul",
+                "PermuteAxes" => "Transpose",
+                "GeluExact" => "Gelu",
+                "LayerNorm" => "LayerNormalization",
+                "MultiBroadcastTo" => "Expand",
+                k => k,
+            }
+            .to_string()
+        };
+        for f in files {
+            let bytes = std::fs::read(&f).unwrap();
+            let name = f.file_name().unwrap().to_string_lossy().to_string();
+            assert!(
+                crate::onnx_shapes::walk(
+                    tract_onnx::onnx().proto_model_for_read(&mut &bytes[..]).unwrap().graph.as_ref().unwrap(),
+                    0
+                )
+                .is_some(),
+                "{name}: the fast walk gave up"
+            );
+            let (fast, slow) = (parse_with(&bytes, &name, true).unwrap(), parse_with(&bytes, &name, false).unwrap());
+            assert_eq!(fast.net.total_params, slow.net.total_params, "{name}: parameters");
+            assert_eq!(fast.fixed_batch, slow.fixed_batch, "{name}");
+            assert_eq!(fast.transformer, slow.transformer, "{name}: transformer shape");
+            let summary = |g: &Graph, canon: &dyn Fn(&str) -> String| {
+                let mut v: Vec<(String, u64)> = g.net.layers.iter().map(|l| (canon(&l.kind), l.out_elems)).collect();
+                v.sort();
+                v
+            };
+            let (a, b) = (summary(&fast, &canon), summary(&slow, &canon));
+            // Compare as multisets of (operator, output size).
+            let only_fast: Vec<_> = a.iter().filter(|x| !b.contains(x)).collect();
+            let only_slow: Vec<_> = b.iter().filter(|x| !a.contains(x)).collect();
+            assert!(
+                only_fast.is_empty() && only_slow.is_empty(),
+                "{name}: only fast {only_fast:?}; only tract {only_slow:?}"
+            );
+            let elems = |g: &Graph| g.net.layers.iter().map(|l| l.out_elems).sum::<u64>();
+            assert_eq!(elems(&fast), elems(&slow), "{name}: activation elements");
+        }
+    }
+
     #[test]
     fn truncated_and_corrupted_files_are_errors_not_panics() {
         for cut in (0..CLASSIFIER.len()).step_by(61) {
@@ -219,6 +311,21 @@ mod tests {
             flipped[i] ^= 0x5a;
         }
         assert!(std::panic::catch_unwind(|| parse(&flipped, "x.onnx")).is_ok());
+        // The fast walk on a real network, mutated: shapes and attributes
+        // become hostile values (overflow checks are on in test builds).
+        let mlp = include_bytes!("../models/gpumemnet_mlp.onnx");
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for _ in 0..300 {
+            let mut m = mlp.to_vec();
+            for _ in 0..4 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x % m.len() as u64) as usize;
+                m[i] = (x >> 32) as u8;
+            }
+            assert!(std::panic::catch_unwind(|| parse(&m, "m.onnx")).is_ok(), "panic on a mutated file");
+        }
         assert!(parse(b"\x08garbage", "g.onnx").unwrap_err().to_string().contains("not an ONNX model"));
     }
 }

@@ -77,7 +77,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn summarize(name: &str, ratios: &[f64]) -> String {
     let under = ratios.iter().filter(|r| **r < 1.0).count();
     let worst = ratios.iter().cloned().fold(0.0, f64::max);
-    format!("{name:<12} median {:.2}x  worst over {:.2}x  under-estimated {under}/{}", median(ratios.to_vec()), worst, ratios.len())
+    format!(
+        "{name:<12} median {:.2}x  worst over {:.2}x  under-estimated {under}/{}",
+        median(ratios.to_vec()),
+        worst,
+        ratios.len()
+    )
 }
 
 #[test]
@@ -133,7 +138,10 @@ fn onnx_exports_never_underestimate_the_same_workloads() {
             let e = estimate(bytes.clone(), file, Some(r.batch), &Settings::default())
                 .unwrap_or_else(|e| panic!("{file}: {e}"));
             let ratio = e.mib as f64 / r.measured;
-            println!("{file:<24} {:<28} batch {:>4} measured {:>6} ours {:>6} {:.2}x  {}", r.workload, r.batch, r.measured, e.mib, ratio, e.source);
+            println!(
+                "{file:<24} {:<28} batch {:>4} measured {:>6} ours {:>6} {:.2}x  {}",
+                r.workload, r.batch, r.measured, e.mib, ratio, e.source
+            );
             ratios.push(ratio);
         }
     }

@@ -86,7 +86,10 @@ fn main() {
         .unwrap_or_else(|_| PathBuf::from("/dev/shm"))
         .join(format!("carma-bench-{}", std::process::id()));
     let me = std::env::current_exe().unwrap();
-    println!("placement latency, simulated source, one process per launch, state in {}, {ROUNDS} rounds", base.display());
+    println!(
+        "placement latency, simulated source, one process per launch, state in {}, {ROUNDS} rounds",
+        base.display()
+    );
     for (gpus, launches) in [4usize, 64].into_iter().flat_map(|g| BURSTS.map(|b| (g, b))) {
         let dir = base.join(format!("g{gpus}"));
         setup(&dir, gpus);

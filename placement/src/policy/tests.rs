@@ -256,7 +256,11 @@ fn observed_peaks_become_history_that_only_raises_estimates() {
     assert_eq!(history_estimate(&st, None, Some(1000)), None);
     // Bounded: the oldest-sorting signatures go first.
     for i in 0..HISTORY_MAX as u64 + 10 {
-        st.reservations.push(Reservation { signature: Some(format!("{i:016x}")), observed_mib: 1, ..carma(9, vec![0], 1, 9) });
+        st.reservations.push(Reservation {
+            signature: Some(format!("{i:016x}")),
+            observed_mib: 1,
+            ..carma(9, vec![0], 1, 9)
+        });
         st.release_job(9);
     }
     assert_eq!(st.history.len(), HISTORY_MAX);
