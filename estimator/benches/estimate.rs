@@ -44,10 +44,10 @@ fn main() {
     println!("parse (text read from memory; file reads excluded)");
     time("torchsummary resnet50_32.model", 2000, || torchsummary::parse(&resnet, "r").unwrap());
     time("module listing BERT_base.model", 2000, || listing::parse(&bert, "b").unwrap());
-    time(&format!("ONNX resnet50.onnx ({} KB)", resnet_onnx.len() / 1024), 50, || {
+    time(&format!("ONNX resnet50.onnx ({} KB)", resnet_onnx.len() / 1024), 500, || {
         onnx::parse(&resnet_onnx, "r").unwrap()
     });
-    time(&format!("ONNX bert_base_mlm.onnx ({} KB)", bert_onnx.len() / 1024), 20, || {
+    time(&format!("ONNX bert_base_mlm.onnx ({} KB)", bert_onnx.len() / 1024), 100, || {
         onnx::parse(&bert_onnx, "b").unwrap()
     });
     let net = torchsummary::parse(&resnet, "r").unwrap();

@@ -34,9 +34,9 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Graph, ParseError> {
 /// compare the two).
 fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError> {
     let err = |m: String| ParseError { file: name.to_string(), line: 0, message: m };
-    let onnx = tract_onnx::onnx();
-    let proto: pb::ModelProto =
-        onnx.proto_model_for_read(&mut &bytes[..]).map_err(|e| err(format!("not an ONNX model ({})", one_line(&e))))?;
+    let proto = <pb::ModelProto as prost::Message>::decode(bytes).map_err(|e| {
+        err(format!("not an ONNX model ({})", e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")))
+    })?;
     let graph = proto.graph.as_ref().ok_or_else(|| err("the ONNX model has no graph".into()))?;
     // External data would make tract open other files named by the model.
     if graph.initializer.iter().any(|t| t.data_location == Some(pb::tensor_proto::DataLocation::External as i32)) {
@@ -54,7 +54,7 @@ fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError>
         let ops = w.ops.into_iter().map(|op| (op.kind.to_string(), op.dims)).collect();
         return finish(ops, w.params, w.fixed_batch, &err);
     }
-    let (ops, params, fixed_batch) = tract_walk(&onnx, &proto, data_input, &err)?;
+    let (ops, params, fixed_batch) = tract_walk(&tract_onnx::onnx(), &proto, data_input, &err)?;
     finish(ops, params, fixed_batch, &err)
 }
 

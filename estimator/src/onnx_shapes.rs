@@ -63,12 +63,13 @@ pub fn walk<'a>(graph: &'a pb::GraphProto, data_input: usize) -> Option<Walk<'a>
         Dim::DimParam(p) => Some(p.as_str()),
         Dim::DimValue(_) => None,
     };
-    let one = Pass::run(graph, data_input, batch_param, 1)?;
-    let three = Pass::run(graph, data_input, batch_param, 3)?;
+    let index = Index::new(graph);
+    let one = Pass::run(graph, &index, data_input, batch_param, 1)?;
+    let three = Pass::run(graph, &index, data_input, batch_param, 3)?;
     let mut ops = Vec::new();
-    for node in &graph.node {
-        let Some(out) = node.output.first().filter(|o| !o.is_empty()) else { continue };
-        let (a, b) = (one.tensors.get(out.as_str())?, three.tensors.get(out.as_str())?);
+    for (node, outs) in graph.node.iter().zip(&index.node_outs) {
+        let Some(&out) = outs.first() else { continue };
+        let (a, b) = (one.tensors[out].as_ref()?, three.tensors[out].as_ref()?);
         if a.shape != b.shape && node.op_type != "Constant" && node.op_type != "Shape" {
             let dims = a.shape.iter().map(|&d| u64::try_from(d).ok()).collect::<Option<Vec<u64>>>()?;
             ops.push(Op { kind: &node.op_type, dims });
@@ -82,21 +83,56 @@ fn input_dims(v: &pb::ValueInfoProto) -> Option<Vec<&Dim>> {
     t.shape.as_ref()?.dim.iter().map(|d| d.value.as_ref()).collect()
 }
 
-struct Pass<'a> {
-    tensors: HashMap<&'a str, T>,
+/// Tensor names resolved to slots once, for both passes.
+struct Index {
+    slots: usize,
+    inits: Vec<usize>,
+    inputs: Vec<usize>,
+    /// Per node: its inputs (`None`: an omitted optional input) and outputs.
+    node_ins: Vec<Vec<Option<usize>>>,
+    node_outs: Vec<Vec<usize>>,
+}
+
+impl Index {
+    fn new(graph: &pb::GraphProto) -> Index {
+        let mut names: HashMap<&str, usize> = HashMap::with_capacity(graph.node.len() * 2 + graph.input.len());
+        let mut slot = |n| -> usize {
+            let next = names.len();
+            *names.entry(n).or_insert(next)
+        };
+        let inits = graph.initializer.iter().map(|t| slot(t.name.as_str())).collect();
+        let inputs = graph.input.iter().map(|i| slot(i.name.as_str())).collect();
+        let mut node_ins = Vec::with_capacity(graph.node.len());
+        let mut node_outs = Vec::with_capacity(graph.node.len());
+        for node in &graph.node {
+            node_ins.push(node.input.iter().map(|n| (!n.is_empty()).then(|| slot(n))).collect());
+            node_outs.push(node.output.iter().map(|n| slot(n)).collect());
+        }
+        Index { slots: names.len(), inits, inputs, node_ins, node_outs }
+    }
+}
+
+struct Pass {
+    tensors: Vec<Option<T>>,
     params: u64,
 }
 
-impl<'a> Pass<'a> {
-    fn run(graph: &'a pb::GraphProto, data_input: usize, batch_param: Option<&str>, batch: i64) -> Option<Pass<'a>> {
-        let mut p = Pass { tensors: HashMap::new(), params: 0 };
-        for init in &graph.initializer {
+impl Pass {
+    fn run(
+        graph: &pb::GraphProto,
+        index: &Index,
+        data_input: usize,
+        batch_param: Option<&str>,
+        batch: i64,
+    ) -> Option<Pass> {
+        let mut p = Pass { tensors: vec![None; index.slots], params: 0 };
+        for (init, &slot) in graph.initializer.iter().zip(&index.inits) {
             let t = tensor(init)?;
             p.params = p.params.saturating_add(t.numel()?);
-            p.tensors.insert(&init.name, t);
+            p.tensors[slot] = Some(t);
         }
-        for (i, input) in graph.input.iter().enumerate() {
-            if p.tensors.contains_key(input.name.as_str()) {
+        for (i, (input, &slot)) in graph.input.iter().zip(&index.inputs).enumerate() {
+            if p.tensors[slot].is_some() {
                 continue;
             }
             let shape = input_dims(input)?
@@ -117,17 +153,19 @@ impl<'a> Pass<'a> {
                 }
                 p.params = p.params.saturating_add(t.numel()?);
             }
-            p.tensors.insert(&input.name, t);
+            p.tensors[slot] = Some(t);
         }
-        for node in &graph.node {
+        for ((node, in_slots), out_slots) in graph.node.iter().zip(&index.node_ins).zip(&index.node_outs) {
             if !node.domain.is_empty() && node.domain != "ai.onnx" {
                 return None;
             }
-            let ins = node
-                .input
-                .iter()
-                .map(|n| if n.is_empty() { Some(None) } else { p.tensors.get(n.as_str()).map(Some) })
-                .collect::<Option<Vec<Option<&T>>>>()?;
+            let mut ins: Vec<Option<&T>> = Vec::with_capacity(in_slots.len());
+            for s in in_slots {
+                ins.push(match s {
+                    None => None,
+                    Some(s) => Some(p.tensors[*s].as_ref()?),
+                });
+            }
             let outs = infer(node, &ins)?;
             if node.op_type == "Constant" {
                 let n = outs.first()?.numel()?;
@@ -135,12 +173,12 @@ impl<'a> Pass<'a> {
                     p.params = p.params.saturating_add(n);
                 }
             }
-            for (name, t) in node.output.iter().zip(outs) {
+            for (&slot, t) in out_slots.iter().zip(outs) {
                 if t.shape.len() > MAX_RANK || t.shape.iter().any(|&d| d < 0) {
                     return None;
                 }
                 t.numel()?;
-                p.tensors.insert(name, t);
+                p.tensors[slot] = Some(t);
             }
         }
         Some(p)
