@@ -52,7 +52,11 @@ fn model_estimates_reach_the_job_and_decide_placement() {
     let jobs = [(big.clone(), "128"), (big.clone(), "128"), (small.clone(), "128"), (small.clone(), "128")];
     let mut handles = Vec::new();
     for (i, (model, batch)) in jobs.into_iter().enumerate() {
-        let opts = vec!["--carma-policy=ff".to_string(), format!("--carma-model={model}"), format!("--carma-batch-size={batch}")];
+        let opts = vec![
+            "--carma-policy=ff".to_string(),
+            format!("--carma-model={model}"),
+            format!("--carma-batch-size={batch}"),
+        ];
         handles.push(thread::spawn(move || {
             let o: Vec<&str> = opts.iter().map(String::as_str).collect();
             sbatch_wait(&o, &[], BODY, 120)
@@ -60,16 +64,16 @@ fn model_estimates_reach_the_job_and_decide_placement() {
         // One at a time, so first-fit's order is the submission order.
         wait_reservations(i + 1);
     }
-    let outs: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).map(|(r, out)| {
-        assert_eq!(r.code, 0, "{} {}\n{out}", r.stdout, r.stderr);
-        out
-    }).collect();
+    let outs: Vec<String> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .map(|(r, out)| {
+            assert_eq!(r.code, 0, "{} {}\n{out}", r.stdout, r.stderr);
+            out
+        })
+        .collect();
     let gpu = |i: usize| field(&outs[i], "GPU ").to_string();
-    assert!(
-        field(&outs[0], "DECISION ").contains(&format!("estimate={big_mib}M source={big_src}")),
-        "{}",
-        outs[0]
-    );
+    assert!(field(&outs[0], "DECISION ").contains(&format!("estimate={big_mib}M source={big_src}")), "{}", outs[0]);
     assert!(field(&outs[2], "DECISION ").contains(&format!("estimate={small_mib}M")), "{}", outs[2]);
     assert_ne!(gpu(0), gpu(1), "two {big_mib} MiB jobs shared a GPU");
     assert_eq!(gpu(2), gpu(0), "first-fit should put a {small_mib} MiB job next to the first big one");

@@ -65,7 +65,10 @@ fn a_hung_state_lock_holder_fails_carma_steps_in_bounded_time_and_spares_others(
     assert_eq!(plain.code, 0, "a job without CARMA was affected: {}", plain.stderr);
     node_ok();
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
-    report("fault", "state lock held by a hung process: CARMA steps fail after the configured lock timeout with a clear error; non-CARMA jobs unaffected");
+    report(
+        "fault",
+        "state lock held by a hung process: CARMA steps fail after the configured lock timeout with a clear error; non-CARMA jobs unaffected",
+    );
 }
 
 #[test]
@@ -96,7 +99,10 @@ fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
     }
     assert!(carma_log().contains("unreadable") && carma_log().contains("rebuilding from live GPU readings"));
     node_ok();
-    report("fault", "state file truncated, filled with garbage, of a future schema version, deleted: set aside with a log line and rebuilt");
+    report(
+        "fault",
+        "state file truncated, filled with garbage, of a future schema version, deleted: set aside with a log line and rebuilt",
+    );
 }
 
 #[test]
@@ -134,7 +140,10 @@ fn a_missing_or_malformed_gpu_file_fails_carma_steps_with_its_name() {
         user(&["srun", "true"], 30).ok();
         node_ok();
     }
-    report("fault", "simulated GPU file malformed or missing: CARMA steps fail naming the file; others run; node not drained");
+    report(
+        "fault",
+        "simulated GPU file malformed or missing: CARMA steps fail naming the file; others run; node not drained",
+    );
 }
 
 #[test]
@@ -168,7 +177,10 @@ fn kill_9_of_a_slurmstepd_releases_its_reservation() {
     let _ = root(&["pkill", "-f", "carma-fakejob --mem 2G --seconds 20"], 10);
     assert!(Path::new("/run/carma/state.json").exists());
     node_ok();
-    report("fault", "kill -9 of a running job's slurmstepd: its reservation is reclaimed at the next placement, with a log line");
+    report(
+        "fault",
+        "kill -9 of a running job's slurmstepd: its reservation is reclaimed at the next placement, with a log line",
+    );
 }
 
 #[test]
@@ -217,7 +229,13 @@ fn a_full_state_disk_fails_carma_steps_cleanly_and_keeps_the_old_state() {
     const DIR: &str = "/run/carma-full";
     const CONF: &str = "/etc/slurm/carma.yaml";
     std::fs::create_dir_all(DIR).unwrap();
-    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", DIR]).status().unwrap().success());
+    assert!(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", DIR])
+            .status()
+            .unwrap()
+            .success()
+    );
     let _mounted = Mounted(DIR);
     let _conf = Restore::new(CONF);
     let conf = std::fs::read_to_string(CONF).unwrap();
@@ -242,5 +260,8 @@ fn a_full_state_disk_fails_carma_steps_cleanly_and_keeps_the_old_state() {
     // Space again: CARMA steps run again.
     std::fs::remove_file(format!("{DIR}/fill")).unwrap();
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
-    report("fault", "state disk full (64 KiB tmpfs): CARMA steps fail with No space left on device, the old state file is unchanged, no temp file left, others run; with space again CARMA runs");
+    report(
+        "fault",
+        "state disk full (64 KiB tmpfs): CARMA steps fail with No space left on device, the old state file is unchanged, no temp file left, others run; with space again CARMA runs",
+    );
 }

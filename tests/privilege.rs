@@ -28,7 +28,10 @@ fn state_and_log_files_are_root_owned_and_not_user_writable() {
         let r = user(&args, 10);
         assert_ne!(r.code, 0, "user could run {args:?}");
     }
-    report("privilege", "state directory, state file and log are root-owned and not writable by the job user (write attempts by the user fail)");
+    report(
+        "privilege",
+        "state directory, state file and log are root-owned and not writable by the job user (write attempts by the user fail)",
+    );
 }
 
 #[test]
@@ -60,7 +63,10 @@ fn the_epilog_reads_job_output_with_the_users_rights() {
     assert!(!log.contains("root:"), "shadow content reached CARMA's log");
     let restarts = root(&["scontrol", "show", "job", "-o", &job], 10).stdout;
     assert!(restarts.contains("Restarts=0"), "requeued on a file the user cannot read: {restarts}");
-    report("privilege", "a job that swaps its output file for a link to /etc/shadow and prints an OOM line: the epilog, reading as the job user, cannot open it; no requeue, nothing of /etc/shadow logged");
+    report(
+        "privilege",
+        "a job that swaps its output file for a link to /etc/shadow and prints an OOM line: the epilog, reading as the job user, cannot open it; no requeue, nothing of /etc/shadow logged",
+    );
 }
 
 #[test]
@@ -116,7 +122,8 @@ fn an_understated_estimate_cannot_crowd_out_other_jobs() {
     std::thread::sleep(Duration::from_secs(2));
     // First-fit would put a 14 GiB job on the same GPU if the declaration
     // were believed; the live reading puts it elsewhere.
-    let (r, out) = sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $CUDA_VISIBLE_DEVICES\"", 60);
+    let (r, out) =
+        sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $CUDA_VISIBLE_DEVICES\"", 60);
     assert_eq!(r.code, 0, "{out}");
     let (lr, lout) = liar.join().unwrap();
     assert_eq!(lr.code, 0, "{lout}");

@@ -12,7 +12,8 @@ mod policy;
 mod units;
 
 pub use file::{
-    Config, ConfigError, EstimatorConfig, EstimatorMethod, DEFAULT_CONFIG_PATH, GpuSource, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
+    Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, NoFitAction, RecoveryMode,
+    Timeouts, UnknownEstimate,
 };
 pub use options::{ESTIMATE_ENV, JobRequest, OptionError, OptionName, SubmitEstimate, format_estimate, parse_estimate};
 pub use plugstack::{PluginArgs, PluginArgsError};

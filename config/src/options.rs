@@ -360,7 +360,8 @@ pub fn parse_estimate(raw: &[u8]) -> Result<SubmitEstimate, String> {
         .and_then(|n| n.parse::<u64>().ok())
         .filter(|n| (1..=1 << 24).contains(n))
         .ok_or_else(bad)?;
-    let source = ESTIMATE_SOURCES.iter().find(|s| **s == source).ok_or_else(|| format!("unknown source in '{}'", shown(raw)))?;
+    let source =
+        ESTIMATE_SOURCES.iter().find(|s| **s == source).ok_or_else(|| format!("unknown source in '{}'", shown(raw)))?;
     let signature = match signature {
         Some(s) if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) => Some(s.to_ascii_lowercase()),
         Some(_) => return Err(bad()),

@@ -155,7 +155,11 @@ pub fn wait_released() {
         if count == Some(0) {
             return;
         }
-        assert!(start.elapsed() < std::time::Duration::from_secs(30), "reservations still held after 30 s: {}", r.stdout);
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "reservations still held after 30 s: {}",
+            r.stdout
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

@@ -59,9 +59,12 @@ fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
     let cfg = config(&a)?;
     let model = a.get("model").ok_or("--model FILE is required")?;
     let batch = match a.get("batch-size") {
-        Some(b) => Some(b.parse::<u64>().ok().filter(|b| (1..=1 << 20).contains(b)).ok_or_else(|| {
-            format!("--batch-size: '{b}' is not a whole number from 1 to 1048576")
-        })?),
+        Some(b) => Some(
+            b.parse::<u64>()
+                .ok()
+                .filter(|b| (1..=1 << 20).contains(b))
+                .ok_or_else(|| format!("--batch-size: '{b}' is not a whole number from 1 to 1048576"))?,
+        ),
         None => None,
     };
     let settings = carma_estimator::Settings::from_config(&cfg.estimator);
@@ -70,7 +73,14 @@ fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
     if a.has("json") {
         println!("{}", serde_json::to_string_pretty(&est).unwrap_or_default());
     } else {
-        println!("{} MiB per GPU (source {}, {} file, {} family, batch {})", est.mib, est.source, est.format, est.family.name(), est.batch);
+        println!(
+            "{} MiB per GPU (source {}, {} file, {} family, batch {})",
+            est.mib,
+            est.source,
+            est.format,
+            est.family.name(),
+            est.batch
+        );
         println!("{}", est.why);
     }
     Ok(())

@@ -45,11 +45,10 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
     let settings = carma_estimator::Settings::from_config(&cfg.estimator);
     let name = model.display().to_string();
     let signature = signature(&bytes, req.batch_size);
-    let est = std::panic::catch_unwind(|| {
-        carma_estimator::estimate(bytes, &name, req.batch_size.map(u64::from), &settings)
-    })
-    .map_err(|_| fail(&format!("{name}: the estimator failed on this file (please report it)")))?
-    .map_err(|e| fail(&e))?;
+    let est =
+        std::panic::catch_unwind(|| carma_estimator::estimate(bytes, &name, req.batch_size.map(u64::from), &settings))
+            .map_err(|_| fail(&format!("{name}: the estimator failed on this file (please report it)")))?
+            .map_err(|e| fail(&e))?;
     log::info(&format!("estimate {} MiB per GPU ({}, {}): {}", est.mib, est.source, est.format, est.why));
     Ok(carma_config::format_estimate(est.mib, est.source, signature))
 }
