@@ -11,9 +11,15 @@ use std::time::{Duration, Instant};
 fn state_and_log_files_are_root_owned_and_not_user_writable() {
     require_cluster();
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
-    for path in
-        ["/run/carma", "/run/carma/state.json", "/run/carma/state.lock", "/var/log/carma", "/var/log/carma/carma.log"]
-    {
+    for path in [
+        "/run/carma",
+        "/run/carma/state.json",
+        "/run/carma/state.lock",
+        "/run/carma/state.wake",
+        "/run/carma/queue",
+        "/var/log/carma",
+        "/var/log/carma/carma.log",
+    ] {
         let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         assert_eq!(m.uid(), 0, "{path} not owned by root");
         assert_eq!(m.mode() & 0o022, 0, "{path} is group/world writable: {:o}", m.mode());
@@ -24,13 +30,16 @@ fn state_and_log_files_are_root_owned_and_not_user_writable() {
         vec!["touch", "/run/carma/recovery-1"],
         vec!["cp", "/dev/null", "/run/carma/state.json"],
         vec!["touch", "/var/log/carma/carma.log"],
+        // A forged placement request or answer.
+        vec!["touch", "/run/carma/queue/00000000000000000001.1.1.1.0.req"],
+        vec!["cp", "/dev/null", "/run/carma/state.wake"],
     ] {
         let r = user(&args, 10);
         assert_ne!(r.code, 0, "user could run {args:?}");
     }
     report(
         "privilege",
-        "state directory, state file and log are root-owned and not writable by the job user (write attempts by the user fail)",
+        "state directory, state file, request queue, wake-up file and log are root-owned and not writable by the job user (write attempts by the user fail)",
     );
 }
 

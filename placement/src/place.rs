@@ -4,8 +4,9 @@
 use crate::gpu::GpuReading;
 use crate::policy::{Demand, NoFit, Params, choose, history_estimate, observe};
 use crate::procs;
+use crate::queue::{self, Ticket};
 use crate::source::{GpuSource, SourceError, open_source};
-use crate::state::{Holding, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
+use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
 use carma_config::{Config, Policy};
 use std::collections::HashMap;
 use std::fmt;
@@ -20,7 +21,7 @@ pub struct StepRef {
 }
 
 /// What the job asks for, with its estimate already resolved.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub policy: Policy,
     pub count: u32,
@@ -35,7 +36,7 @@ pub struct Request {
     pub signature: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Decision {
     pub gpus: Vec<u32>,
     pub exclusive: bool,
@@ -188,79 +189,207 @@ impl Placer {
 
     /// Garbage collection costs a /proc lookup per holder, so it runs at most
     /// every GC_INTERVAL_MS, and always before a placement is refused: a
-    /// stale reservation can delay nothing.
+    /// stale reservation can delay nothing. Abandoned queue tickets are
+    /// swept on the periodic runs only (they delay nothing).
     fn collect(&self, st: &mut NodeState, force: bool) {
         let now = now_ms();
-        if !force && now.saturating_sub(st.last_gc_ms) < GC_INTERVAL_MS {
+        let periodic = now.saturating_sub(st.last_gc_ms) >= GC_INTERVAL_MS;
+        if !force && !periodic {
             return;
         }
         st.last_gc_ms = now;
-        for r in st.collect_garbage(|pid| self.processes.alive(pid), |job| self.processes.job_running(job)) {
+        // Several reservations and tickets may name one holder: look once.
+        let seen = std::cell::RefCell::new(HashMap::new());
+        let alive = |pid: u32| *seen.borrow_mut().entry(pid).or_insert_with(|| self.processes.alive(pid));
+        if periodic {
+            queue::sweep(self.store.dir(), &alive);
+        }
+        for r in st.collect_garbage(alive, |job| self.processes.job_running(job)) {
             (self.log)(&format!("released job {} from GPU {:?}: its steps are gone", r.job, r.gpus));
         }
     }
 
-    /// One attempt: reuse the job's GPUs or choose new ones.
+    /// One attempt: reuse the job's GPUs or choose new ones. The request is
+    /// queued first: whichever step holds the state lock decides every
+    /// queued request in one state write, so a burst of launches does not
+    /// pass the lock once per launch (see [`crate::queue`]).
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
         let readings = self.read()?;
+        let ticket = Ticket::enqueue(self.store.dir(), step, req)?;
+        let out = self.decide_or_wait(step, req, &ticket, &readings);
+        if out.is_err() {
+            // Not decided, or not by us: leave nothing behind.
+            ticket.withdraw();
+        }
+        out
+    }
+
+    /// Takes the lock and decides, or waits (shared lock, bounded) for the
+    /// holder to have decided for us.
+    fn decide_or_wait(
+        &self,
+        step: StepRef,
+        req: &Request,
+        ticket: &Ticket,
+        readings: &[GpuReading],
+    ) -> Result<Decision, PlaceError> {
+        let start = Instant::now();
+        let timeout = self.store.lock_timeout();
+        loop {
+            // Read before trying the lock: a release after this read makes
+            // the wait below return at once, so no release is missed.
+            let seen = self.store.generation(&ticket.name);
+            if let Some(lock) = self.store.try_exclusive()? {
+                return self.decide_queued(lock, step, req, ticket, readings);
+            }
+            if let Some(d) = ticket.take_answer() {
+                ticket.answered();
+                return Ok(d);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(StateError::LockTimeout { path: self.store.lock_path(), waited }.into());
+            }
+            // The holder is most likely deciding for us: sleep until it
+            // releases (re-checking now and then, in case a holder died
+            // between unlocking and waking us).
+            self.store.wait_for(&ticket.name, seen, (timeout - waited).min(Duration::from_millis(20)));
+        }
+    }
+
+    /// Under the exclusive lock: decides the queued requests in arrival
+    /// order (ours among them), writes the state, then answers the others.
+    /// Requests queued meanwhile are taken in further rounds.
+    fn decide_queued(
+        &self,
+        mut lock: Locked<'_>,
+        step: StepRef,
+        req: &Request,
+        ticket: &Ticket,
+        readings: &[GpuReading],
+    ) -> Result<Decision, PlaceError> {
+        let mut st = lock.load();
+        // Answered between our look and our lock.
+        if let Some(d) = ticket.take_answer() {
+            ticket.withdraw();
+            return Ok(d);
+        }
+        self.collect(&mut st, false);
         let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
-        let mut demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
-        let params = self.params;
-        let out = self.store.update(|st| {
-            self.collect(st, false);
-            if req.shares {
-                drop_whole(st, step.job);
-            }
-            if let Some(r) = st.job_mut(step.job) {
-                if !r.holders.contains(&step.holder) {
-                    r.holders.push(step.holder);
+        let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
+        let owners = self.processes.owners(&pids, &holders);
+        observe(&mut st, readings, &owners);
+        let mut gc_forced = false;
+        let mut own = None;
+        let mut seen = std::collections::HashSet::new();
+        for _round in 0..4 {
+            let mut answers = Vec::new();
+            let mut new = false;
+            for (t, s, r) in queue::pending(self.store.dir(), &*self.log) {
+                if !seen.insert(t.name.clone()) {
+                    continue;
                 }
-                return Ok(Decision {
-                    gpus: r.gpus.clone(),
-                    exclusive: r.exclusive,
-                    reserve_mib: r.estimate_mib,
-                    reused: true,
-                    history_mib: None,
-                    free_mib: vec![],
-                });
-            }
-            let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
-            let owners = self.processes.owners(&pids, &holders);
-            observe(st, &readings, &owners);
-            let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib);
-            if history_mib.is_some() {
-                demand.estimate_mib = history_mib;
-            }
-            let choice = match choose(&readings, st, &demand, &params, &owners) {
-                Ok(c) => c,
-                Err(_) => {
-                    self.collect(st, true);
-                    choose(&readings, st, &demand, &params, &owners)?
+                new = true;
+                let d = self.decide(&mut st, s, &r, readings, &owners, &mut gc_forced);
+                if t == *ticket {
+                    own = Some(d);
+                } else if let Ok(d) = d {
+                    answers.push((t, d));
                 }
-            };
-            st.reservations.push(Reservation {
-                job: step.job,
-                gpus: choice.gpus.clone(),
-                estimate_mib: choice.reserve_mib,
-                estimate_source: if history_mib.is_some() { "history".into() } else { req.estimate_source.clone() },
-                exclusive: choice.exclusive,
-                holding: Holding::Carma,
-                policy: Some(req.policy),
-                since: now_secs(),
-                holders: vec![step.holder],
-                signature: req.signature.clone(),
-                observed_mib: 0,
+                // A request that does not fit stays queued: its owner
+                // decides it itself and reports why.
+            }
+            if own.is_none() {
+                // Our ticket is gone (removed as unreadable): decide anyway.
+                own = Some(self.decide(&mut st, step, req, readings, &owners, &mut gc_forced));
+            }
+            if let Err(e) = lock.store(&st) {
+                ticket.withdraw();
+                return Err(e.into());
+            }
+            for (t, d) in &answers {
+                // Unanswered, the owner decides itself and finds its job's
+                // reservation (an earlier step's GPUs are reused).
+                if t.answer(d).is_ok() {
+                    self.store.wake(&t.name);
+                }
+            }
+            if !new {
+                break;
+            }
+        }
+        if std::env::var_os("CARMA_TRACE").is_some() {
+            eprintln!("TR decided {} tickets after {} us", seen.len(), 0);
+        }
+        // Our ticket goes before the lock does: releasing wakes the oldest
+        // queued request, which must be someone still waiting.
+        ticket.withdraw();
+        drop(lock);
+        own.expect("decided above").map_err(PlaceError::NoFit)
+    }
+
+    /// One request against the state: reuse the job's GPUs or choose.
+    fn decide(
+        &self,
+        st: &mut NodeState,
+        step: StepRef,
+        req: &Request,
+        readings: &[GpuReading],
+        owners: &HashMap<u32, u32>,
+        gc_forced: &mut bool,
+    ) -> Result<Decision, NoFit> {
+        if req.shares {
+            drop_whole(st, step.job);
+        }
+        if let Some(r) = st.job_mut(step.job) {
+            if !r.holders.contains(&step.holder) {
+                r.holders.push(step.holder);
+            }
+            return Ok(Decision {
+                gpus: r.gpus.clone(),
+                exclusive: r.exclusive,
+                reserve_mib: r.estimate_mib,
+                reused: true,
+                history_mib: None,
+                free_mib: vec![],
             });
-            Ok(Decision {
-                gpus: choice.gpus,
-                exclusive: choice.exclusive,
-                reserve_mib: choice.reserve_mib,
-                reused: false,
-                history_mib,
-                free_mib: choice.free_mib,
-            })
-        })?;
-        out.map_err(PlaceError::NoFit)
+        }
+        let mut demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
+        let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib);
+        if history_mib.is_some() {
+            demand.estimate_mib = history_mib;
+        }
+        let choice = match choose(readings, st, &demand, &self.params, owners) {
+            Ok(c) => c,
+            Err(e) if *gc_forced => return Err(e),
+            Err(_) => {
+                // Before refusing, make sure no stale reservation is in the way.
+                *gc_forced = true;
+                self.collect(st, true);
+                choose(readings, st, &demand, &self.params, owners)?
+            }
+        };
+        st.reservations.push(Reservation {
+            job: step.job,
+            gpus: choice.gpus.clone(),
+            estimate_mib: choice.reserve_mib,
+            estimate_source: if history_mib.is_some() { "history".into() } else { req.estimate_source.clone() },
+            exclusive: choice.exclusive,
+            holding: Holding::Carma,
+            policy: Some(req.policy),
+            since: now_secs(),
+            holders: vec![step.holder],
+            signature: req.signature.clone(),
+            observed_mib: 0,
+        });
+        Ok(Decision {
+            gpus: choice.gpus,
+            exclusive: choice.exclusive,
+            reserve_mib: choice.reserve_mib,
+            reused: false,
+            history_mib,
+            free_mib: choice.free_mib,
+        })
     }
 
     /// Places, re-checking with back-off (poll, doubling up to 8×poll)

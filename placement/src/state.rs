@@ -14,6 +14,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::wake::{Wake, slot_of};
+
 pub const STATE_VERSION: u32 = 1;
 const STATE_FILE: &str = "state.json";
 const LOCK_FILE: &str = "state.lock";
@@ -191,6 +193,8 @@ pub struct StateStore {
     dir: PathBuf,
     lock_timeout: Duration,
     log: Logger,
+    /// `None` if the wake-up file cannot be mapped: waiters then poll.
+    wake: Option<Wake>,
 }
 
 impl StateStore {
@@ -217,7 +221,7 @@ impl StateStore {
                 meta.mode() & 0o7777
             )));
         }
-        Ok(StateStore { dir: dir.to_path_buf(), lock_timeout, log })
+        Ok(StateStore { dir: dir.to_path_buf(), lock_timeout, log, wake: Wake::open(dir) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -231,23 +235,61 @@ impl StateStore {
     /// Runs `f` on the state under the exclusive lock; writes the state back
     /// atomically if `f` changed it. The lock wait is bounded.
     pub fn update<T>(&self, f: impl FnOnce(&mut NodeState) -> T) -> Result<T, StateError> {
-        let _lock = self.lock(true)?;
-        let before = self.load();
-        let mut state = before.clone();
+        let mut lock = self.exclusive()?;
+        let mut state = lock.load();
         let out = f(&mut state);
-        if state != before || !self.state_path().exists() {
-            self.store(&state)?;
-        }
+        lock.store(&state)?;
         Ok(out)
     }
 
     /// A consistent snapshot under a shared lock (for status displays).
     pub fn snapshot(&self) -> Result<NodeState, StateError> {
-        let _lock = self.lock(false)?;
+        let _lock = self.lock(false, Some(self.lock_timeout))?;
         Ok(self.load())
     }
 
-    fn lock(&self, exclusive: bool) -> Result<File, StateError> {
+    pub fn lock_path(&self) -> PathBuf {
+        self.dir.join(LOCK_FILE)
+    }
+
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    /// The exclusive lock, waiting at most the configured time.
+    pub fn exclusive(&self) -> Result<Locked<'_>, StateError> {
+        let file = self.lock(true, Some(self.lock_timeout))?.expect("a waiting lock returns a file");
+        Ok(Locked { store: self, _file: file, loaded: None })
+    }
+
+    /// The exclusive lock if nobody holds the lock now.
+    pub fn try_exclusive(&self) -> Result<Option<Locked<'_>>, StateError> {
+        Ok(self.lock(true, None)?.map(|file| Locked { store: self, _file: file, loaded: None }))
+    }
+
+    /// The wake-up counter of a queued ticket (see [`crate::wake`]).
+    pub fn generation(&self, ticket: &str) -> Option<u32> {
+        self.wake.as_ref().map(|w| w.generation(slot_of(ticket)))
+    }
+
+    /// Sleeps until the ticket's counter moves on from `seen`, at most
+    /// `timeout`; without the wake-up file, a short sleep.
+    pub fn wait_for(&self, ticket: &str, seen: Option<u32>, timeout: Duration) {
+        match (&self.wake, seen) {
+            (Some(w), Some(seen)) => w.wait(slot_of(ticket), seen, timeout),
+            _ => std::thread::sleep(timeout.min(Duration::from_micros(500))),
+        }
+    }
+
+    /// Wakes the owner of a ticket.
+    pub fn wake(&self, ticket: &str) {
+        if let Some(w) = &self.wake {
+            w.bump(slot_of(ticket));
+        }
+    }
+
+    /// `wait` None: do not wait (Ok(None) if the lock is taken).
+    fn lock(&self, exclusive: bool, wait: Option<Duration>) -> Result<Option<File>, StateError> {
         let path = self.dir.join(LOCK_FILE);
         let file = OpenOptions::new()
             .create(true)
@@ -267,8 +309,9 @@ impl StateStore {
         };
         // Fast path: the lock is free.
         if got(if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) })? {
-            return Ok(file);
+            return Ok(Some(file));
         }
+        let Some(wait) = wait else { return Ok(None) };
         // Contended: a helper thread blocks in flock(2), so the kernel hands
         // the lock over the moment it is released; we wait for it with a
         // timeout. If we give up first, the helper's send fails and dropping
@@ -285,8 +328,8 @@ impl StateStore {
                 let _ = tx.send(r.map(|()| file));
             })
             .map_err(io(format!("locking {}", path.display())))?;
-        match rx.recv_timeout(self.lock_timeout) {
-            Ok(Ok(file)) => Ok(file),
+        match rx.recv_timeout(wait) {
+            Ok(Ok(file)) => Ok(Some(file)),
             Ok(Err(e)) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
             Err(_) => Err(StateError::LockTimeout { path, waited: start.elapsed() }),
         }
@@ -348,6 +391,50 @@ impl StateStore {
             StateError::Io { what: format!("writing {}", path.display()), err: e }
         })
     }
+}
+
+/// The exclusive lock on the state, held until dropped.
+pub struct Locked<'a> {
+    store: &'a StateStore,
+    _file: File,
+    /// What `load` returned, to skip writing an unchanged state.
+    loaded: Option<NodeState>,
+}
+
+impl Drop for Locked<'_> {
+    /// Unlocks, then wakes the owner of the oldest queued request: it
+    /// takes the lock next and decides the queue.
+    fn drop(&mut self) {
+        let _ = FileExt::unlock(&self._file);
+        if self.store.wake.is_some()
+            && let Some(oldest) = crate::queue::oldest(&self.store.dir)
+        {
+            self.store.wake(&oldest);
+        }
+    }
+}
+
+impl Locked<'_> {
+    /// Reads the state (moving a corrupt file aside; see StateStore::load).
+    pub fn load(&mut self) -> NodeState {
+        let state = self.store.load();
+        self.loaded = Some(state.clone());
+        state
+    }
+
+    /// Writes the state atomically unless it equals what is on disk.
+    pub fn store(&mut self, state: &NodeState) -> Result<(), StateError> {
+        if self.loaded.as_ref() == Some(state) && self.store.state_path().exists() {
+            return Ok(());
+        }
+        self.store.store(state)?;
+        self.loaded = Some(state.clone());
+        Ok(())
+    }
+}
+
+pub fn now_nanos() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 pub fn now_ms() -> u64 {

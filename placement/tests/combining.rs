@@ -1,0 +1,140 @@
+//! Requests queued while the state lock is held are decided by its holder
+//! (see `carma_placement::queue`): answered when they fit, left to their
+//! owners when not, and never promised beyond capacity however many
+//! launches race.
+
+use carma_config::Policy;
+use carma_placement::queue::Ticket;
+use carma_placement::source::SimulatedGpus;
+use carma_placement::{LinuxProcesses, Params, Placer, Request, StateStore, StepRef};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A state directory and simulated GPUs of `mib` each.
+fn node(name: &str, gpus: usize, mib: u64) -> Dir {
+    let d = std::env::temp_dir().join(format!("carma-combining-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join("procs")).unwrap();
+    std::fs::create_dir_all(d.join("state")).unwrap();
+    std::fs::set_permissions(d.join("state"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut yaml = format!("process_dir: {}\ngpus:\n", d.join("procs").display());
+    for i in 0..gpus {
+        yaml.push_str(&format!("  - {{index: {i}, memory_total: {mib}}}\n"));
+    }
+    std::fs::write(d.join("gpus.yaml"), yaml).unwrap();
+    Dir(d)
+}
+
+fn placer(dir: &Path) -> Placer {
+    let store = StateStore::open(&dir.join("state"), Duration::from_secs(10), Box::new(|_| {})).unwrap();
+    let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
+    Placer::new(
+        store,
+        source,
+        Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
+        Box::new(LinuxProcesses),
+        Box::new(|_| {}),
+    )
+}
+
+fn request(policy: Policy, mib: u64) -> Request {
+    Request {
+        policy,
+        count: 1,
+        estimate_mib: Some(mib),
+        estimate_source: "declared".into(),
+        shares: true,
+        signature: None,
+    }
+}
+
+fn queue_files(dir: &Path) -> Vec<String> {
+    match std::fs::read_dir(dir.join("state/queue")) {
+        Ok(rd) => rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => vec![],
+    }
+}
+
+#[test]
+fn the_lock_holder_decides_a_queued_request_and_answers_it() {
+    let d = node("answer", 2, 20480);
+    let me = std::process::id();
+    let waiting = StepRef { job: 7, holder: me };
+    let ticket = Ticket::enqueue(&d.0.join("state"), waiting, &request(Policy::Magm, 4096)).unwrap();
+    assert!(ticket.take_answer().is_none(), "answered before anyone decided");
+    let mut p = placer(&d.0);
+    let own = p.try_place(StepRef { job: 8, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    let answer = ticket.take_answer().expect("the queued request was answered");
+    assert_eq!(answer.reserve_mib, 4096);
+    // magm spreads the two: each went to the GPU with more room.
+    assert_ne!(answer.gpus, own.gpus);
+    let st =
+        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
+    let jobs: Vec<u32> = st.reservations.iter().map(|r| r.job).collect();
+    assert_eq!(jobs, vec![7, 8], "decided in arrival order, both recorded");
+    assert!(queue_files(&d.0).is_empty(), "left behind: {:?}", queue_files(&d.0));
+}
+
+#[test]
+fn a_queued_request_that_does_not_fit_is_left_to_its_owner() {
+    let d = node("nofit", 1, 20480);
+    let me = std::process::id();
+    let mut p = placer(&d.0);
+    p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    // An exclusive request finds no idle GPU: not answered, still queued.
+    let ticket =
+        Ticket::enqueue(&d.0.join("state"), StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap();
+    p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    assert!(ticket.take_answer().is_none());
+    assert_eq!(queue_files(&d.0).len(), 1, "{:?}", queue_files(&d.0));
+    // Its owner decides it and learns why.
+    let err = p.try_place(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap_err();
+    assert!(err.to_string().contains("no GPU fits"), "{err}");
+    ticket.withdraw();
+    assert!(queue_files(&d.0).is_empty());
+}
+
+#[test]
+fn racing_launches_never_overcommit_and_leave_nothing_queued() {
+    // 2 GPUs of 10 GiB, 2 GiB headroom, 3 GiB jobs: 2 fit per GPU.
+    let d = Arc::new(node("race", 2, 10240));
+    let me = std::process::id();
+    for round in 0..5u32 {
+        let start = Arc::new(Barrier::new(24));
+        let handles: Vec<_> = (0..24u32)
+            .map(|i| {
+                let (d, start) = (d.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let mut p = placer(&d.0);
+                    let policy =
+                        [Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized, Policy::RoundRobin]
+                            [i as usize % 5];
+                    start.wait();
+                    p.try_place(StepRef { job: round * 100 + i + 1, holder: me }, &request(policy, 3072)).is_ok()
+                })
+            })
+            .collect();
+        let placed = handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count();
+        let store = StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap();
+        let st = store.snapshot().unwrap();
+        assert_eq!(placed, 4, "round {round}: {placed} placed, state {:?}", st.reservations);
+        assert_eq!(st.reservations.len(), 4);
+        for gpu in 0..2 {
+            let promised: u64 = st.reservations.iter().filter(|r| r.gpus.contains(&gpu)).map(|r| r.estimate_mib).sum();
+            assert!(promised <= 10240 - 2048, "GPU {gpu} promised {promised} MiB");
+        }
+        assert!(queue_files(&d.0).is_empty(), "round {round} left: {:?}", queue_files(&d.0));
+        let p = placer(&d.0);
+        for r in st.reservations {
+            p.release_job(r.job).unwrap();
+        }
+    }
+}
