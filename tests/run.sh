@@ -11,7 +11,9 @@ tests/cluster.sh deps
 command -v cargo >/dev/null || { echo "run.sh: cargo not found (install Rust via rustup)" >&2; exit 1; }
 
 echo "== build"
-cargo build --profile "$PROFILE" --workspace --bins --lib
+# All targets at once: tests and benches share one feature resolution, so
+# nothing (tract-onnx above all) is compiled twice.
+cargo build --profile "$PROFILE" --workspace --all-targets
 tests/cluster.sh start
 trap 'tests/cluster.sh stop' EXIT
 # Tests append what they injected and survived here (tests/reliability-report.sh);
