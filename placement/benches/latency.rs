@@ -97,7 +97,7 @@ fn main() {
         // Reservations are held by this process, so none is collected as
         // garbage while the children exit.
         let holder = std::process::id();
-        let mut releaser = placer(&dir);
+        let releaser = placer(&dir);
         let mut all = Vec::with_capacity(launches * ROUNDS);
         for round in 0..ROUNDS {
             let gate = std::fs::File::create(&gate_path).unwrap();

@@ -2,7 +2,7 @@
 //! is followed, a FIFO or device is refused without blocking, and the size
 //! is bounded.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -27,4 +27,18 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>, String> {
         return Err(format!("larger than {max} bytes"));
     }
     Ok(Some(buf))
+}
+
+/// Opens a file of the state directory for reading and writing, creating
+/// it with mode 0644 (readable by users, writable by its root owner only),
+/// never through a symlink. `truncate`: start empty.
+pub fn open_for_write(path: &Path, truncate: bool) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(truncate)
+        .read(true)
+        .write(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
 }

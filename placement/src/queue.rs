@@ -11,12 +11,12 @@
 //! why. The queue lives in the root-owned state directory; a ticket whose
 //! holder is gone is removed during garbage collection.
 
+use crate::fsutil::open_for_write;
 use crate::place::{Decision, Request, StepRef};
 use crate::state::StateError;
 use serde::{Deserialize, Serialize};
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -48,14 +48,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> StateError {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
-        let mut f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
+        open_for_write(&tmp, true)?.write_all(bytes)?;
         fs::rename(&tmp, path)
     };
     write().map_err(|e| {
@@ -120,17 +113,9 @@ impl Ticket {
         let path = self.path("done");
         let bytes = serde_json::to_vec(d)
             .map_err(|e| StateError::Io { what: "encoding a decision".into(), err: std::io::Error::other(e) })?;
-        let write = || -> std::io::Result<()> {
-            OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .mode(0o644)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)?
-                .write_all(&bytes)
-        };
-        write().map_err(io(format!("writing {}", path.display())))?;
+        open_for_write(&path, true)
+            .and_then(|mut f| f.write_all(&bytes))
+            .map_err(io(format!("writing {}", path.display())))?;
         fs::remove_file(self.path("req")).map_err(io(format!("removing {}", self.path("req").display())))
     }
 

@@ -8,9 +8,9 @@ use carma_config::Policy;
 use fs2::FileExt;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -291,15 +291,7 @@ impl StateStore {
     /// `wait` None: do not wait (Ok(None) if the lock is taken).
     fn lock(&self, exclusive: bool, wait: Option<Duration>) -> Result<Option<File>, StateError> {
         let path = self.dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(io(format!("opening {}", path.display())))?;
+        let file = crate::fsutil::open_for_write(&path, false).map_err(io(format!("opening {}", path.display())))?;
         let got = |r: std::io::Result<()>| match r {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
@@ -374,13 +366,7 @@ impl StateStore {
         let bytes = serde_json::to_vec(state)
             .map_err(|e| StateError::Io { what: "encoding state".into(), err: std::io::Error::other(e) })?;
         let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .mode(0o644)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
+            let mut f = crate::fsutil::open_for_write(&tmp, true)?;
             f.write_all(&bytes)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;

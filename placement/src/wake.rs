@@ -11,8 +11,8 @@
 //! All `unsafe` of the wake-up is here: mmap/munmap of the file and the
 //! futex system call on the mapped word.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,15 +34,7 @@ impl Wake {
     /// `None` when the file cannot be made or mapped (then callers poll).
     pub fn open(dir: &Path) -> Option<Wake> {
         let path = dir.join(WAKE_FILE);
-        let file: File = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .ok()?;
+        let file: File = crate::fsutil::open_for_write(&path, false).ok()?;
         let meta = file.metadata().ok()?;
         if !meta.is_file() {
             return None;
