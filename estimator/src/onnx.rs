@@ -51,17 +51,17 @@ fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError>
     // The fast walk knows the operators training exports use; anything
     // else goes to tract's general (and ~20x slower) shape inference.
     if let Some(w) = crate::onnx_shapes::walk(graph, data_input).filter(|_| fast) {
-        let ops = w.ops.into_iter().map(|op| (op.kind.to_string(), op.dims)).collect();
-        return finish(ops, w.params, w.fixed_batch, &err);
+        return finish(w.ops, w.params, w.fixed_batch, &err);
     }
     let (ops, params, fixed_batch) = tract_walk(&tract_onnx::onnx(), &proto, data_input, &err)?;
     finish(ops, params, fixed_batch, &err)
 }
 
-/// Operator outputs that carry the batch (kind, dims at batch 1), weight
-/// elements and the batch fixed in the file, by tract's shape inference.
+/// Operator outputs that carry the batch: (operator, dims at batch 1).
 type Ops = Vec<(String, Vec<u64>)>;
 
+/// The operator outputs, weight elements and the batch fixed in the file,
+/// by tract's shape inference.
 fn tract_walk(
     onnx: &tract_onnx::Onnx,
     proto: &pb::ModelProto,

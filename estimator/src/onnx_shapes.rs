@@ -14,14 +14,9 @@ use tract_onnx::pb;
 use tract_onnx::pb::tensor_shape_proto::dimension::Value as Dim;
 use tract_onnx::pb::type_proto::Value as TypeValue;
 
-/// One operator output that carries the batch, with its shape at batch 1.
-pub struct Op<'a> {
-    pub kind: &'a str,
-    pub dims: Vec<u64>,
-}
-
-pub struct Walk<'a> {
-    pub ops: Vec<Op<'a>>,
+pub struct Walk {
+    /// Each operator output that carries the batch: (operator, dims at batch 1).
+    pub ops: Vec<(String, Vec<u64>)>,
     /// Elements of weights: graph inputs other than the data, initializers
     /// and constants of more than one element.
     pub params: u64,
@@ -50,7 +45,7 @@ impl T {
     }
 }
 
-pub fn walk<'a>(graph: &'a pb::GraphProto, data_input: usize) -> Option<Walk<'a>> {
+pub fn walk(graph: &pb::GraphProto, data_input: usize) -> Option<Walk> {
     let data = &graph.input[data_input];
     let dims = input_dims(data)?;
     let fixed_batch = match dims.first()? {
@@ -72,7 +67,7 @@ pub fn walk<'a>(graph: &'a pb::GraphProto, data_input: usize) -> Option<Walk<'a>
         let (a, b) = (one.tensors[out].as_ref()?, three.tensors[out].as_ref()?);
         if a.shape != b.shape && node.op_type != "Constant" && node.op_type != "Shape" {
             let dims = a.shape.iter().map(|&d| u64::try_from(d).ok()).collect::<Option<Vec<u64>>>()?;
-            ops.push(Op { kind: &node.op_type, dims });
+            ops.push((node.op_type.clone(), dims));
         }
     }
     Some(Walk { ops, params: one.params, fixed_batch })

@@ -224,8 +224,8 @@ impl Placer {
         out
     }
 
-    /// Takes the lock and decides, or waits (shared lock, bounded) for the
-    /// holder to have decided for us.
+    /// Takes the lock and decides, or sleeps on the ticket's wake-up word
+    /// (bounded by `timeouts.lock`) until the holder has decided for us.
     fn decide_or_wait(
         &self,
         step: StepRef,
@@ -317,9 +317,6 @@ impl Placer {
             if !new {
                 break;
             }
-        }
-        if std::env::var_os("CARMA_TRACE").is_some() {
-            eprintln!("TR decided {} tickets after {} us", seen.len(), 0);
         }
         // Our ticket goes before the lock does: releasing wakes the oldest
         // queued request, which must be someone still waiting.

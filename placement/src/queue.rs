@@ -1,8 +1,8 @@
 //! Requests waiting for the state lock, so that whoever holds it decides
 //! them all in one state read and write ("combining"). Without this, a
 //! burst of N launches passes the lock N times, one read-decide-write each;
-//! with it, the waiters of a burst are decided together and wake together
-//! (they wait for the shared lock, which all get at once).
+//! with it, the waiters of a burst are decided together, each woken by its
+//! answer (see [`crate::wake`]).
 //!
 //! A ticket is a file `queue/<time>.<job>.<holder>.<pid>.<n>.req` holding
 //! the request; the decider answers with `<same>.done` holding the
@@ -13,7 +13,7 @@
 
 use crate::fsutil::open_for_write;
 use crate::place::{Decision, Request, StepRef};
-use crate::state::StateError;
+use crate::state::{StateError, io};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io::Write;
@@ -24,7 +24,7 @@ pub const QUEUE_DIR: &str = "queue";
 /// Requests and answers are a few hundred bytes.
 const MAX_TICKET_BYTES: u64 = 64 << 10;
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ticket {
     /// `<time>.<job>.<holder>.<pid>.<n>`: sorts by arrival.
     pub name: String,
@@ -36,10 +36,6 @@ struct Wire {
     job: u32,
     holder: u32,
     request: Request,
-}
-
-fn io(what: String) -> impl FnOnce(std::io::Error) -> StateError {
-    move |err| StateError::Io { what, err }
 }
 
 /// Writes `bytes` to `path` atomically (temp + rename), so a decider never
@@ -151,12 +147,13 @@ pub fn pending(state_dir: &Path, log: &dyn Fn(&str)) -> Vec<(Ticket, StepRef, Re
         .into_iter()
         .filter_map(|name| {
             let t = Ticket { name, dir: dir.clone() };
-            let parsed = crate::fsutil::read_bounded(&t.path("req"), MAX_TICKET_BYTES)
-                .and_then(|b| b.ok_or_else(|| "gone".to_string()))
-                .and_then(|b| serde_json::from_slice::<Wire>(&b).map_err(|e| e.to_string()));
+            let parsed = match crate::fsutil::read_bounded(&t.path("req"), MAX_TICKET_BYTES) {
+                Ok(None) => return None, // withdrawn meanwhile
+                Ok(Some(b)) => serde_json::from_slice::<Wire>(&b).map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
             match parsed {
                 Ok(w) => Some((t, StepRef { job: w.job, holder: w.holder }, w.request)),
-                Err(e) if e == "gone" => None,
                 Err(e) => {
                     log(&format!("placement request {} unreadable ({e}); removed", t.path("req").display()));
                     t.withdraw();

@@ -181,7 +181,7 @@ impl std::fmt::Display for StateError {
 
 impl std::error::Error for StateError {}
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StateError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StateError {
     let what = what.into();
     move |err| StateError::Io { what, err }
 }
