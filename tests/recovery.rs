@@ -154,3 +154,49 @@ fn looser_recovery_reruns_with_the_crashed_runs_need_instead_of_a_whole_gpu() {
     assert!(text.contains("carma-fakejob: done"), "{text}");
     assert_eq!(wait_done(&nb, 60), "COMPLETED");
 }
+
+/// Waits (at most `secs`) until `path` exists or not, as `present` says.
+fn wait_path(path: &str, present: bool, secs: u64) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if std::path::Path::new(path).exists() == present {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+#[test]
+fn recovery_files_of_jobs_that_will_not_run_here_again_are_swept_by_the_epilog() {
+    require_cluster();
+    // A held job stays PENDING, as a requeued one waiting to rerun does.
+    let (held, _) = submit(&["--hold", "--carma-mem=1G"], "true");
+    let unknown = "4000000"; // a job Slurm never had
+    let file = |name: &str| format!("/run/carma/{name}");
+    for name in [format!("recovery-{held}"), format!("restart-{held}"), format!("recovery-{unknown}")] {
+        root(&["touch", "-d", "1 hour ago", &file(&name)], 10).ok();
+    }
+    let sweep_with_a_job = || {
+        // The epilog sweeps at most every 10 minutes: forget the last sweep.
+        root(&["rm", "-f", "/run/carma/jobfiles.swept"], 10).ok();
+        let (run, _) = sbatch_wait(&[], &[], "true", 60);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    };
+    sweep_with_a_job();
+    assert!(wait_path(&file(&format!("recovery-{unknown}")), false, 30), "a file of an unknown job was kept");
+    assert!(
+        carma_log().contains(&format!("removed the recovery files of job {unknown}: Slurm no longer knows it")),
+        "{}",
+        carma_log()
+    );
+    assert!(std::path::Path::new(&file(&format!("recovery-{held}"))).exists(), "a pending job's file was removed");
+    assert!(std::path::Path::new(&file(&format!("restart-{held}"))).exists());
+    // Cancelled while waiting: it will never run, so its files go.
+    root(&["scancel", &held], 20).ok();
+    assert_eq!(wait_done(&held, 60), "CANCELLED");
+    sweep_with_a_job();
+    assert!(wait_path(&file(&format!("recovery-{held}")), false, 30), "a cancelled job's file was kept");
+    assert!(!std::path::Path::new(&file(&format!("restart-{held}"))).exists());
+    assert!(carma_log().contains(&format!("removed the recovery files of job {held}: it is CANCELLED")));
+}

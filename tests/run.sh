@@ -22,9 +22,11 @@ install -d -o carmatest /tmp/carma-tests
 : > /tmp/carma-tests/reliability.log
 
 echo "== benchmarks (figures, not pass/fail)"
-cargo bench -q -p carma-placement --bench latency
-cargo bench -q -p carma-sim --bench speed
-cargo bench -q -p carma-estimator --bench estimate
+# --workspace, not -p: the features stay those of the build above, so
+# nothing is compiled again for a bench.
+cargo bench -q --workspace --bench latency
+cargo bench -q --workspace --bench speed
+cargo bench -q --workspace --bench estimate
 
 echo "== fuzzing (bounded)"
 tests/fuzz.sh | tee -a /tmp/carma-tests/reliability.log

@@ -7,8 +7,12 @@
 //! threads of one process would also contend on one address space and one
 //! allocator, which slurmstepds never do. The children start together when
 //! the parent drops a gate lock, after all of them are ready; the time
-//! measured is the decision alone, not the process start.
+//! measured is the decision alone, not the process start, and they stay
+//! alive until the whole burst has decided. Each also reports the CPU time
+//! its decision took (its share of deciding for others included), its page
+//! faults and how often it slept; the means are printed.
 //!
+//! CARMA_BENCH_ROUNDS overrides the number of bursts per configuration.
 //! The state directory is BENCH_DIR (default /dev/shm: tmpfs, like the
 //! default state_dir /run/carma).
 //! Run: cargo bench -p carma-placement --bench latency
@@ -46,6 +50,19 @@ fn placer(dir: &Path) -> Placer {
     Placer::new(store, source, params, Box::new(LinuxProcesses), Box::new(|_| {}))
 }
 
+/// This process's (CPU ns, minor page faults, voluntary context switches)
+/// so far. CPU time from the scheduler's clock: getrusage's user/system
+/// split is sampled at timer ticks, far too coarse for one launch.
+fn usage() -> (i64, i64, i64) {
+    // SAFETY: both calls only write into the zeroed structs we pass.
+    let (mut ts, mut ru): (libc::timespec, libc::rusage) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts);
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+    }
+    (ts.tv_sec * 1_000_000_000 + ts.tv_nsec, ru.ru_minflt, ru.ru_nvcsw)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -70,10 +87,24 @@ fn child(args: &[String]) {
     println!("ready");
     std::io::stdout().flush().unwrap();
     gate.lock_shared().unwrap();
+    let before = usage();
     let t = Instant::now();
     let d = p.try_place(StepRef { job, holder }, &req);
     let took = t.elapsed();
-    println!("{} {}", d.is_ok() as u8, took.as_nanos());
+    let after = usage();
+    println!(
+        "{} {} {} {} {}",
+        d.is_ok() as u8,
+        took.as_nanos(),
+        after.0 - before.0,
+        after.1 - before.1,
+        after.2 - before.2
+    );
+    // Stay alive until the whole burst has decided, as a slurmstepd goes
+    // on to run its job: the teardown of an exiting process is not part of
+    // any launch's placement.
+    std::io::stdout().flush().unwrap();
+    let _ = std::io::stdin().read_line(&mut String::new());
 }
 
 fn main() {
@@ -98,8 +129,10 @@ fn main() {
         // garbage while the children exit.
         let holder = std::process::id();
         let releaser = placer(&dir);
-        let mut all = Vec::with_capacity(launches * ROUNDS);
-        for round in 0..ROUNDS {
+        let rounds = std::env::var("CARMA_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
+        let mut all = Vec::with_capacity(launches * rounds);
+        let mut cpu = (0i64, 0i64, 0i64);
+        for round in 0..rounds {
             let gate = std::fs::File::create(&gate_path).unwrap();
             gate.lock_exclusive().unwrap();
             let jobs: Vec<u32> = (0..launches).map(|i| (round * launches + i) as u32 + 1).collect();
@@ -111,6 +144,7 @@ fn main() {
                         .env(CHILD, "1")
                         .args([dir.display().to_string(), job.to_string(), (i % 6).to_string(), holder.to_string()])
                         .stdout(Stdio::piped())
+                        .stdin(Stdio::piped())
                         .spawn()
                         .unwrap()
                 })
@@ -126,11 +160,15 @@ fn main() {
             for out in &mut outs {
                 let mut line = String::new();
                 out.read_line(&mut line).unwrap();
-                let (ok, ns) = line.trim().split_once(' ').expect("child result");
-                placed += (ok == "1") as usize;
-                all.push(Duration::from_nanos(ns.parse().unwrap()));
+                let f: Vec<i64> = line.split_whitespace().map(|w| w.parse().expect("child result")).collect();
+                placed += (f[0] == 1) as usize;
+                all.push(Duration::from_nanos(f[1] as u64));
+                cpu.0 += f[2];
+                cpu.1 += f[3];
+                cpu.2 += f[4];
             }
             for mut c in children {
+                drop(c.stdin.take()); // the burst is over: let it exit
                 assert!(c.wait().unwrap().success());
             }
             // Exclusive requests (1 in 6) find no idle GPU once others share
@@ -148,6 +186,13 @@ fn main() {
             percentile(&all, 0.99).as_secs_f64() * 1e3,
             all.last().unwrap().as_secs_f64() * 1e3,
             all.len()
+        );
+        let n = all.len() as f64;
+        println!(
+            "      per launch: CPU {:.0} µs, {:.1} minor page faults, {:.1} sleeps",
+            cpu.0 as f64 / n / 1e3,
+            cpu.1 as f64 / n,
+            cpu.2 as f64 / n
         );
     }
     let _ = std::fs::remove_dir_all(&base);

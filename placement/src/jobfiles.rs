@@ -68,6 +68,42 @@ pub fn remove(dir: &Path, job: u32) {
     let _ = std::fs::remove_file(restart_path(dir, job));
 }
 
+/// Jobs with a file here last written more than `age` ago, oldest first,
+/// at most `max`. A job's files normally go at its end on this node; these
+/// may belong to jobs that will never end here (cancelled while requeued,
+/// or rerun on another node), which the epilog asks Slurm about.
+pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let now = std::time::SystemTime::now();
+    let mut old: Vec<(std::time::SystemTime, u32)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let name = name.to_str()?;
+            let job = name.strip_prefix("recovery-").or_else(|| name.strip_prefix("restart-"))?.parse().ok()?;
+            let written = e.metadata().ok()?.modified().ok()?;
+            (now.duration_since(written).ok()? > age).then_some((written, job))
+        })
+        .collect();
+    old.sort();
+    let mut jobs: Vec<u32> = Vec::new();
+    for (_, job) in old {
+        if !jobs.contains(&job) && jobs.len() < max {
+            jobs.push(job);
+        }
+    }
+    jobs
+}
+
+/// True at most once per `every` per state directory (a stamp file's
+/// time), so that a busy node's epilogs do not all ask Slurm.
+pub fn sweep_due(dir: &Path, every: std::time::Duration) -> bool {
+    let stamp = dir.join("jobfiles.swept");
+    let recent =
+        std::fs::metadata(&stamp).and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|e| e < every));
+    !recent && std::fs::write(&stamp, b"").is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +125,28 @@ mod tests {
         assert_eq!((read_recovery(&d.0, 7), read_restarts(&d.0, 7)), (None, 0));
         std::fs::write(d.0.join("recovery-9"), "bogus").unwrap();
         assert_eq!(read_recovery(&d.0, 9), None);
+    }
+
+    #[test]
+    fn old_files_are_listed_oldest_first_and_sweeps_are_spaced() {
+        use std::time::{Duration, SystemTime};
+        let d = TempDir::new();
+        let age = |name: &str, secs: u64| {
+            let f = std::fs::File::options().write(true).create(true).truncate(false).open(d.0.join(name)).unwrap();
+            f.set_modified(SystemTime::now() - Duration::from_secs(secs)).unwrap();
+        };
+        age("recovery-5", 7200);
+        age("restart-5", 7000);
+        age("recovery-6", 9000);
+        age("restart-7", 4000);
+        age("recovery-8", 10); // recent: its job may restart here any moment
+        age("recovery-x", 9999);
+        age("state.json", 9999);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(older_than(&d.0, hour, 10), vec![6, 5, 7]);
+        assert_eq!(older_than(&d.0, hour, 2), vec![6, 5]);
+        assert!(sweep_due(&d.0, hour));
+        assert!(!sweep_due(&d.0, hour), "a second sweep within the hour");
+        assert!(sweep_due(&d.0, Duration::ZERO));
     }
 }

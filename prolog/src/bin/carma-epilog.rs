@@ -124,6 +124,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             }
         }
     }
+    sweep_stale_jobfiles(cfg, log);
     Ok(())
 }
 
@@ -244,32 +245,102 @@ fn helper_append(args: &[OsString]) -> i32 {
     }
 }
 
-/// Runs scontrol with fixed arguments (no shell), bounded in time.
-fn scontrol(args: &[&str]) -> Result<(), String> {
-    let mut child = Command::new("scontrol")
+/// Runs a Slurm command with fixed arguments (no shell), bounded in time;
+/// its standard output on success. Outputs asked for here (a few jobs)
+/// stay far below a pipe's buffer, so reading after the exit cannot block.
+fn slurm_output(prog: &str, args: &[&str]) -> Result<String, String> {
+    let mut child = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run scontrol: {e}"))?;
+        .map_err(|e| format!("cannot run {prog}: {e}"))?;
     let start = Instant::now();
+    let read = |pipe: Option<&mut dyn Read>| {
+        let mut text = String::new();
+        if let Some(p) = pipe {
+            let _ = p.take(64 * 1024).read_to_string(&mut text);
+        }
+        text
+    };
     loop {
         match child.try_wait() {
-            Ok(Some(st)) if st.success() => return Ok(()),
+            Ok(Some(st)) if st.success() => {
+                return Ok(read(child.stdout.as_mut().map(|p| p as &mut dyn Read)));
+            }
             Ok(Some(st)) => {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = (&mut e).take(1024).read_to_string(&mut err);
-                }
-                return Err(format!("scontrol {} failed ({st}): {}", args.join(" "), err.trim().replace('\n', " ")));
+                let err = read(child.stderr.as_mut().map(|p| p as &mut dyn Read));
+                return Err(format!("{prog} {} failed ({st}): {}", args.join(" "), err.trim().replace('\n', " ")));
             }
             Ok(None) if start.elapsed() < SCONTROL_TIMEOUT => std::thread::sleep(Duration::from_millis(10)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("scontrol {} timed out after {SCONTROL_TIMEOUT:?}", args.join(" ")));
+                return Err(format!("{prog} {} timed out after {SCONTROL_TIMEOUT:?}", args.join(" ")));
             }
+        }
+    }
+}
+
+fn scontrol(args: &[&str]) -> Result<(), String> {
+    slurm_output("scontrol", args).map(drop)
+}
+
+/// How long a job's recovery files may sit before the epilog asks Slurm
+/// whether the job can still need them (a requeued job normally restarts
+/// within seconds), and how often it asks at most.
+const STALE_JOBFILES_AGE: Duration = Duration::from_secs(600);
+const STALE_JOBFILES_SWEEP: Duration = Duration::from_secs(600);
+/// Jobs looked up per sweep (one squeue call), bounding the epilog's time.
+const STALE_JOBFILES_MAX: usize = 256;
+
+/// Removes the recovery files of jobs that will not run again: ones Slurm
+/// no longer knows or that reached a final state (cancelled while waiting
+/// to rerun, or rerun and ended elsewhere). Jobs still pending or running
+/// keep theirs; when Slurm cannot be asked, everything is kept.
+fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
+    if !jobfiles::sweep_due(&cfg.state_dir, STALE_JOBFILES_SWEEP) {
+        return;
+    }
+    let jobs = jobfiles::older_than(&cfg.state_dir, STALE_JOBFILES_AGE, STALE_JOBFILES_MAX);
+    if jobs.is_empty() {
+        return;
+    }
+    let list: Vec<String> = jobs.iter().map(u32::to_string).collect();
+    // squeue lists the jobs it knows and fails only if it knows none.
+    let known = match slurm_output("squeue", &["-h", "-t", "all", "-o", "%A %T", "-j", &list.join(",")]) {
+        Ok(out) => out,
+        Err(e) if e.contains("Invalid job id") => String::new(),
+        Err(e) => return log(&format!("stale recovery files: cannot ask Slurm about their jobs ({e}); kept")),
+    };
+    let state_of = |job: u32| {
+        known.lines().find_map(|l| l.split_once(' ').filter(|(id, _)| id.parse() == Ok(job)).map(|(_, s)| s.trim()))
+    };
+    for job in jobs {
+        let state = state_of(job);
+        let ended = match state {
+            None => true,
+            Some(s) => [
+                "COMPLETED",
+                "CANCELLED",
+                "FAILED",
+                "TIMEOUT",
+                "NODE_FAIL",
+                "PREEMPTED",
+                "BOOT_FAIL",
+                "DEADLINE",
+                "OUT_OF_MEMORY",
+                "REVOKED",
+            ]
+            .contains(&s),
+        };
+        if ended {
+            jobfiles::remove(&cfg.state_dir, job);
+            log(&format!(
+                "removed the recovery files of job {job}: {}",
+                state.map_or("Slurm no longer knows it".to_string(), |s| format!("it is {s}"))
+            ));
         }
     }
 }
