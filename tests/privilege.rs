@@ -15,8 +15,7 @@ fn state_and_log_files_are_root_owned_and_not_user_writable() {
         "/run/carma",
         "/run/carma/state.json",
         "/run/carma/state.lock",
-        "/run/carma/state.wake",
-        "/run/carma/queue",
+        "/run/carma/queue.slots",
         "/var/log/carma",
         "/var/log/carma/carma.log",
     ] {
@@ -31,15 +30,15 @@ fn state_and_log_files_are_root_owned_and_not_user_writable() {
         vec!["cp", "/dev/null", "/run/carma/state.json"],
         vec!["touch", "/var/log/carma/carma.log"],
         // A forged placement request or answer.
-        vec!["touch", "/run/carma/queue/00000000000000000001.1.1.1.0.req"],
-        vec!["cp", "/dev/null", "/run/carma/state.wake"],
+        vec!["cp", "/dev/null", "/run/carma/queue.slots"],
+        vec!["dd", "if=/dev/zero", "of=/run/carma/queue.slots", "bs=64", "count=1", "conv=notrunc"],
     ] {
         let r = user(&args, 10);
         assert_ne!(r.code, 0, "user could run {args:?}");
     }
     report(
         "privilege",
-        "state directory, state file, request queue, wake-up file and log are root-owned and not writable by the job user (write attempts by the user fail)",
+        "state directory, state file, request queue (queue.slots) and log are root-owned and not writable by the job user (write attempts by the user fail)",
     );
 }
 

@@ -18,10 +18,13 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot open ({e})")),
     };
-    if !file.metadata().map_err(|e| format!("cannot stat ({e})"))?.is_file() {
+    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
+    if !meta.is_file() {
         return Err("not a regular file".into());
     }
-    let mut buf = Vec::new();
+    // Sized from the metadata, so a whole file comes in one read (plus the
+    // one that finds its end).
+    let mut buf = Vec::with_capacity(meta.len().min(max) as usize + 1);
     file.take(max + 1).read_to_end(&mut buf).map_err(|e| format!("cannot read ({e})"))?;
     if buf.len() as u64 > max {
         return Err(format!("larger than {max} bytes"));
@@ -41,4 +44,10 @@ pub fn open_for_write(path: &Path, truncate: bool) -> std::io::Result<File> {
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
+}
+
+/// Opens an existing file of the state directory for reading and writing,
+/// never through a symlink.
+pub fn open_existing_rw(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
 }

@@ -5,7 +5,7 @@
 //! - [`state`]: the node-local, file-locked record of what CARMA promised.
 //! - [`policy`]: preconditions and the six policies, as pure functions.
 //! - [`place`]: lock → read → garbage-collect → decide → write → unlock;
-//!   [`queue`]: requests waiting for the lock, decided together by its holder.
+//!   [`slots`]: requests waiting for the lock, decided together by its holder.
 
 pub mod eventlog;
 pub mod fsutil;
@@ -14,10 +14,9 @@ pub mod jobfiles;
 pub mod place;
 pub mod policy;
 pub mod procs;
-pub mod queue;
+pub mod slots;
 pub mod source;
 pub mod state;
-pub mod wake;
 
 pub use gpu::{GpuProcess, GpuReading};
 pub use place::{Decision, LinuxProcesses, PlaceError, Placer, Processes, Request, StepRef};

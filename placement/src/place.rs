@@ -4,7 +4,7 @@
 use crate::gpu::GpuReading;
 use crate::policy::{Demand, NoFit, Params, choose, history_estimate, observe};
 use crate::procs;
-use crate::queue::{self, Ticket};
+use crate::slots::{SlotRef, Slots};
 use crate::source::{GpuSource, SourceError, open_source};
 use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
 use carma_config::{Config, Policy};
@@ -189,8 +189,8 @@ impl Placer {
 
     /// Garbage collection costs a /proc lookup per holder, so it runs at most
     /// every GC_INTERVAL_MS, and always before a placement is refused: a
-    /// stale reservation can delay nothing. Abandoned queue tickets are
-    /// swept on the periodic runs only (they delay nothing).
+    /// stale reservation can delay nothing. Queue slots of dead steps are
+    /// freed on the periodic runs only (they delay nothing).
     fn collect(&self, st: &mut NodeState, force: bool) {
         let now = now_ms();
         let periodic = now.saturating_sub(st.last_gc_ms) >= GC_INTERVAL_MS;
@@ -201,128 +201,130 @@ impl Placer {
         // Several reservations and tickets may name one holder: look once.
         let seen = std::cell::RefCell::new(HashMap::new());
         let alive = |pid: u32| *seen.borrow_mut().entry(pid).or_insert_with(|| self.processes.alive(pid));
-        if periodic {
-            queue::sweep(self.store.dir(), &alive);
+        if periodic && let Some(q) = self.store.slots() {
+            q.reclaim(&alive);
         }
         for r in st.collect_garbage(alive, |job| self.processes.job_running(job)) {
             (self.log)(&format!("released job {} from GPU {:?}: its steps are gone", r.job, r.gpus));
         }
     }
 
-    /// One attempt: reuse the job's GPUs or choose new ones. The request is
-    /// queued first: whichever step holds the state lock decides every
-    /// queued request in one state write, so a burst of launches does not
-    /// pass the lock once per launch (see [`crate::queue`]).
+    /// One attempt: reuse the job's GPUs or choose new ones. A step that
+    /// finds the lock taken queues its request: whichever step holds the
+    /// lock decides every queued request in one state write, so a burst of
+    /// launches does not pass the lock once per launch (see
+    /// [`crate::slots`]).
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
         let readings = self.read()?;
-        let ticket = Ticket::enqueue(self.store.dir(), step, req)?;
-        let out = self.decide_or_wait(step, req, &ticket, &readings);
-        if out.is_err() {
-            // Not decided, or not by us: leave nothing behind.
-            ticket.withdraw();
+        if let Some(lock) = self.store.try_exclusive()? {
+            return self.decide_queued(lock, step, req, None, &readings);
         }
-        out
+        let queued = self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?)));
+        let Some((q, slot)) = queued else {
+            // No queue (or no room in it): wait for the lock, bounded.
+            let lock = self.store.exclusive()?;
+            return self.decide_queued(lock, step, req, None, &readings);
+        };
+        self.decide_or_wait(step, req, q, slot, &readings)
     }
 
-    /// Takes the lock and decides, or sleeps on the ticket's wake-up word
+    /// Takes the lock and decides, or sleeps on the slot's wake-up word
     /// (bounded by `timeouts.lock`) until the holder has decided for us.
     fn decide_or_wait(
         &self,
         step: StepRef,
         req: &Request,
-        ticket: &Ticket,
+        q: &Slots,
+        slot: SlotRef,
         readings: &[GpuReading],
     ) -> Result<Decision, PlaceError> {
         let start = Instant::now();
         let timeout = self.store.lock_timeout();
         loop {
-            // Read before trying the lock: a release after this read makes
-            // the wait below return at once, so no release is missed.
-            let seen = self.store.generation(&ticket.name);
+            // Read before trying the lock: a release or an answer after
+            // this read makes the wait below return at once.
+            let seen = q.generation(slot);
             if let Some(lock) = self.store.try_exclusive()? {
-                return self.decide_queued(lock, step, req, ticket, readings);
+                return self.decide_queued(lock, step, req, Some(slot), readings);
             }
-            if let Some(d) = ticket.take_answer() {
-                ticket.answered();
+            if let Some(d) = q.take_answer(slot) {
                 return Ok(d);
             }
             let waited = start.elapsed();
             if waited >= timeout {
+                if let Some(d) = q.withdraw(slot) {
+                    return Ok(d);
+                }
                 return Err(StateError::LockTimeout { path: self.store.lock_path(), waited }.into());
             }
             // The holder is most likely deciding for us: sleep until it
-            // releases (re-checking now and then, in case a holder died
-            // between unlocking and waking us).
-            self.store.wait_for(&ticket.name, seen, (timeout - waited).min(Duration::from_millis(20)));
+            // answers or releases (re-checking now and then, in case a
+            // holder died between unlocking and waking us).
+            q.wait(slot, seen, (timeout - waited).min(Duration::from_millis(20)));
         }
     }
 
-    /// Under the exclusive lock: decides the queued requests in arrival
-    /// order (ours among them), writes the state, then answers the others.
+    /// Under the exclusive lock: decides our request, then the queued
+    /// ones in arrival order, writes the state, then answers them.
     /// Requests queued meanwhile are taken in further rounds.
     fn decide_queued(
         &self,
         mut lock: Locked<'_>,
         step: StepRef,
         req: &Request,
-        ticket: &Ticket,
+        own: Option<SlotRef>,
         readings: &[GpuReading],
     ) -> Result<Decision, PlaceError> {
-        let mut st = lock.load();
-        // Answered between our look and our lock.
-        if let Some(d) = ticket.take_answer() {
-            ticket.withdraw();
-            return Ok(d);
+        let q = self.store.slots();
+        if let Some(q) = q {
+            // Whatever a dead decider had taken is queued again.
+            q.recover_taken();
+            // Ours leaves the queue; it may have been answered meanwhile.
+            if let Some(d) = own.and_then(|s| q.withdraw(s)) {
+                return Ok(d);
+            }
         }
+        let mut st = lock.load();
         self.collect(&mut st, false);
         let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
         let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
         let owners = self.processes.owners(&pids, &holders);
         observe(&mut st, readings, &owners);
         let mut gc_forced = false;
-        let mut own = None;
-        let mut seen = std::collections::HashSet::new();
+        let mine = self.decide(&mut st, step, req, readings, &owners, &mut gc_forced);
+        let mut stored = false;
+        let mut left = Vec::new();
         for _round in 0..4 {
-            let mut answers = Vec::new();
-            let mut new = false;
-            for (t, s, r) in queue::pending(self.store.dir(), &*self.log) {
-                if !seen.insert(t.name.clone()) {
-                    continue;
-                }
-                new = true;
-                let d = self.decide(&mut st, s, &r, readings, &owners, &mut gc_forced);
-                if t == *ticket {
-                    own = Some(d);
-                } else if let Ok(d) = d {
-                    answers.push((t, d));
-                }
-                // A request that does not fit stays queued: its owner
-                // decides it itself and reports why.
-            }
-            if own.is_none() {
-                // Our ticket is gone (removed as unreadable): decide anyway.
-                own = Some(self.decide(&mut st, step, req, readings, &owners, &mut gc_forced));
-            }
-            if let Err(e) = lock.store(&st) {
-                ticket.withdraw();
-                return Err(e.into());
-            }
-            for (t, d) in &answers {
-                // Unanswered, the owner decides itself and finds its job's
-                // reservation (an earlier step's GPUs are reused).
-                if t.answer(d).is_ok() {
-                    self.store.wake(&t.name);
-                }
-            }
-            if !new {
+            let Some(q) = q else { break };
+            let taken = q.take_queued(&left, &*self.log);
+            if taken.is_empty() {
                 break;
             }
+            let decided: Vec<_> = taken
+                .into_iter()
+                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &mut gc_forced)))
+                .collect();
+            if let Err(e) = lock.store(&st) {
+                decided.iter().for_each(|(s, _)| q.put_back(*s));
+                return Err(e.into());
+            }
+            stored = true;
+            for (s, d) in decided {
+                match d {
+                    Ok(d) => q.answer(s, &d),
+                    // Left to its owner, which decides it and reports why.
+                    Err(_) => {
+                        q.put_back(s);
+                        left.push(s);
+                    }
+                }
+            }
         }
-        // Our ticket goes before the lock does: releasing wakes the oldest
-        // queued request, which must be someone still waiting.
-        ticket.withdraw();
+        if !stored {
+            lock.store(&st)?;
+        }
         drop(lock);
-        own.expect("decided above").map_err(PlaceError::NoFit)
+        mine.map_err(PlaceError::NoFit)
     }
 
     /// One request against the state: reuse the job's GPUs or choose.

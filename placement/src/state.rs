@@ -14,7 +14,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::wake::{Wake, slot_of};
+use crate::slots::Slots;
 
 pub const STATE_VERSION: u32 = 1;
 const STATE_FILE: &str = "state.json";
@@ -193,8 +193,10 @@ pub struct StateStore {
     dir: PathBuf,
     lock_timeout: Duration,
     log: Logger,
-    /// `None` if the wake-up file cannot be mapped: waiters then poll.
-    wake: Option<Wake>,
+    /// `None` if the queue cannot be mapped: steps then wait for the lock.
+    slots: Option<Slots>,
+    /// Opened once: a step may try the lock several times.
+    lock_file: std::sync::OnceLock<File>,
 }
 
 impl StateStore {
@@ -221,7 +223,13 @@ impl StateStore {
                 meta.mode() & 0o7777
             )));
         }
-        Ok(StateStore { dir: dir.to_path_buf(), lock_timeout, log, wake: Wake::open(dir) })
+        Ok(StateStore {
+            dir: dir.to_path_buf(),
+            lock_timeout,
+            log,
+            slots: Slots::open(dir),
+            lock_file: std::sync::OnceLock::new(),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -259,37 +267,41 @@ impl StateStore {
     /// The exclusive lock, waiting at most the configured time.
     pub fn exclusive(&self) -> Result<Locked<'_>, StateError> {
         let file = self.lock(true, Some(self.lock_timeout))?.expect("a waiting lock returns a file");
-        Ok(Locked { store: self, _file: file, loaded: None })
+        Ok(Locked { store: self, file: LockFile::Own(file), loaded: None })
     }
 
-    /// The exclusive lock if nobody holds the lock now.
+    /// The exclusive lock if nobody holds the lock now. Tried on a file
+    /// kept open, so a retry costs one system call. (Only for a lock that
+    /// is never waited for: a helper thread left blocking on a shared
+    /// descriptor could not release what it got.)
     pub fn try_exclusive(&self) -> Result<Option<Locked<'_>>, StateError> {
-        Ok(self.lock(true, None)?.map(|file| Locked { store: self, _file: file, loaded: None }))
-    }
-
-    /// The wake-up counter of a queued ticket (see [`crate::wake`]).
-    pub fn generation(&self, ticket: &str) -> Option<u32> {
-        self.wake.as_ref().map(|w| w.generation(slot_of(ticket)))
-    }
-
-    /// Sleeps until the ticket's counter moves on from `seen`, at most
-    /// `timeout`; without the wake-up file, a short sleep.
-    pub fn wait_for(&self, ticket: &str, seen: Option<u32>, timeout: Duration) {
-        match (&self.wake, seen) {
-            (Some(w), Some(seen)) => w.wait(slot_of(ticket), seen, timeout),
-            _ => std::thread::sleep(timeout.min(Duration::from_micros(500))),
+        let path = self.lock_path();
+        let file = match self.lock_file.get() {
+            Some(f) => f,
+            None => {
+                let f =
+                    crate::fsutil::open_for_write(&path, false).map_err(io(format!("opening {}", path.display())))?;
+                self.lock_file.get_or_init(|| f)
+            }
+        };
+        match file.try_lock_exclusive() {
+            Ok(()) => Ok(Some(Locked { store: self, file: LockFile::Kept(file), loaded: None })),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                Ok(None)
+            }
+            Err(e) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
         }
     }
 
-    /// Wakes the owner of a ticket.
-    pub fn wake(&self, ticket: &str) {
-        if let Some(w) = &self.wake {
-            w.bump(slot_of(ticket));
-        }
+    /// The queue of requests waiting for the lock (see [`crate::slots`]).
+    pub fn slots(&self) -> Option<&Slots> {
+        self.slots.as_ref()
     }
 
     /// `wait` None: do not wait (Ok(None) if the lock is taken).
     fn lock(&self, exclusive: bool, wait: Option<Duration>) -> Result<Option<File>, StateError> {
+        // A fresh descriptor: if we give up waiting, the helper thread's
+        // lock dies with it.
         let path = self.dir.join(LOCK_FILE);
         let file = crate::fsutil::open_for_write(&path, false).map_err(io(format!("opening {}", path.display())))?;
         let got = |r: std::io::Result<()>| match r {
@@ -379,10 +391,15 @@ impl StateStore {
     }
 }
 
+enum LockFile<'a> {
+    Own(File),
+    Kept(&'a File),
+}
+
 /// The exclusive lock on the state, held until dropped.
 pub struct Locked<'a> {
     store: &'a StateStore,
-    _file: File,
+    file: LockFile<'a>,
     /// What `load` returned, to skip writing an unchanged state.
     loaded: Option<NodeState>,
 }
@@ -391,11 +408,12 @@ impl Drop for Locked<'_> {
     /// Unlocks, then wakes the owner of the oldest queued request: it
     /// takes the lock next and decides the queue.
     fn drop(&mut self) {
-        let _ = FileExt::unlock(&self._file);
-        if self.store.wake.is_some()
-            && let Some(oldest) = crate::queue::oldest(&self.store.dir)
-        {
-            self.store.wake(&oldest);
+        let _ = match &self.file {
+            LockFile::Own(f) => FileExt::unlock(f),
+            LockFile::Kept(f) => FileExt::unlock(*f),
+        };
+        if let Some(q) = &self.store.slots {
+            q.wake_oldest();
         }
     }
 }

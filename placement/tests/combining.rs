@@ -1,10 +1,10 @@
 //! Requests queued while the state lock is held are decided by its holder
-//! (see `carma_placement::queue`): answered when they fit, left to their
+//! (see `carma_placement::slots`): answered when they fit, left to their
 //! owners when not, and never promised beyond capacity however many
 //! launches race.
 
 use carma_config::Policy;
-use carma_placement::queue::Ticket;
+use carma_placement::slots::Slots;
 use carma_placement::source::SimulatedGpus;
 use carma_placement::{LinuxProcesses, Params, Placer, Request, StateStore, StepRef};
 use std::path::{Path, PathBuf};
@@ -56,11 +56,9 @@ fn request(policy: Policy, mib: u64) -> Request {
     }
 }
 
-fn queue_files(dir: &Path) -> Vec<String> {
-    match std::fs::read_dir(dir.join("state/queue")) {
-        Ok(rd) => rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
-        Err(_) => vec![],
-    }
+/// Queue slots in use.
+fn busy(dir: &Path) -> usize {
+    Slots::open(&dir.join("state")).expect("queue mapped").busy()
 }
 
 #[test]
@@ -68,19 +66,21 @@ fn the_lock_holder_decides_a_queued_request_and_answers_it() {
     let d = node("answer", 2, 20480);
     let me = std::process::id();
     let waiting = StepRef { job: 7, holder: me };
-    let ticket = Ticket::enqueue(&d.0.join("state"), waiting, &request(Policy::Magm, 4096)).unwrap();
-    assert!(ticket.take_answer().is_none(), "answered before anyone decided");
     let mut p = placer(&d.0);
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    let slot = q.enqueue(waiting, &request(Policy::Magm, 4096)).unwrap();
+    assert!(q.take_answer(slot).is_none(), "answered before anyone decided");
     let own = p.try_place(StepRef { job: 8, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    let answer = ticket.take_answer().expect("the queued request was answered");
+    let answer = q.take_answer(slot).expect("the queued request was answered");
     assert_eq!(answer.reserve_mib, 4096);
     // magm spreads the two: each went to the GPU with more room.
     assert_ne!(answer.gpus, own.gpus);
     let st =
         StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
-    let jobs: Vec<u32> = st.reservations.iter().map(|r| r.job).collect();
-    assert_eq!(jobs, vec![7, 8], "decided in arrival order, both recorded");
-    assert!(queue_files(&d.0).is_empty(), "left behind: {:?}", queue_files(&d.0));
+    let mut jobs: Vec<u32> = st.reservations.iter().map(|r| r.job).collect();
+    jobs.sort();
+    assert_eq!(jobs, vec![7, 8], "both recorded");
+    assert_eq!(busy(&d.0), 0, "slots left in use");
 }
 
 #[test]
@@ -90,16 +90,16 @@ fn a_queued_request_that_does_not_fit_is_left_to_its_owner() {
     let mut p = placer(&d.0);
     p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
     // An exclusive request finds no idle GPU: not answered, still queued.
-    let ticket =
-        Ticket::enqueue(&d.0.join("state"), StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap();
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap();
     p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    assert!(ticket.take_answer().is_none());
-    assert_eq!(queue_files(&d.0).len(), 1, "{:?}", queue_files(&d.0));
+    assert!(q.take_answer(slot).is_none());
+    assert_eq!(busy(&d.0), 1, "the request left the queue");
     // Its owner decides it and learns why.
     let err = p.try_place(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap_err();
     assert!(err.to_string().contains("no GPU fits"), "{err}");
-    ticket.withdraw();
-    assert!(queue_files(&d.0).is_empty());
+    assert_eq!(q.withdraw(slot), None);
+    assert_eq!(busy(&d.0), 0);
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn racing_launches_never_overcommit_and_leave_nothing_queued() {
             let promised: u64 = st.reservations.iter().filter(|r| r.gpus.contains(&gpu)).map(|r| r.estimate_mib).sum();
             assert!(promised <= 10240 - 2048, "GPU {gpu} promised {promised} MiB");
         }
-        assert!(queue_files(&d.0).is_empty(), "round {round} left: {:?}", queue_files(&d.0));
+        assert_eq!(busy(&d.0), 0, "round {round} left slots in use");
         let p = placer(&d.0);
         for r in st.reservations {
             p.release_job(r.job).unwrap();

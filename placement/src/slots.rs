@@ -1,0 +1,475 @@
+//! Requests waiting for the state lock, so that whoever holds it decides
+//! them all in one state read and write ("combining"). Without this, a
+//! burst of N launches passes the lock N times, one read-decide-write each.
+//!
+//! The requests live in `state_dir/queue.slots`, a small root-owned file
+//! that every placing process maps: SLOTS fixed-size slots, each a header
+//! of atomic words (all headers in the first page, one cache line each, so
+//! scanning the queue touches one page) and a payload page. A step that finds the lock taken claims a
+//! free slot, writes its request (JSON) there and sleeps on the slot's
+//! futex word. The lock holder takes every queued request, decides them
+//! with its own, writes the state once, then writes each answer into its
+//! slot and wakes its owner. A request that does not fit goes back to the
+//! queue: its owner decides it itself and reports why. Releasing the lock
+//! wakes the oldest queued owner, which takes the lock next. No file is
+//! created per request and a waiter makes no system call but the futex
+//! wait and its lock attempts: a launch burst costs little CPU.
+//!
+//! The flock stays the only mutual exclusion for the state. A slot's
+//! 64-bit tag (claim id and state) changes only by compare-and-swap, so a
+//! request is decided at most once and nobody acts on a slot that was
+//! freed and claimed again. Slots of dead owners are freed by the periodic
+//! garbage collection; a slot left "taken" by a decider that died is put
+//! back by the next lock holder.
+//!
+//! All `unsafe` of the queue is here: the mapping, the atomic views of its
+//! header words, payload copies, and the futex system call.
+
+use crate::place::{Decision, Request, StepRef};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+pub const SLOTS_FILE: &str = "queue.slots";
+pub const SLOTS: usize = 64;
+const HEADER: usize = 64;
+/// Room for a request or an answer (a request with a 4 KiB signature does
+/// not fit: its owner waits for the lock instead).
+pub const PAYLOAD: usize = 4096;
+const PAYLOADS_AT: usize = SLOTS * HEADER;
+const FILE_BYTES: usize = PAYLOADS_AT + SLOTS * PAYLOAD;
+
+// Slot states, the low byte of the tag; the rest is the claim id.
+const FREE: u64 = 0;
+const CLAIMED: u64 = 1;
+const QUEUED: u64 = 2;
+const TAKEN: u64 = 3;
+const ANSWERED: u64 = 4;
+
+fn tag(id: u64, state: u64) -> u64 {
+    id << 8 | state
+}
+
+fn state_of(tag: u64) -> u64 {
+    tag & 0xff
+}
+
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    job: u32,
+    holder: u32,
+    request: Request,
+}
+
+/// The mapped slots file.
+pub struct Slots {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics and
+// payload copies ordered by them; usable from any thread.
+unsafe impl Send for Slots {}
+unsafe impl Sync for Slots {}
+
+/// A queued request of ours: slot index and claim id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef {
+    index: usize,
+    id: u64,
+}
+
+/// A request taken from the queue by the lock holder.
+pub struct Taken {
+    pub slot: SlotRef,
+    pub step: StepRef,
+    pub request: Request,
+}
+
+impl Slots {
+    /// Maps the slots file, creating it at full size first if needed.
+    /// `None` if it cannot be made or mapped, or has another size (callers
+    /// then wait for the lock without queueing).
+    pub fn open(dir: &Path) -> Option<Slots> {
+        let path = dir.join(SLOTS_FILE);
+        let file = match crate::fsutil::open_existing_rw(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(dir)?,
+            Err(_) => return None,
+        };
+        let meta = file.metadata().ok()?;
+        // Fully written, not sparse: a mapped page that tmpfs cannot back
+        // would raise SIGBUS when touched.
+        if !meta.is_file() || meta.len() != FILE_BYTES as u64 || meta.blocks() < (FILE_BYTES / 512) as u64 {
+            return None;
+        }
+        // SAFETY: a shared mapping of a regular file of exactly FILE_BYTES,
+        // checked for failure below, unmapped on drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then(|| Slots { base: p as *mut u8 })
+    }
+
+    fn tag(&self, i: usize) -> &AtomicU64 {
+        // SAFETY: i < SLOTS; each header starts 64-aligned in the
+        // page-aligned mapping, which lives as long as self; its words are
+        // accessed only atomically.
+        unsafe { &*(self.base.add(i * HEADER) as *const AtomicU64) }
+    }
+
+    fn wake_word(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: as in `tag`, at offset 8 (4-aligned).
+        unsafe { &*(self.base.add(i * HEADER + 8) as *const AtomicU32) }
+    }
+
+    fn owner(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: as in `tag`, at offset 12.
+        unsafe { &*(self.base.add(i * HEADER + 12) as *const AtomicU32) }
+    }
+
+    fn len(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: as in `tag`, at offset 16.
+        unsafe { &*(self.base.add(i * HEADER + 16) as *const AtomicU32) }
+    }
+
+    fn seq(&self, i: usize) -> &AtomicU64 {
+        // SAFETY: as in `tag`, at offset 24 (8-aligned).
+        unsafe { &*(self.base.add(i * HEADER + 24) as *const AtomicU64) }
+    }
+
+    /// Copies `bytes` into slot i's payload. Only the slot's current
+    /// holder (owner while claimed, decider while taken) writes it.
+    fn write_payload(&self, i: usize, bytes: &[u8]) {
+        debug_assert!(bytes.len() <= PAYLOAD);
+        // SAFETY: the payload region of slot i holds PAYLOAD bytes; the
+        // caller holds the slot (see above), so nobody reads it meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(PAYLOADS_AT + i * PAYLOAD), bytes.len()) }
+        self.len(i).store(bytes.len() as u32, Ordering::Relaxed);
+    }
+
+    fn read_payload(&self, i: usize) -> Vec<u8> {
+        let n = (self.len(i).load(Ordering::Relaxed) as usize).min(PAYLOAD);
+        let mut out = vec![0u8; n];
+        // SAFETY: n <= PAYLOAD bytes of slot i's payload; written before
+        // the tag change the caller acquired.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(PAYLOADS_AT + i * PAYLOAD), out.as_mut_ptr(), n) }
+        out
+    }
+
+    fn bump(&self, i: usize) {
+        let word = self.wake_word(i);
+        word.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: a mapped, aligned futex word; shared (not PRIVATE), as
+        // the sleeper is another process.
+        unsafe {
+            libc::syscall(libc::SYS_futex, word as *const AtomicU32, libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
+        }
+    }
+
+    /// Queues the request of `step`. `None` if every slot is busy or the
+    /// request is too large for one.
+    pub fn enqueue(&self, step: StepRef, req: &Request) -> Option<SlotRef> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let bytes = serde_json::to_vec(&Wire { job: step.job, holder: step.holder, request: req.clone() }).ok()?;
+        if bytes.len() > PAYLOAD {
+            return None;
+        }
+        let pid = std::process::id();
+        // Unique among live processes: pid and a per-process counter.
+        let id = (pid as u64) << 24 | (N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff);
+        let start = pid as usize % SLOTS;
+        let index = (0..SLOTS).map(|k| (start + k) % SLOTS).find(|&i| {
+            self.tag(i).compare_exchange(FREE, tag(id, CLAIMED), Ordering::Acquire, Ordering::Relaxed).is_ok()
+        })?;
+        self.owner(index).store(pid, Ordering::Relaxed);
+        self.write_payload(index, &bytes);
+        self.seq(index).store(crate::state::now_nanos() as u64, Ordering::Relaxed);
+        // Release: the payload is visible to whoever sees QUEUED.
+        self.tag(index).store(tag(id, QUEUED), Ordering::Release);
+        Some(SlotRef { index, id })
+    }
+
+    /// The wake-up counter of our slot, read before looking for the answer.
+    pub fn generation(&self, s: SlotRef) -> u32 {
+        self.wake_word(s.index).load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until our slot's counter moves on from `seen`, or `timeout`.
+    pub fn wait(&self, s: SlotRef, seen: u32, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: as in `bump`. Errors (EAGAIN: already changed,
+        // ETIMEDOUT, EINTR) all mean "look again".
+        unsafe {
+            let word: *const AtomicU32 = self.wake_word(s.index);
+            libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAIT, seen, &ts as *const libc::timespec, 0usize, 0u32);
+        }
+    }
+
+    /// Our answer, if the lock holder left one; the slot is freed.
+    pub fn take_answer(&self, s: SlotRef) -> Option<Decision> {
+        if self.tag(s.index).load(Ordering::Acquire) != tag(s.id, ANSWERED) {
+            return None;
+        }
+        let d = serde_json::from_slice(&self.read_payload(s.index)).ok();
+        let _ = self.tag(s.index).compare_exchange(tag(s.id, ANSWERED), FREE, Ordering::AcqRel, Ordering::Relaxed);
+        d
+    }
+
+    /// Takes our request off the queue. Returns the answer if it was
+    /// decided meanwhile. A request being decided right now (a decider
+    /// that took it and then died, or one still at work) is left: the
+    /// slot is freed once we are gone.
+    pub fn withdraw(&self, s: SlotRef) -> Option<Decision> {
+        let t = self.tag(s.index);
+        if t.compare_exchange(tag(s.id, QUEUED), FREE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return None;
+        }
+        self.take_answer(s)
+    }
+
+    /// Under the state lock: puts back requests a dead decider had taken,
+    /// so they are decided again.
+    pub fn recover_taken(&self) {
+        for i in 0..SLOTS {
+            let t = self.tag(i).load(Ordering::Acquire);
+            if state_of(t) == TAKEN {
+                let _ = self.tag(i).compare_exchange(t, tag(t >> 8, QUEUED), Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Under the state lock: takes the queued requests, oldest first,
+    /// except those in `skip` (put back earlier in this pass). A slot that
+    /// does not decode is freed with a log line; its owner decides alone.
+    pub fn take_queued(&self, skip: &[SlotRef], log: &dyn Fn(&str)) -> Vec<Taken> {
+        let mut queued: Vec<(u64, SlotRef)> = (0..SLOTS)
+            .filter_map(|i| {
+                let t = self.tag(i).load(Ordering::Acquire);
+                let s = SlotRef { index: i, id: t >> 8 };
+                (state_of(t) == QUEUED && !skip.contains(&s)).then(|| (self.seq(i).load(Ordering::Relaxed), s))
+            })
+            .collect();
+        queued.sort_by_key(|(seq, s)| (*seq, s.index));
+        let mut out = Vec::with_capacity(queued.len());
+        for (_, s) in queued {
+            let t = self.tag(s.index);
+            if t.compare_exchange(tag(s.id, QUEUED), tag(s.id, TAKEN), Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                continue; // withdrawn meanwhile
+            }
+            match serde_json::from_slice::<Wire>(&self.read_payload(s.index)) {
+                Ok(w) => {
+                    out.push(Taken { slot: s, step: StepRef { job: w.job, holder: w.holder }, request: w.request })
+                }
+                Err(e) => {
+                    log(&format!("placement request in {SLOTS_FILE} slot {} unreadable ({e}); dropped", s.index));
+                    let _ = t.compare_exchange(tag(s.id, TAKEN), FREE, Ordering::AcqRel, Ordering::Relaxed);
+                }
+            }
+        }
+        out
+    }
+
+    /// Answers a taken request (the state recording `d` is written) and
+    /// wakes its owner. An answer too large for the slot is not given: the
+    /// request goes back to the queue and its owner finds its job's
+    /// reservation itself.
+    pub fn answer(&self, s: SlotRef, d: &Decision) {
+        match serde_json::to_vec(d) {
+            Ok(bytes) if bytes.len() <= PAYLOAD => {
+                self.write_payload(s.index, &bytes);
+                let _ = self.tag(s.index).compare_exchange(
+                    tag(s.id, TAKEN),
+                    tag(s.id, ANSWERED),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                self.bump(s.index);
+            }
+            _ => self.put_back(s),
+        }
+    }
+
+    /// Returns a taken request to the queue, undecided.
+    pub fn put_back(&self, s: SlotRef) {
+        let _ = self.tag(s.index).compare_exchange(
+            tag(s.id, TAKEN),
+            tag(s.id, QUEUED),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Wakes the owner of the oldest queued request (after the lock is
+    /// released, so that it takes the lock next).
+    pub fn wake_oldest(&self) {
+        let oldest = (0..SLOTS)
+            .filter(|&i| state_of(self.tag(i).load(Ordering::Acquire)) == QUEUED)
+            .min_by_key(|&i| self.seq(i).load(Ordering::Relaxed));
+        if let Some(i) = oldest {
+            self.bump(i);
+        }
+    }
+
+    /// Frees slots whose owner is gone (garbage collection).
+    pub fn reclaim(&self, alive: &dyn Fn(u32) -> bool) {
+        for i in 0..SLOTS {
+            let t = self.tag(i).load(Ordering::Acquire);
+            if t != FREE && !alive(self.owner(i).load(Ordering::Relaxed)) {
+                let _ = self.tag(i).compare_exchange(t, FREE, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Slots in use (for tests and status).
+    pub fn busy(&self) -> usize {
+        (0..SLOTS).filter(|&i| self.tag(i).load(Ordering::Acquire) != FREE).count()
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `open` with this length; no reference outlives self.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, FILE_BYTES);
+        }
+    }
+}
+
+/// Makes the slots file: written in full under a temporary name, then
+/// linked into place, so nobody ever maps a file still being written. If
+/// another process linked its file first, that one is used.
+fn create(dir: &Path) -> Option<File> {
+    let path = dir.join(SLOTS_FILE);
+    let tmp = dir.join(format!("{SLOTS_FILE}.tmp.{}", std::process::id()));
+    let made = (|| -> std::io::Result<()> {
+        let f = crate::fsutil::open_for_write(&tmp, true)?;
+        f.write_all_at(&vec![0u8; FILE_BYTES], 0)?;
+        match std::fs::hard_link(&tmp, &path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    made.ok()?;
+    crate::fsutil::open_existing_rw(&path).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests_support::TempDir;
+    use carma_config::Policy;
+    use std::time::Instant;
+
+    fn req(sig: Option<String>) -> Request {
+        Request {
+            policy: Policy::Magm,
+            count: 1,
+            estimate_mib: Some(1000),
+            estimate_source: "declared".into(),
+            shares: true,
+            signature: sig,
+        }
+    }
+
+    fn decision() -> Decision {
+        Decision {
+            gpus: vec![1],
+            exclusive: false,
+            reserve_mib: 1000,
+            reused: false,
+            history_mib: None,
+            free_mib: vec![9],
+        }
+    }
+
+    #[test]
+    fn a_request_is_taken_once_answered_and_its_owner_woken_in_another_mapping() {
+        let d = TempDir::new();
+        let (owner, decider) = (Slots::open(&d.0).unwrap(), Slots::open(&d.0).unwrap());
+        let step = StepRef { job: 7, holder: 1 };
+        let s = owner.enqueue(step, &req(None)).unwrap();
+        assert!(owner.take_answer(s).is_none(), "answered before anyone decided");
+        let taken = decider.take_queued(&[], &|_| {});
+        assert_eq!(taken.len(), 1);
+        assert_eq!((taken[0].step, &taken[0].request), (step, &req(None)));
+        assert!(decider.take_queued(&[], &|_| {}).is_empty(), "taken twice");
+        let seen = owner.generation(s);
+        let sleeper = std::thread::spawn(move || {
+            let t = Instant::now();
+            owner.wait(s, seen, Duration::from_secs(20));
+            (t.elapsed(), owner.take_answer(s), owner.busy())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        decider.answer(taken[0].slot, &decision());
+        let (took, answer, busy) = sleeper.join().unwrap();
+        assert!(took < Duration::from_secs(10), "not woken: {took:?}");
+        assert_eq!(answer, Some(decision()));
+        assert_eq!(busy, 0, "slot not freed");
+    }
+
+    #[test]
+    fn withdrawn_put_back_recovered_and_dead_owners_slots() {
+        let d = TempDir::new();
+        let q = Slots::open(&d.0).unwrap();
+        let a = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None)).unwrap();
+        let b = q.enqueue(StepRef { job: 2, holder: 1 }, &req(None)).unwrap();
+        assert_eq!(q.withdraw(a), None);
+        assert_eq!(q.busy(), 1);
+        // A withdrawn slot's reuse is not someone else's to withdraw.
+        let c = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None)).unwrap();
+        assert_eq!(c.index, a.index);
+        assert_eq!(q.withdraw(a), None);
+        assert_eq!(q.busy(), 2, "withdrawing a stale claim freed another request");
+        // Taken by a decider that died: put back for the next one.
+        let t = q.take_queued(&[], &|_| {});
+        assert_eq!(t.iter().map(|t| t.step.job).collect::<Vec<_>>(), vec![2, 3], "oldest first");
+        q.recover_taken();
+        let t = q.take_queued(&[b], &|_| {});
+        assert_eq!(t.iter().map(|t| t.step.job).collect::<Vec<_>>(), vec![3], "skip list ignored");
+        q.put_back(t[0].slot);
+        assert_eq!(q.take_queued(&[], &|_| {}).len(), 2);
+        q.reclaim(&|_| true);
+        assert_eq!(q.busy(), 2);
+        q.reclaim(&|_| false);
+        assert_eq!(q.busy(), 0);
+    }
+
+    #[test]
+    fn full_queue_oversized_requests_and_garbage_payloads() {
+        let d = TempDir::new();
+        let q = Slots::open(&d.0).unwrap();
+        assert!(q.enqueue(StepRef { job: 1, holder: 1 }, &req(Some("x".repeat(PAYLOAD)))).is_none());
+        let all: Vec<_> = (0..SLOTS).map(|j| q.enqueue(StepRef { job: j as u32, holder: 1 }, &req(None))).collect();
+        assert!(all.iter().all(Option::is_some));
+        assert!(q.enqueue(StepRef { job: 99, holder: 1 }, &req(None)).is_none(), "more slots than exist");
+        q.reclaim(&|_| false);
+        let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None)).unwrap();
+        q.write_payload(s.index, b"{not json");
+        let lines = std::sync::Mutex::new(Vec::new());
+        assert!(q.take_queued(&[], &|l| lines.lock().unwrap().push(l.to_string())).is_empty());
+        assert!(lines.lock().unwrap()[0].contains("unreadable"));
+        assert_eq!(q.busy(), 0);
+    }
+
+    #[test]
+    fn a_file_of_another_size_is_not_mapped() {
+        let d = TempDir::new();
+        std::fs::write(d.0.join(SLOTS_FILE), [0u8; 4096]).unwrap();
+        assert!(Slots::open(&d.0).is_none());
+    }
+}
