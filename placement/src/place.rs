@@ -305,7 +305,11 @@ impl Placer {
                 .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &mut gc_forced)))
                 .collect();
             if let Err(e) = lock.store(&st) {
+                // Undecided after all: their owners try again themselves.
                 decided.iter().for_each(|(s, _)| q.put_back(*s));
+                if stored {
+                    break; // ours is already written
+                }
                 return Err(e.into());
             }
             stored = true;
