@@ -39,6 +39,9 @@ Checked by hand: break the code, run the suite, and see a test fail.
   A writer killed mid-write leaves a torn state file.
 - The headroom check removed from the preconditions: the property test in
   `placement/src/policy/tests.rs` fails.
+- The combining decider deciding queued requests on a copy of the state (answering without
+  recording): `placement/tests/combining.rs` fails, in both its answer test and the test of
+  24 racing launches (3 of 3 runs).
 TAIL
 }
 
