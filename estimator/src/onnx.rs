@@ -57,6 +57,17 @@ fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError>
     finish(ops, params, fixed_batch, &err)
 }
 
+/// The fast shape walk alone on any bytes, for the fuzz target: this
+/// crate's own code on hostile input, without tract's fallback.
+#[doc(hidden)]
+pub fn fuzz_fast_walk(bytes: &[u8]) {
+    let Ok(proto) = <pb::ModelProto as prost::Message>::decode(bytes) else { return };
+    let Some(graph) = proto.graph.as_ref() else { return };
+    for input in 0..graph.input.len().min(4) {
+        let _ = crate::onnx_shapes::walk(graph, input);
+    }
+}
+
 /// Operator outputs that carry the batch: (operator, dims at batch 1).
 type Ops = Vec<(String, Vec<u64>)>;
 
