@@ -5,9 +5,9 @@
 //! The requests live in `state_dir/queue.slots`, a small root-owned file
 //! that every placing process maps: SLOTS fixed-size slots, each a header
 //! of atomic words (all headers in the first page, one cache line each, so
-//! scanning the queue touches one page) and a payload page. A step that finds the lock taken claims a
-//! free slot, writes its request (JSON) there and sleeps on the slot's
-//! futex word. The lock holder takes every queued request, decides them
+//! scanning the queue touches one page) and a payload page. A step that
+//! finds the lock taken claims a free slot, writes its request (JSON)
+//! there and sleeps on the slot's futex word. The lock holder takes every queued request, decides them
 //! with its own, writes the state once, then writes each answer into its
 //! slot and wakes its owner. A request that does not fit goes back to the
 //! queue: its owner decides it itself and reports why. Releasing the lock
