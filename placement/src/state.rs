@@ -252,7 +252,7 @@ impl StateStore {
 
     /// A consistent snapshot under a shared lock (for status displays).
     pub fn snapshot(&self) -> Result<NodeState, StateError> {
-        let _lock = self.lock(false, Some(self.lock_timeout))?;
+        let _lock = self.lock(false, self.lock_timeout)?;
         Ok(self.load())
     }
 
@@ -266,7 +266,7 @@ impl StateStore {
 
     /// The exclusive lock, waiting at most the configured time.
     pub fn exclusive(&self) -> Result<Locked<'_>, StateError> {
-        let file = self.lock(true, Some(self.lock_timeout))?.expect("a waiting lock returns a file");
+        let file = self.lock(true, self.lock_timeout)?;
         Ok(Locked { store: self, file: LockFile::Own(file), loaded: None })
     }
 
@@ -284,13 +284,11 @@ impl StateStore {
                 self.lock_file.get_or_init(|| f)
             }
         };
-        match file.try_lock_exclusive() {
-            Ok(()) => Ok(Some(Locked { store: self, file: LockFile::Kept(file), loaded: None })),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
-                Ok(None)
-            }
-            Err(e) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
-        }
+        Ok(try_got(file.try_lock_exclusive(), &path)?.then_some(Locked {
+            store: self,
+            file: LockFile::Kept(file),
+            loaded: None,
+        }))
     }
 
     /// The queue of requests waiting for the lock (see [`crate::slots`]).
@@ -298,24 +296,16 @@ impl StateStore {
         self.slots.as_ref()
     }
 
-    /// `wait` None: do not wait (Ok(None) if the lock is taken).
-    fn lock(&self, exclusive: bool, wait: Option<Duration>) -> Result<Option<File>, StateError> {
+    /// The lock, waiting at most `wait`.
+    fn lock(&self, exclusive: bool, wait: Duration) -> Result<File, StateError> {
         // A fresh descriptor: if we give up waiting, the helper thread's
         // lock dies with it.
         let path = self.dir.join(LOCK_FILE);
         let file = crate::fsutil::open_for_write(&path, false).map_err(io(format!("opening {}", path.display())))?;
-        let got = |r: std::io::Result<()>| match r {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
-                Ok(false)
-            }
-            Err(e) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
-        };
         // Fast path: the lock is free.
-        if got(if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) })? {
-            return Ok(Some(file));
+        if try_got(if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) }, &path)? {
+            return Ok(file);
         }
-        let Some(wait) = wait else { return Ok(None) };
         // Contended: a helper thread blocks in flock(2), so the kernel hands
         // the lock over the moment it is released; we wait for it with a
         // timeout. If we give up first, the helper's send fails and dropping
@@ -333,7 +323,7 @@ impl StateStore {
             })
             .map_err(io(format!("locking {}", path.display())))?;
         match rx.recv_timeout(wait) {
-            Ok(Ok(file)) => Ok(Some(file)),
+            Ok(Ok(file)) => Ok(file),
             Ok(Err(e)) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
             Err(_) => Err(StateError::LockTimeout { path, waited: start.elapsed() }),
         }
@@ -388,6 +378,17 @@ impl StateStore {
             let _ = fs::remove_file(&tmp);
             StateError::Io { what: format!("writing {}", path.display()), err: e }
         })
+    }
+}
+
+/// A non-blocking flock's outcome: taken, or held by someone else.
+fn try_got(r: std::io::Result<()>, path: &Path) -> Result<bool, StateError> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+            Ok(false)
+        }
+        Err(e) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
     }
 }
 
