@@ -1,2 +1,3 @@
 #include <slurm/slurm_version.h>
+#include <slurm/slurm.h>
 #include <slurm/spank.h>

@@ -3,7 +3,9 @@
 # and the CARMA plugin installed: used by the tests, CI and the demo.
 #
 #   tests/cluster.sh deps      install Debian packages (Slurm, munge, clang)
-#   tests/cluster.sh start     install CARMA from target/$PROFILE, (re)start munged, slurmctld, slurmd
+#   tests/cluster.sh start     build the Debian packages from target/$PROFILE
+#                              (packaging/build-deb.sh), install them, (re)start
+#                              munged, slurmctld, slurmd
 #   tests/cluster.sh stop      stop the daemons (by pid file)
 #   tests/cluster.sh status
 #
@@ -19,8 +21,10 @@ MARK="# written by carma tests/cluster.sh"
 RUN=/run/carma-cluster
 VAR=/var/lib/carma-cluster
 LOG=/var/log/carma-cluster
-PREFIX=/usr/local
-PLUGIN=$PREFIX/lib/carma/carma_spank.so
+# Where the carma-slurm package installs: every test runs what admins get.
+PLUGIN=/usr/lib/carma/carma_spank.so
+EPILOG=/usr/sbin/carma-epilog
+TARGET=${CARGO_TARGET_DIR:-$repo/target}
 SIM=/etc/carma/sim-gpus.yaml
 TEST_USER=carmatest
 
@@ -83,7 +87,7 @@ SchedulerParameters=sched_interval=1,bf_interval=1
 MinJobAge=600
 PlugStackConfig=/etc/slurm/plugstack.conf
 # OOM recovery: detects GPU OOM crashes of CARMA jobs and requeues them.
-Epilog=$PREFIX/sbin/carma-epilog
+Epilog=$EPILOG
 JobRequeue=1
 GresTypes=gpu,shard
 # More CPUs than exist, so that many small jobs run at once.
@@ -129,13 +133,15 @@ CONF
 }
 
 install_carma() {
-    local t=$repo/target/$PROFILE
+    local t=$TARGET/$PROFILE debs=$TARGET/debian
     [ -f "$t/libcarma_spank.so" ] || die "$t/libcarma_spank.so missing: run cargo build --profile $PROFILE --workspace first"
-    install -D -m 0755 "$t/libcarma_spank.so" "$PLUGIN"
-    for b in carma carma-fakejob; do
-        install -m 0755 "$t/$b" "$PREFIX/bin/$b"
-    done
-    install -D -m 0755 "$t/carma-epilog" "$PREFIX/sbin/carma-epilog"
+    rm -f "$debs"/carma-slurm*.deb
+    "$repo/packaging/build-deb.sh" "$t" "$debs"
+    dpkg -i "$debs"/carma-slurm_*.deb "$debs"/carma-slurm-sim_*.deb >/dev/null
+    # Copies an earlier version of this script installed by hand would
+    # shadow the package's (/usr/local/bin comes first on PATH).
+    rm -f /usr/local/bin/carma /usr/local/bin/carma-fakejob /usr/local/sbin/carma-epilog
+    rm -rf /usr/local/lib/carma
     id "$TEST_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER"
     # Simulated GPU processes register here (like /tmp: users create, only owners delete).
     install -d -m 1777 /run/carma-sim

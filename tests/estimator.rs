@@ -9,17 +9,15 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::thread;
 
-fn shared() -> PathBuf {
-    let d = std::env::var_os("CARMA_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data"));
-    assert!(d.join("onnx").is_dir(), "no {}: set CARMA_DATA to ../shared/data", d.display());
+fn data() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data");
+    assert!(d.join("onnx").is_dir(), "no {}: the repository's data/ is missing", d.display());
     d
 }
 
-/// A copy of a shared model file the test user owns.
+/// A copy of one of the repository's model files that the test user owns.
 fn user_copy(rel: &str) -> String {
-    let src = shared().join(rel);
+    let src = data().join(rel);
     let dst = work_dir().join(src.file_name().unwrap());
     std::fs::copy(&src, &dst).unwrap();
     Command::new("chown").args([USER, dst.to_str().unwrap()]).status().unwrap();
@@ -124,7 +122,7 @@ fn malformed_and_hostile_model_files_are_refused_at_submit_time() {
         Command::new("chown").args(["-h", USER, p.to_str().unwrap()]).status().unwrap();
     };
     // A truncated torchsummary table: file and line named.
-    let summary = std::fs::read_to_string(shared().join("carma/model-summaries/resnet50_32.model")).unwrap();
+    let summary = std::fs::read_to_string(data().join("carma/model-summaries/resnet50_32.model")).unwrap();
     let cut: String = summary.lines().take(12).collect::<Vec<_>>().join("\n") + "\n  Conv2d-13   [32, 64";
     let truncated = dir.join("truncated.model");
     std::fs::write(&truncated, cut).unwrap();
@@ -135,7 +133,7 @@ fn malformed_and_hostile_model_files_are_refused_at_submit_time() {
     std::fs::write(&garbage, [0x08u8, 0xff, 0xff, 0xff, 0x00, 0x12, 0x99, 0x01, 0x02]).unwrap();
     chown(&garbage);
     refused(garbage.to_str().unwrap(), "not an ONNX model");
-    let onnx = std::fs::read(shared().join("onnx/resnet50.onnx")).unwrap();
+    let onnx = std::fs::read(data().join("onnx/resnet50.onnx")).unwrap();
     let half = dir.join("half.onnx");
     std::fs::write(&half, &onnx[..onnx.len() / 2]).unwrap();
     chown(&half);

@@ -87,7 +87,7 @@ fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
             .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".corrupt."))
             .count();
         let r = user(&["srun", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
-        assert!(r.stdout.contains("gpus="), "case {i}: {}", r.stdout);
+        assert!(r.stdout.contains("gpu_indices="), "case {i}: {}", r.stdout);
         let after = std::fs::read_dir("/run/carma")
             .unwrap()
             .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".corrupt."))
@@ -172,7 +172,7 @@ fn kill_9_of_a_slurmstepd_releases_its_reservation() {
     // The next placement collects the dead holder's reservation.
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
     assert!(!status(()).contains(&format!("\"job\": {job}")), "reservation of killed job {job} kept");
-    assert!(carma_log().contains(&format!("released job {job} from GPU")), "release not logged");
+    assert!(carma_log().contains(&format!("released job {job} from gpu_indices=")), "release not logged");
     root(&["scancel", &job], 10);
     let _ = root(&["pkill", "-f", "carma-fakejob --mem 2G --seconds 20"], 10);
     assert!(Path::new("/run/carma/state.json").exists());

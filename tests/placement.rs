@@ -209,7 +209,24 @@ fn every_decision_is_logged_with_its_reason() {
         .find(|l| l.contains(&format!("job {job} step 0: policy=bf")))
         .unwrap_or_else(|| panic!("no decision line for job {job}"));
     assert!(line.contains("estimate=2048M source=declared") && line.contains("effective_free="), "{line}");
-    assert!(log.contains(&format!("job {job} released GPU")), "release not logged");
+    assert!(line.contains("gpu_count=1 gpu_indices="), "indices and count named apart: {line}");
+    // A readable UTC time that date(1) agrees with, not seconds since 1970.
+    let stamp = line.split(' ').next().unwrap();
+    assert!(stamp.len() == 24 && stamp.as_bytes()[10] == b'T' && stamp.ends_with('Z'), "{line}");
+    let parsed = root(&["date", "-u", "-d", stamp, "+%s"], 10).ok().stdout.trim().parse::<u64>().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(now.abs_diff(parsed) < 120, "{stamp} is not now ({now})");
+    let srun_job = job;
+    // The batch step is named as Slurm names it, never 4294967291.
+    let (r, out) = sbatch_wait(&["--carma-mem=1G"], &[], "echo \"$CARMA_DECISION\"; echo JOB=$SLURM_JOB_ID", 60);
+    assert_eq!(r.code, 0, "{out}");
+    let job = out.lines().find_map(|l| l.strip_prefix("JOB=")).unwrap_or_else(|| panic!("{out}")).to_string();
+    assert!(out.contains("gpu_count=1 gpu_indices="), "{out}");
+    let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap();
+    assert!(log.contains(&format!("job {job} step batch: policy=")), "no batch step line for job {job}");
+    assert!(!log.contains("4294967291"), "a step id Slurm never shows");
+    // (slurmstepd releases after srun returns: looked for after the batch job.)
+    assert!(log.contains(&format!("job {srun_job} step 0 released gpu_indices=")), "release not logged");
 }
 
 #[test]

@@ -68,7 +68,7 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
     let runs: Vec<&str> = text.lines().filter(|l| l.starts_with("RUN ")).collect();
     assert_eq!(runs.len(), 2, "{text}");
     assert!(
-        runs[0].contains("gpus=0") && runs[0].contains("exclusive=false"),
+        runs[0].contains("gpu_indices=0") && runs[0].contains("exclusive=false"),
         "first run collocated with the neighbour: {text}"
     );
     assert!(text.contains("torch.OutOfMemoryError: CUDA out of memory"), "{text}");
@@ -76,7 +76,7 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
         runs[1].starts_with("RUN 1") && runs[1].contains("recovery=exclusive") && runs[1].contains("exclusive=true"),
         "{text}"
     );
-    assert!(!runs[1].contains("gpus=0 "), "rerun shared the neighbour's GPU: {text}");
+    assert!(!runs[1].contains("gpu_indices=0 "), "rerun shared the neighbour's GPU: {text}");
     assert!(text.contains("carma-fakejob: done"), "{text}");
     assert_eq!(field(&victim, "Restarts"), "1");
     // Slurm's requeue delay (BeginTime) was lifted: both runs took seconds, not minutes.
@@ -150,7 +150,7 @@ fn looser_recovery_reruns_with_the_crashed_runs_need_instead_of_a_whole_gpu() {
     // The OOM message said "Tried to allocate 30720 MiB"; plus the 2 GiB margin.
     assert!(rerun.contains("recovery=looser") && rerun.contains("estimate=32768M source=recovery"), "{rerun}");
     assert!(rerun.contains("exclusive=false"), "looser must not take a whole GPU: {rerun}");
-    assert!(!rerun.contains("gpus=0 "), "16G neighbour + 32G does not fit GPU 0: {rerun}");
+    assert!(!rerun.contains("gpu_indices=0 "), "16G neighbour + 32G does not fit GPU 0: {rerun}");
     assert!(text.contains("carma-fakejob: done"), "{text}");
     assert_eq!(wait_done(&nb, 60), "COMPLETED");
 }

@@ -2,16 +2,14 @@
 //! descriptions and the resnet50/BERT ONNX exports, and inference (the
 //! continuous model and GPUMemNet's classifier on tract) on a parsed
 //! network. Prints median and p99 of repeated runs.
-//! Run: cargo bench -p carma-estimator --bench estimate  (CARMA_DATA=../shared/data)
+//! Run: cargo bench -p carma-estimator --bench estimate  (reads the repository's data/)
 
 use carma_estimator::{features, gpumemnet, layers_model, listing, onnx, torchsummary};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn data() -> PathBuf {
-    std::env::var_os("CARMA_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data")
 }
 
 fn time<T>(name: &str, runs: usize, mut f: impl FnMut() -> T) {
@@ -37,7 +35,7 @@ fn us(d: Duration) -> f64 {
 
 fn main() {
     let summaries = data().join("carma/model-summaries");
-    let resnet = std::fs::read_to_string(summaries.join("resnet50_32.model")).expect("CARMA_DATA");
+    let resnet = std::fs::read_to_string(summaries.join("resnet50_32.model")).expect("data/carma/model-summaries");
     let bert = std::fs::read_to_string(summaries.join("BERT_base.model")).unwrap();
     let resnet_onnx = std::fs::read(data().join("onnx/resnet50.onnx")).unwrap();
     let bert_onnx = std::fs::read(data().join("onnx/bert_base_mlm.onnx")).unwrap();

@@ -132,8 +132,7 @@ mod tests {
     use super::*;
 
     fn shared(file: &str) -> Listing {
-        let p =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/carma/model-summaries").join(file);
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/carma/model-summaries").join(file);
         let text = crate::input::read_bounded(&p).unwrap();
         parse(&text, file).unwrap()
     }

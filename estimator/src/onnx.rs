@@ -252,11 +252,9 @@ mod tests {
     /// networks (tract names some operators differently).
     #[test]
     fn fast_walk_matches_tract_on_the_paper_networks() {
-        let dir = std::env::var_os("CARMA_DATA")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
-            .join("onnx");
-        let mut files: Vec<_> = std::fs::read_dir(&dir).expect("CARMA_DATA/onnx").flatten().map(|e| e.path()).collect();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/onnx");
+        let mut files: Vec<_> =
+            std::fs::read_dir(&dir).expect("the repository's data/onnx").flatten().map(|e| e.path()).collect();
         files.sort();
         assert!(files.len() >= 9, "{files:?}");
         let canon = |k: &str| -> String {

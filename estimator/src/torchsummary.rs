@@ -141,9 +141,9 @@ Total params: 2,058,536
 
     #[test]
     fn every_torchsummary_file_of_the_paper_parses() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/carma/model-summaries");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/carma/model-summaries");
         let mut parsed = 0;
-        for e in std::fs::read_dir(&dir).expect("shared data beside the repo").flatten() {
+        for e in std::fs::read_dir(&dir).expect("the repository's data/carma/model-summaries").flatten() {
             let text = crate::input::read_bounded(&e.path()).unwrap();
             if !text.contains("Layer (type)  ") {
                 continue; // torchinfo trees and transformer listings
@@ -160,7 +160,7 @@ Total params: 2,058,536
             );
             parsed += 1;
         }
-        assert_eq!(parsed, 23, "torchsummary files in the shared data");
+        assert_eq!(parsed, 23, "torchsummary files in data/carma/model-summaries");
     }
 
     #[test]

@@ -7,14 +7,12 @@ use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use std::path::PathBuf;
 
 fn data() -> PathBuf {
-    let dir = std::env::var_os("CARMA_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    assert!(dir.join("carma/workloads.csv").is_file(), "no {}: set CARMA_DATA to ../shared/data", dir.display());
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data");
+    assert!(dir.join("carma/workloads.csv").is_file(), "no {}: the repository's data/ is missing", dir.display());
     dir
 }
 
-/// Known-bad summaries (../shared/data/README.md) and the torchinfo tables,
+/// Known-bad summaries (data/README.md) and the torchinfo tables,
 /// whose depth limit folds blocks into one row, so activations cannot be
 /// counted: those jobs need --carma-mem.
 const SKIP: [(&str, &str); 5] = [
@@ -116,7 +114,7 @@ fn default_estimator_never_underestimates_the_papers_workloads() {
     assert!(median(ours.clone()) <= 1.25, "{}", summarize("ours", &ours));
 }
 
-/// The weight-free ONNX exports of the same architectures (../shared/data/onnx).
+/// The weight-free ONNX exports of the same architectures (data/onnx).
 #[test]
 fn onnx_exports_never_underestimate_the_same_workloads() {
     let arch = [

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Trains the estimator's shipped models from the GPUMemNet measurements.
 
-    python3 estimator/train/train.py --data ../shared/data --out estimator/models
+    python3 estimator/train/train.py --data DIR --out estimator/models
+
+DIR/gpumemnet/ must hold GPUMemNet's measurements, mlp_data_step2.csv and
+cnn_data_step1.csv, from the GPUMemNet repository (github.com/itu-rad/GPUMemNet,
+arXiv 2508.19073). They publish no licence, so this repository does not carry
+them; the trained models it ships (estimator/models/) are what the tests use.
 
 Writes (deterministic for the pinned versions in requirements.txt):
   gpumemnet_mlp.onnx, gpumemnet_cnn.onnx  the paper's classifiers (8 GiB bins)
   layers.json                             the continuous per-sample model
   training-report.md                      held-out accuracy and under-estimation
 
-Only ../shared/data/gpumemnet/ is read. The CARMA workloads (carma/workloads.csv)
+Only DIR/gpumemnet/ is read. The CARMA workloads (carma/workloads.csv)
 are the validation set and are never read here.
 """
 import argparse, ast, csv, json, math, os
@@ -199,7 +204,9 @@ def fit_layers(rows, seed):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--data", required=True,
+                    help="folder whose gpumemnet/ holds GPUMemNet's mlp_data_step2.csv and cnn_data_step1.csv "
+                         "(from github.com/itu-rad/GPUMemNet; not redistributed here)")
     ap.add_argument("--out", default="estimator/models")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()

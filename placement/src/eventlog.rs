@@ -6,6 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 type Syslog = syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>;
 static SYSLOG: OnceCell<Option<Mutex<Syslog>>> = OnceCell::new();
@@ -40,7 +41,51 @@ fn append(path: &Path, msg: &str) {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path);
     if let Ok(mut f) = file {
-        let secs = crate::state::now_secs();
-        let _ = writeln!(f, "{secs} carma[{}]: {msg}", std::process::id());
+        let _ = writeln!(f, "{} carma[{}]: {msg}", rfc3339_utc(SystemTime::now()), std::process::id());
+    }
+}
+
+/// `2026-11-23T11:35:00.123Z`: what admins read and `date -d` parses.
+pub fn rfc3339_utc(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (y, m, day) = civil_from_days((secs / 86_400) as i64);
+    let s = secs % 86_400;
+    format!("{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", s / 3600, s % 3600 / 60, s % 60, d.subsec_millis())
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian
+/// calendar (H. Hinnant's `civil_from_days`): no time zone data needed.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339_utc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn timestamps_match_gnu_date() {
+        // Expected values from `date -u -d @SECS +%FT%TZ` (leap days, a
+        // century that is not a leap year).
+        for (secs, want) in [
+            (0, "1970-01-01T00:00:00"),
+            (951_782_400, "2000-02-29T00:00:00"),
+            (1_709_251_199, "2024-02-29T23:59:59"),
+            (1_795_434_299, "2026-11-23T11:44:59"),
+            (4_107_542_399, "2100-02-28T23:59:59"),
+        ] {
+            let t = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(7);
+            assert_eq!(rfc3339_utc(t), format!("{want}.007Z"), "{secs}");
+        }
     }
 }

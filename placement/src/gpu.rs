@@ -26,3 +26,9 @@ impl GpuReading {
         self.total_mib.saturating_sub(self.used_mib)
     }
 }
+
+/// GPU indices as logs, `CARMA_DECISION` and `CUDA_VISIBLE_DEVICES` write
+/// them: `0,2`.
+pub fn index_list(indices: &[u32]) -> String {
+    indices.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}

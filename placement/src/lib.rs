@@ -18,7 +18,7 @@ pub mod slots;
 pub mod source;
 pub mod state;
 
-pub use gpu::{GpuProcess, GpuReading};
+pub use gpu::{GpuProcess, GpuReading, index_list};
 pub use place::{Decision, LinuxProcesses, PlaceError, Placer, Processes, Request, StepRef};
 pub use policy::{Demand, NoFit, Params, Reject, choose};
 pub use source::{GpuSource, SourceError, open_source};

@@ -52,8 +52,15 @@ pub struct Decision {
 
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
-        write!(f, "gpus={} reserve={}M exclusive={}", gpus.join(","), self.reserve_mib, self.exclusive)?;
+        // Indices and count named apart: "gpus=3" read both ways.
+        write!(
+            f,
+            "gpu_count={} gpu_indices={} reserve={}M exclusive={}",
+            self.gpus.len(),
+            crate::gpu::index_list(&self.gpus),
+            self.reserve_mib,
+            self.exclusive
+        )?;
         if self.reused {
             write!(f, " reused=yes")
         } else {
@@ -205,7 +212,8 @@ impl Placer {
             q.reclaim(&alive);
         }
         for r in st.collect_garbage(alive, |job| self.processes.job_running(job)) {
-            (self.log)(&format!("released job {} from GPU {:?}: its steps are gone", r.job, r.gpus));
+            let gpus = crate::gpu::index_list(&r.gpus);
+            (self.log)(&format!("released job {} from gpu_indices={gpus}: its steps are gone", r.job));
         }
     }
 

@@ -34,6 +34,8 @@ pub enum Holding {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reservation {
     pub job: u32,
+    /// The node's GPU indices (never a count); older state files say `gpus`.
+    #[serde(rename = "gpu_indices", alias = "gpus")]
     pub gpus: Vec<u32>,
     /// Expected peak per GPU, MiB (the whole GPU for exclusive holdings).
     pub estimate_mib: u64,

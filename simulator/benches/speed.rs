@@ -21,7 +21,7 @@ fn cfg(cluster: Cluster, policy: Policy, sample_s: f64) -> SimConfig {
 }
 
 fn main() {
-    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/carma");
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/carma");
     let w = read_workloads(&data.join("workloads.csv")).expect("workloads.csv");
     let one = Cluster::parse("1x4x40G").unwrap();
     let t = Instant::now();

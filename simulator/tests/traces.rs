@@ -7,7 +7,7 @@ use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, read_trace, read_wor
 use std::path::PathBuf;
 
 fn data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/carma")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/carma")
 }
 
 fn cfg(policy: Policy, estimator: Estimator) -> SimConfig {

@@ -34,6 +34,18 @@ pub static plugin_type: [u8; 6] = *b"spank\0";
 #[unsafe(no_mangle)]
 pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
 
+/// A step as Slurm names it (`scontrol`, `sacct`): `batch`, `extern`,
+/// `interactive`, or its number.
+pub fn step_name(id: u32) -> String {
+    match id {
+        sys::SLURM_BATCH_SCRIPT => "batch".into(),
+        sys::SLURM_EXTERN_CONT => "extern".into(),
+        sys::SLURM_INTERACTIVE_STEP => "interactive".into(),
+        sys::SLURM_PENDING_STEP => "pending".into(),
+        n => n.to_string(),
+    }
+}
+
 /// Where the plugin is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Context {

@@ -75,7 +75,7 @@ pub fn epilog(_sp: &Spank) -> Result<(), Error> {
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
         if let Some(r) = Placer::from_config(cfg, log::event).context("release")?.release_job(job).context("release")? {
-            log::event(&format!("job {job} ended: released GPU {:?}", r.gpus));
+            log::event(&format!("job {job} ended: released gpu_indices={}", carma_placement::index_list(&r.gpus)));
         }
         Ok(())
     })

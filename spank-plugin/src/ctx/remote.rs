@@ -19,6 +19,8 @@ struct Decision {
     gpus: String,
     summary: String,
     step: StepRef,
+    /// As Slurm names it: `batch`, `extern`, `interactive` or the number.
+    step_name: String,
 }
 /// `Err` holds why a CARMA step could not be placed. It is reported by
 /// task_init, in the task: a failing init_post_opt would make slurmd drain
@@ -87,7 +89,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let cfg = options::config()?;
     log::set_log_file(cfg.log_file.clone());
     let job = sp.item_u32(Item::JobId)?;
-    let step_id = sp.item_u32(Item::StepId)?;
+    let step_name = crate::spank::step_name(sp.item_u32(Item::StepId)?);
     let step = StepRef { job, holder: std::process::id() };
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
     // The prolog recorded Slurm's GPUs as held whole; a step on shards or
@@ -138,16 +140,16 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
     let decision = placer.place(step, &request, wait, cfg.timeouts.poll).map_err(|e| {
-        Error::msg(format!("job {job} step {step_id}: policy {policy}, estimate {est} ({estimate_source}): {e}"))
+        Error::msg(format!("job {job} step {step_name}: policy {policy}, estimate {est} ({estimate_source}): {e}"))
     })?;
     if let Some(mib) = decision.history_mib {
         est = format!("{mib}M");
         estimate_source = "history".into();
     }
-    let gpus: Vec<String> = decision.gpus.iter().map(u32::to_string).collect();
     let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}");
-    log::event(&format!("job {job} step {step_id}: {summary}"));
-    let _ = DECISION.set(Ok(Decision { gpus: gpus.join(","), summary, step }));
+    log::event(&format!("job {job} step {step_name}: {summary}"));
+    let gpus = carma_placement::index_list(&decision.gpus);
+    let _ = DECISION.set(Ok(Decision { gpus, summary, step, step_name }));
     Ok(())
 }
 
@@ -188,7 +190,12 @@ pub fn exit(_sp: &Spank) -> Result<(), Error> {
     let release = || -> Result<(), Error> {
         let placer = Placer::from_config(options::config()?, log::event).context("release")?;
         if let Some(r) = placer.release(d.step).context("release")? {
-            log::event(&format!("job {} released GPU {:?}", r.job, r.gpus));
+            log::event(&format!(
+                "job {} step {} released gpu_indices={}",
+                r.job,
+                d.step_name,
+                carma_placement::index_list(&r.gpus)
+            ));
         }
         Ok(())
     };

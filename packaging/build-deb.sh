@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Builds the Debian packages admins install, from binaries already built:
+#
+#   packaging/build-deb.sh [BIN_DIR] [OUT_DIR]
+#
+# BIN_DIR defaults to target/release (cargo build --release --workspace);
+# OUT_DIR to target/debian. Writes:
+#   carma-slurm_VERSION_ARCH.deb      the SPANK plugin, carma, carma-epilog,
+#                                     example configuration, docs
+#   carma-slurm-sim_VERSION_ARCH.deb  carma-fakejob and an example file of
+#                                     simulated GPUs (demos and tests only)
+#
+# A SPANK plugin loads only into the Slurm major.minor whose headers it was
+# built against, so the package depends on exactly that release series of
+# the Slurm it was built with (read from the installed libslurm-dev).
+# Needs only dpkg-deb (part of dpkg); no debhelper.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-$repo/target/release}
+out=${2:-$repo/target/debian}
+
+die() { echo "build-deb.sh: $*" >&2; exit 1; }
+for f in libcarma_spank.so carma carma-epilog carma-fakejob; do
+    [ -f "$bin/$f" ] || die "$bin/$f missing: run cargo build --release --workspace first"
+done
+
+version=${CARMA_DEB_VERSION:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml")}
+[ -n "$version" ] || die "no version in Cargo.toml [workspace.package]"
+arch=$(dpkg --print-architecture)
+slurm=$(dpkg-query -W -f '${Version}' libslurm-dev 2>/dev/null) || die "libslurm-dev is not installed: the plugin must be built against Slurm's headers"
+# 22.05.8-4+deb12u3 -> 22.05, and the next series 22.06.
+series=$(echo "$slurm" | sed -n 's/^\([0-9]*\)\.\([0-9]*\)\..*/\1.\2/p')
+[ -n "$series" ] || die "cannot read a Slurm release series from libslurm-dev $slurm"
+next=$(echo "$series" | awk -F. '{ printf "%d.%02d", $1, $2 + 1 }')
+# The plugin's plugin_version must name the same series (built from slurm_version.h).
+hdr=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' /usr/include/slurm/slurm_version.h)
+[ "$(printf '%d.%02d' "0x${hdr:0:2}" "0x${hdr:2:2}")" = "$series" ] || die "slurm_version.h ($hdr) is not libslurm-dev $slurm"
+slurm_dep="slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+install -d "$out"
+
+# --- carma-slurm -------------------------------------------------------------
+p=$work/carma-slurm
+doc=$p/usr/share/doc/carma-slurm
+install -D -m 0644 "$bin/libcarma_spank.so" "$p/usr/lib/carma/carma_spank.so"
+install -D -m 0755 "$bin/carma" "$p/usr/bin/carma"
+install -D -m 0755 "$bin/carma-epilog" "$p/usr/sbin/carma-epilog"
+strip --strip-unneeded "$p/usr/lib/carma/carma_spank.so" "$p/usr/bin/carma" "$p/usr/sbin/carma-epilog"
+install -d "$doc/examples"
+install -m 0644 "$repo/README.md" "$repo/packaging/README.Debian" "$doc/"
+install -m 0644 "$repo"/slurm-conf-examples/* "$doc/examples/"
+install -m 0644 "$repo/packaging/copyright" "$doc/copyright"
+# The plugstack line, ready to link into /etc/slurm/plugstack.conf.d/.
+install -D -m 0644 "$repo/slurm-conf-examples/plugstack.conf" "$p/usr/share/carma-slurm/plugstack-carma.conf"
+install -d "$p/DEBIAN"
+for s in postinst postrm; do install -m 0755 "$repo/packaging/carma-slurm.$s" "$p/DEBIAN/$s"; done
+cat >"$p/DEBIAN/control" <<EOF
+Package: carma-slurm
+Version: $version
+Architecture: $arch
+Maintainer: CARMA for Slurm developers <carma-slurm@localhost>
+Section: admin
+Priority: optional
+Depends: libc6 (>= 2.36), $slurm_dep
+Recommends: slurmd, slurm-client
+Installed-Size: $(du -sk "$p/usr" | cut -f1)
+Description: safe GPU collocation of training jobs on Slurm (SPANK plugin)
+ CARMA estimates a job's GPU memory before placement, watches each GPU's
+ SM activity and free memory, places several training jobs on one GPU only
+ where they fit, and requeues a job that crashed with GPU out-of-memory on a
+ GPU of its own. Built against Slurm $slurm; a SPANK plugin loads only into
+ the Slurm $series series.
+EOF
+
+# --- carma-slurm-sim ---------------------------------------------------------
+s=$work/carma-slurm-sim
+install -D -m 0755 "$bin/carma-fakejob" "$s/usr/bin/carma-fakejob"
+strip --strip-unneeded "$s/usr/bin/carma-fakejob"
+install -D -m 0644 "$repo/packaging/sim-gpus.yaml" "$s/usr/share/doc/carma-slurm-sim/examples/sim-gpus.yaml"
+install -m 0644 "$repo/packaging/copyright" "$s/usr/share/doc/carma-slurm-sim/copyright"
+install -d "$s/DEBIAN"
+cat >"$s/DEBIAN/control" <<EOF
+Package: carma-slurm-sim
+Version: $version
+Architecture: $arch
+Maintainer: CARMA for Slurm developers <carma-slurm@localhost>
+Section: admin
+Priority: optional
+Depends: libc6 (>= 2.36), carma-slurm (= $version)
+Installed-Size: $(du -sk "$s/usr" | cut -f1)
+Description: simulated GPUs for CARMA for Slurm (demos and tests)
+ carma-fakejob is a training-like process that registers GPU memory and SM
+ activity with CARMA's simulated GPU source, so CARMA can be tried and tested
+ on nodes without GPUs. Not needed on production GPU nodes.
+EOF
+
+for d in "$p" "$s"; do
+    dpkg-deb --root-owner-group -Zgzip -z6 --build "$d" "$out/$(basename "$d")_${version}_$arch.deb" >/dev/null
+done
+echo "build-deb.sh: $out/carma-slurm_${version}_$arch.deb, $out/carma-slurm-sim_${version}_$arch.deb (Slurm $series)"
