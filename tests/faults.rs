@@ -240,16 +240,30 @@ fn a_full_state_disk_fails_carma_steps_cleanly_and_keeps_the_old_state() {
     let _conf = Restore::new(CONF);
     let conf = std::fs::read_to_string(CONF).unwrap();
     std::fs::write(CONF, conf.replace("state_dir: /run/carma\n", &format!("state_dir: {DIR}\n"))).unwrap();
-    // A first job writes the state there.
-    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    // A first job writes the state there. Its slurmstepd releases, and its
+    // epilog runs, after srun returns: wait for both, so that nothing else
+    // writes to the small disk while the test fills it.
+    let job = user(&["srun", "--carma-mem=1G", "printenv", "SLURM_JOB_ID"], 60).ok().stdout.trim().to_string();
+    wait_completed(&job);
     let state = format!("{DIR}/state.json");
     let before = std::fs::read(&state).expect("state written on the small disk");
-    // Fill the disk.
+    // Fill the disk, and check that it stays full (nothing may borrow and
+    // give back space in the meantime: see placement/tests/small_disk.rs).
     let _ = Command::new("dd").args(["if=/dev/zero", &format!("of={DIR}/fill"), "bs=4k"]).output();
+    let avail = || root(&["stat", "-f", "-c", "%a", DIR], 10).ok().stdout.trim().to_string();
+    assert_eq!(avail(), "0", "the disk is not full");
     let (r, out) = sbatch_wait(&["--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
+    assert_eq!(avail(), "0", "the disk is not full");
     assert_ne!(r.code, 0, "{out}");
     assert!(out.contains("carma: this step was not started") && out.contains("No space left on device"), "{out}");
     assert!(!out.contains("SHOULD-NOT-RUN"));
+    // The admin finds the step in carma.log too.
+    assert!(
+        carma_log().lines().any(|l| l.contains("not placed: job ")
+            && l.contains(" step batch: ")
+            && l.contains("No space left on device")),
+        "no carma.log line for the unplaced batch step"
+    );
     assert_eq!(std::fs::read(&state).unwrap(), before, "the old state changed");
     let names: Vec<String> =
         std::fs::read_dir(DIR).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();

@@ -126,18 +126,41 @@ pub struct Config {
     pub estimator: EstimatorConfig,
 }
 
-/// Output lines of the common frameworks when the GPU runs out of memory.
+/// Output lines of the common frameworks when the GPU runs out of memory,
+/// taken from their sources (docs/oom-messages.md says where each comes
+/// from; prolog/src/recovery/oom.rs tests each verbatim).
 pub const DEFAULT_OOM_PATTERNS: &[&str] = &[
+    // PyTorch's caching allocator (1.x RuntimeError, 2.x OutOfMemoryError, ROCm "HIP out of memory").
     "CUDA out of memory",
     "torch.OutOfMemoryError",
     "torch.cuda.OutOfMemoryError",
+    // PyTorch's CUDA-error path (runtime and driver API): a context that
+    // cannot be created on a full GPU; older releases print no hint line.
+    "CUDA error: out of memory",
+    "CUDA driver error: out of memory",
+    // TensorFlow / Keras (TF backend).
     "ResourceExhaustedError",
     "OOM when allocating tensor",
+    // XLA (JAX, Keras on JAX, TF with XLA).
     "RESOURCE_EXHAUSTED: Out of memory",
+    "RESOURCE_EXHAUSTED: Failed to allocate request for",
+    // The CUDA driver API's name: JAX and TF at start on a full GPU, CuPy's driver calls, Numba.
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    // CuPy's memory pool.
+    "OutOfMemoryError: Out of memory allocating",
+    // The CUDA runtime's name (PyTorch's hint line, CuPy's runtime calls).
+    "cudaErrorMemoryAllocation",
+    // CUDA libraries.
     "CUBLAS_STATUS_ALLOC_FAILED",
     "CUDNN_STATUS_ALLOC_FAILED",
+    "CUSOLVER_STATUS_ALLOC_FAILED",
+    "CUSPARSE_STATUS_ALLOC_FAILED",
+    "CUFFT_ALLOC_FAILED",
+    // NCCL: runtime calls ("Cuda failure 'out of memory'") and driver calls (code 2).
     "Cuda failure 'out of memory'",
-    "cudaErrorMemoryAllocation",
+    "Cuda failure 2 'out of memory'",
+    // Hugging Face Accelerate / transformers: every batch size down to 1 ran out of memory.
+    "No executable batch size found, reached zero",
 ];
 
 impl Default for Config {

@@ -355,7 +355,18 @@ impl Drop for Slots {
 /// Makes the slots file: written in full under a temporary name, then
 /// linked into place, so nobody ever maps a file still being written. If
 /// another process linked its file first, that one is used.
+/// Free space the state directory must keep beside a new queue file: the
+/// state file and its temporary copy must always fit.
+const KEEP_FREE: u64 = 1 << 20;
+
 fn create(dir: &Path) -> Option<File> {
+    // Writing the file on a disk without room for it would fill the disk
+    // for as long as the attempt lasts, and a concurrent state write (a
+    // placement, a release) would fail with ENOSPC on a disk that has room.
+    // So: no queue there; steps wait for the lock instead.
+    if fs2::available_space(dir).ok()? < FILE_BYTES as u64 + KEEP_FREE {
+        return None;
+    }
     let path = dir.join(SLOTS_FILE);
     let tmp = dir.join(format!("{SLOTS_FILE}.tmp.{}", std::process::id()));
     let made = (|| -> std::io::Result<()> {

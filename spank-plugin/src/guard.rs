@@ -16,15 +16,20 @@ pub fn guard_with(hook: &str, log: &dyn Fn(&str), body: impl FnOnce() -> Result<
             SPANK_FAIL
         }
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            log(&format!("{hook}: internal error: {}", crate::error::one_line(&what)));
+            log(&format!("{hook}: {}", internal_error(payload.as_ref())));
             SPANK_FAIL
         }
     }
+}
+
+/// A caught panic as one line: `internal error: <its message>`.
+pub fn internal_error(payload: &(dyn std::any::Any + Send)) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("internal error: {}", crate::error::one_line(&what))
 }
 
 /// [`guard_with`] logging through Slurm at error level.

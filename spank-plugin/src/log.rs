@@ -31,3 +31,9 @@ pub fn event(msg: &str) {
     info(msg);
     carma_placement::eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
 }
+
+/// A CARMA step that could not be placed (already in Slurm's log at error
+/// level): syslog and the log file, so `carma.log` names every CARMA step.
+pub fn record_failure(msg: &str) {
+    carma_placement::eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
+}

@@ -179,3 +179,18 @@ pub fn report(section: &str, text: &str) {
         let _ = writeln!(f, "{line}");
     }
 }
+
+/// Waits (at most 60 s) until the job has ended and Slurm has finished
+/// with it on the node: its steps' slurmstepds are gone and its epilog has
+/// run (the job leaves COMPLETING).
+pub fn wait_completed(job: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let st = root(&["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], 20).stdout.trim().to_string();
+        if !st.is_empty() && !["PENDING", "CONFIGURING", "RUNNING", "COMPLETING"].contains(&st.as_str()) {
+            return;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "job {job} still {st:?} after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

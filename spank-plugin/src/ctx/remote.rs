@@ -64,17 +64,40 @@ fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<(Option<u64>, 
 }
 
 /// Never fails: a CARMA step's failure is deferred to task_init, anything
-/// else is logged (the step runs as without CARMA).
+/// else is logged (the step runs as without CARMA). A panic is a failure
+/// like any other: it must neither fail this hook (a batch step's failure
+/// here drains the node) nor leave a CARMA step without a decision.
 pub fn place(sp: &Spank) -> Result<(), Error> {
     let mut carma = false;
-    if let Err(e) = try_place(sp, &mut carma) {
-        let msg = e.to_string();
+    let placed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| try_place(sp, &mut carma)))
+        .unwrap_or_else(|p| Err(Error::msg(crate::guard::internal_error(p.as_ref()))));
+    if let Err(e) = placed {
+        let msg = format!("{}: {e}", step_label(sp));
         log::error(&format!("init_post_opt: {msg}"));
         if carma {
+            // The admin finds every CARMA step in carma.log, placed or not
+            // (wherever the failure came before carma.yaml was read).
+            if let Ok(cfg) = options::config() {
+                log::set_log_file(cfg.log_file.clone());
+            }
+            log::record_failure(&format!("not placed: {msg}"));
             let _ = DECISION.set(Err(msg));
         }
     }
     Ok(())
+}
+
+/// `job 12 step batch`, as far as Slurm tells it.
+fn step_label(sp: &Spank) -> String {
+    let job = sp.item_u32(Item::JobId).map_or_else(|_| "?".into(), |j| j.to_string());
+    let step = sp.item_u32(Item::StepId).map_or_else(|_| "?".into(), crate::spank::step_name);
+    format!("job {job} step {step}")
+}
+
+/// The step asked for CARMA: options given to it or to its job, or
+/// `CARMA_*` in its environment (what [`request`] resolves).
+fn is_carma_step(sp: &Spank) -> bool {
+    request(sp).map_or(true, |r| !r.is_empty())
 }
 
 fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
@@ -139,9 +162,9 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
-    let decision = placer.place(step, &request, wait, cfg.timeouts.poll).map_err(|e| {
-        Error::msg(format!("job {job} step {step_name}: policy {policy}, estimate {est} ({estimate_source}): {e}"))
-    })?;
+    let decision = placer
+        .place(step, &request, wait, cfg.timeouts.poll)
+        .map_err(|e| Error::msg(format!("policy {policy}, estimate {est} ({estimate_source}): {e}")))?;
     if let Some(mib) = decision.history_mib {
         est = format!("{mib}M");
         estimate_source = "history".into();
@@ -168,6 +191,13 @@ fn slurm_gpus(sp: &Spank) -> Result<Option<String>, Error> {
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
     // Runs in the forked task: no locks, no NVML, no logging on success.
     match DECISION.get() {
+        // No decision for a step that asked for CARMA (placement never ran
+        // in this slurmstepd): it must not run unplaced beside others.
+        None if is_carma_step(sp) => {
+            let why = "no CARMA placement decision was made for this step (slurmd's log says why)";
+            eprintln!("carma: this step was not started: {why}");
+            Err(Error::msg(why))
+        }
         None => Ok(()),
         Some(Ok(d)) => {
             for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"] {
