@@ -11,27 +11,145 @@ use carma_placement::state::{Holding, NodeState, Reservation};
 use carma_placement::{GpuProcess, GpuReading, GpuSource, Params, SourceError, choose};
 use std::collections::{HashMap, VecDeque};
 
-/// Every modelling choice, with its default.
+/// How jobs on one GPU share it (the plugin's `sharing` mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Plain processes: the GPU time-slices, kernels of different jobs never overlap.
+    Timeslice,
+    /// NVIDIA MPS: kernels of different jobs run at once, up to the SMs' capacity.
+    Mps,
+}
+
+impl Sharing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharing::Timeslice => "timeslice",
+            Sharing::Mps => "mps",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Sharing, String> {
+        match s {
+            "timeslice" => Ok(Sharing::Timeslice),
+            "mps" => Ok(Sharing::Mps),
+            _ => Err(format!("sharing '{s}': expected timeslice or mps")),
+        }
+    }
+}
+
+/// Which reading the placement precondition caps (`sm_activity_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapMetric {
+    /// SM activity as a monitor reads it (DCGM SMACT / NVML GPM): CARMA's.
+    Sm,
+    /// The share of time any kernel runs (NVML utilization.gpu).
+    Busy,
+}
+
+impl CapMetric {
+    pub fn name(self) -> &'static str {
+        match self {
+            CapMetric::Sm => "sm",
+            CapMetric::Busy => "busy",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<CapMetric, String> {
+        match s {
+            "sm" => Ok(CapMetric::Sm),
+            "busy" => Ok(CapMetric::Busy),
+            _ => Err(format!("cap metric '{s}': expected sm or busy")),
+        }
+    }
+}
+
+/// GPU power: `idle_w` always, `active_w` while any job runs on the GPU,
+/// and `sm_w` × SM activity. Fitted on an H100 (see [`crate::calibration`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PowerProfile {
+    pub name: &'static str,
+    pub idle_w: f64,
+    pub active_w: f64,
+    pub sm_w: f64,
+}
+
+impl PowerProfile {
+    /// Fitted by least squares on data/h100/collocation.csv (idle measured:
+    /// 69.8 W; the fit is re-done and printed by `carma simulate-report`).
+    pub const H100_80GB: PowerProfile = PowerProfile { name: "h100-80gb", idle_w: 69.8, active_w: 21.1, sm_w: 518.0 };
+    /// The paper's GPU, not measured here: the H100 fit's dynamic part scaled
+    /// by the TDP ratio (400 W / 700 W); idle ~60 W.
+    pub const A100_40GB: PowerProfile = PowerProfile { name: "a100-40gb", idle_w: 60.0, active_w: 12.1, sm_w: 296.0 };
+
+    pub fn parse(s: &str) -> Result<PowerProfile, String> {
+        match s {
+            "h100-80gb" => Ok(PowerProfile::H100_80GB),
+            "a100-40gb" => Ok(PowerProfile::A100_40GB),
+            _ => Err(format!("GPU profile '{s}': expected a100-40gb or h100-80gb")),
+        }
+    }
+
+    pub fn watts(&self, jobs: u32, sm: f64) -> f64 {
+        self.idle_w + if jobs > 0 { self.active_w } else { 0.0 } + self.sm_w * sm.min(1.0)
+    }
+}
+
+/// Every modelling choice, with its default. The interference defaults are
+/// fitted on data/h100/collocation.csv ([`crate::calibration`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assumptions {
     /// A job's memory grows linearly from 0 to its peak over this many
     /// seconds after it starts (frameworks allocate during the first
     /// iterations): why memory that is promised but not yet used matters.
     pub ramp_s: f64,
-    /// Slowdown per extra job sharing a GPU, on top of SM over-subscription:
-    /// a GPU whose jobs' solo SM activities sum to D > 1 runs each D× slower.
-    pub penalty: f64,
-    /// GPU power when idle and at full SM activity (A100-SXM4-40GB: ~60 W
-    /// idle, 400 W TDP); power is linear in SM activity between the two.
-    pub idle_w: f64,
-    pub max_w: f64,
+    pub sharing: Sharing,
+    /// The reading the SM-activity cap is applied to.
+    pub cap_metric: CapMetric,
+    /// Time-slicing: a GPU whose jobs' solo busy fractions sum to B > 1 runs
+    /// each max(1, B)× slower, times 1 + `switch_overhead` per extra job.
+    pub switch_overhead: f64,
+    /// MPS: a GPU whose jobs' solo SM activities sum to S runs each
+    /// max(1, S / `mps_capacity`)× slower, times 1 + `mps_overhead` per
+    /// extra job, and every job under MPS at `mps_solo` of its plain speed.
+    pub mps_capacity: f64,
+    pub mps_overhead: f64,
+    pub mps_solo: f64,
+    pub power: PowerProfile,
     /// Interval of the per-GPU timeline for plots (0 = no timeline).
     pub sample_s: f64,
 }
 
 impl Default for Assumptions {
     fn default() -> Self {
-        Assumptions { ramp_s: 60.0, penalty: 0.10, idle_w: 60.0, max_w: 400.0, sample_s: 60.0 }
+        Assumptions {
+            ramp_s: 60.0,
+            sharing: Sharing::Timeslice,
+            cap_metric: CapMetric::Sm,
+            switch_overhead: 0.106,
+            mps_capacity: 1.06,
+            mps_overhead: 0.01,
+            mps_solo: 0.87,
+            power: PowerProfile::A100_40GB,
+            sample_s: 60.0,
+        }
+    }
+}
+
+impl Assumptions {
+    /// How many times slower than alone (and outside MPS) each of these
+    /// jobs, sharing one GPU, runs: `(busy, sm)` are their solo readings.
+    pub fn slowdown(&self, jobs: &[(f64, f64)]) -> f64 {
+        let extra = jobs.len().saturating_sub(1) as f64;
+        match self.sharing {
+            Sharing::Timeslice => {
+                let busy: f64 = jobs.iter().map(|j| j.0).sum();
+                busy.max(1.0) * (1.0 + self.switch_overhead * extra)
+            }
+            Sharing::Mps => {
+                let sm: f64 = jobs.iter().map(|j| j.1).sum();
+                (sm / self.mps_capacity).max(1.0) * (1.0 + self.mps_overhead * extra) / self.mps_solo
+            }
+        }
     }
 }
 
@@ -76,6 +194,10 @@ pub enum Estimator {
     /// A column `<name>_estimate_mib` of the workload table. The paper uses
     /// 40000 for "failed or capped": such jobs get whole GPUs.
     Column(String),
+    /// Estimates made elsewhere, by workload (`carma simulate --estimator
+    /// carma` runs carma-estimator on each workload's model file, as
+    /// srun/sbatch would); `None` = no estimate, so whole GPUs.
+    Given(HashMap<String, Option<u64>>),
 }
 
 #[derive(Debug, Clone)]
@@ -161,6 +283,8 @@ struct Run {
     gpus: Vec<u32>,
     start: f64,
     peak: f64,
+    /// Solo readings: share of time a kernel runs, SM activity.
+    busy: f64,
     sm: f64,
     solo_s: f64,
     progress: f64,
@@ -179,7 +303,7 @@ struct NodeView<'a> {
     /// Indices into `runs` of this node's runs.
     on_node: &'a [usize],
     t: f64,
-    ramp: f64,
+    assumptions: &'a Assumptions,
 }
 
 impl GpuSource for NodeView<'_> {
@@ -187,14 +311,21 @@ impl GpuSource for NodeView<'_> {
         Ok((0..self.cluster.gpus_per_node)
             .map(|index| {
                 let mut used = 0.0;
-                let mut sm = 0.0;
                 let mut processes = Vec::new();
+                let mut solo = Vec::new();
                 for r in self.on_node.iter().map(|&i| &self.runs[i]).filter(|r| r.gpus.contains(&index)) {
-                    let a = r.alloc(self.t, self.ramp);
+                    let a = r.alloc(self.t, self.assumptions.ramp_s);
                     used += a;
-                    sm += r.sm;
+                    solo.push((r.busy, r.sm));
                     processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
                 }
+                // What a monitor reads: each job's SM work at its slowed
+                // pace, or the share of time any kernel runs (the GPU is
+                // busy whenever one of its jobs would be).
+                let sm = match self.assumptions.cap_metric {
+                    CapMetric::Sm => solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo),
+                    CapMetric::Busy => solo.iter().map(|j| j.0).sum::<f64>(),
+                };
                 GpuReading {
                     index,
                     uuid: String::new(),
@@ -291,6 +422,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 match &cfg.estimator {
                     Estimator::Oracle => Some(w.peak_mib),
                     Estimator::Column(c) => w.estimates.get(c).copied().filter(|&e| e < 40000),
+                    Estimator::Given(m) => m.get(&w.name).copied().flatten(),
                 }
             };
             let policy = if from_recovery { Policy::Exclusive } else { cfg.policy };
@@ -298,7 +430,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             let mut placed = None;
             for node in 0..cl.nodes as usize {
                 let owners: HashMap<u32, u32> = by_node[node].iter().map(|&i| (runs[i].pid, runs[i].pid)).collect();
-                let readings = NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, ramp: a.ramp_s }
+                let readings = NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a }
                     .read()
                     .map_err(|e| e.0)?;
                 if let Ok(c) = choose(&readings, &mut states[node], &demand, &cfg.params, &owners) {
@@ -339,6 +471,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 gpus: choice.gpus,
                 start: t,
                 peak: w.peak_mib as f64,
+                busy: w.busy,
                 sm: w.sm,
                 solo_s: w.solo_s.max(1.0),
                 progress: 0.0,
@@ -352,23 +485,29 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             break;
         }
 
-        // Per-GPU SM demand and job count → each run's slowdown.
-        let mut demand_sm = vec![0.0; ngpu];
-        let mut count = vec![0u32; ngpu];
+        // Per-GPU solo readings of the jobs sharing it → each GPU's slowdown
+        // (the sharing mode's interference model) → each run's rate.
+        let mut solo: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ngpu];
         for r in &runs {
             for &g in &r.gpus {
-                demand_sm[gpu_slot(r.node, g)] += r.sm;
-                count[gpu_slot(r.node, g)] += 1;
+                solo[gpu_slot(r.node, g)].push((r.busy, r.sm));
             }
         }
+        let count: Vec<u32> = solo.iter().map(|s| s.len() as u32).collect();
         for (m, c) in max_jobs.iter_mut().zip(&count) {
             *m = (*m).max(*c);
         }
-        let slow = |s: usize| demand_sm[s].max(1.0) * (1.0 + a.penalty * f64::from(count[s].saturating_sub(1)));
-        let rate: Vec<f64> = runs
-            .iter()
-            .map(|r| 1.0 / (r.solo_s * r.gpus.iter().map(|&g| slow(gpu_slot(r.node, g))).fold(1.0, f64::max)))
-            .collect();
+        let slow: Vec<f64> = solo.iter().map(|s| a.slowdown(s)).collect();
+        let rel: Vec<f64> =
+            runs.iter().map(|r| 1.0 / r.gpus.iter().map(|&g| slow[gpu_slot(r.node, g)]).fold(1.0, f64::max)).collect();
+        let rate: Vec<f64> = runs.iter().zip(&rel).map(|(r, k)| k / r.solo_s).collect();
+        // SM activity a monitor would read: each job's solo SM activity at its pace.
+        let mut sm_now = vec![0.0; ngpu];
+        for (r, k) in runs.iter().zip(&rel) {
+            for &g in &r.gpus {
+                sm_now[gpu_slot(r.node, g)] += r.sm * k;
+            }
+        }
 
         // Next event: arrival, completion, end of a ramp, an OOM, a sample.
         let mut t_next = f64::INFINITY;
@@ -392,9 +531,9 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
 
         // Integrate over [t, t_next]: everything is linear in between.
         for s in 0..ngpu {
-            let u = demand_sm[s].min(1.0);
+            let u = sm_now[s].min(1.0);
             sm_int[s] += u * dt;
-            energy += (a.idle_w + (a.max_w - a.idle_w) * u) * dt;
+            energy += a.power.watts(count[s], u) * dt;
         }
         for r in &runs {
             let m = (r.alloc(t, a.ramp_s) + r.alloc(t_next, a.ramp_s)) / 2.0 * dt;
@@ -409,7 +548,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                     mem[gpu_slot(r.node, g)] += r.alloc(t_next, a.ramp_s);
                 }
             }
-            timeline.push(Sample { t: t_next - t0, sm: demand_sm.iter().map(|d| d.min(1.0)).collect(), mem_mib: mem });
+            timeline.push(Sample { t: t_next - t0, sm: sm_now.iter().map(|d| d.min(1.0)).collect(), mem_mib: mem });
             next_sample += a.sample_s;
         }
         for (r, &k) in runs.iter_mut().zip(&rate) {

@@ -1,6 +1,7 @@
 //! The trace (`seq,submit_offset_s,workload`) and the workload table (the
-//! columns of the CARMA paper's workloads.csv; extra columns are ignored,
-//! an optional `sm_activity` column overrides the class default).
+//! columns of the CARMA paper's workloads.csv; extra columns are ignored;
+//! optional `busy` and `sm_activity` columns override the class defaults,
+//! and [`apply_activity`] sets both from measured jobs).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,6 +18,14 @@ pub struct Workload {
     pub estimates: HashMap<String, u64>,
     /// SM activity when running alone, 0–1.
     pub sm: f64,
+    /// Share of time a kernel runs when running alone (NVML
+    /// utilization.gpu), 0–1: what time-slicing shares out.
+    pub busy: f64,
+    /// The model description the user would pass as `--carma-model`
+    /// (`model_summary`, relative to the table's `model-summaries/`), and
+    /// the training batch size: what our estimator reads.
+    pub model_file: Option<String>,
+    pub batch_size: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +50,13 @@ pub fn default_sm(dataset: &str) -> f64 {
     }
 }
 
+/// Solo busy fraction when nothing better is known: on the H100 every
+/// measured training job was busy about 1.2–2× its SM activity
+/// (data/h100/collocation.csv), so twice the SM activity, at most 1.
+pub fn default_busy(sm: f64) -> f64 {
+    (2.0 * sm).min(1.0)
+}
+
 fn rows(path: &Path) -> Result<(Vec<String>, Vec<Vec<String>>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
@@ -60,7 +76,8 @@ pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> 
     let need = |name: &str| col(name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
     let (iw, ig, ipk) = (need("workload")?, need("gpus")?, need("measured_peak_mib")?);
     let (iex, imin, iep) = (col("exclusive_minutes"), col("minutes_per_epoch"), col("epochs"));
-    let (ids, ism) = (col("dataset"), col("sm_activity"));
+    let (ids, ism, ibusy) = (col("dataset"), col("sm_activity"), col("busy"));
+    let (imodel, ibatch) = (col("model_summary"), col("batch_size"));
     let mut out = HashMap::new();
     for (n, r) in body.iter().enumerate() {
         let line = n + 2;
@@ -95,6 +112,10 @@ pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> 
             Some(s) => s.parse::<f64>().map_err(|_| format!("{} line {line}: sm_activity '{s}'", path.display()))?,
             None => default_sm(ids.map(get).unwrap_or("")),
         };
+        let busy = match ibusy.map(get).filter(|s| !s.is_empty()) {
+            Some(s) => s.parse::<f64>().map_err(|_| format!("{} line {line}: busy '{s}'", path.display()))?,
+            None => default_busy(sm),
+        };
         let w = Workload {
             name: get(iw).to_string(),
             gpus: num(ig, "gpus")? as u32,
@@ -102,6 +123,9 @@ pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> 
             peak_mib: num(ipk, "measured_peak_mib")? as u64,
             estimates,
             sm,
+            busy,
+            model_file: imodel.map(get).filter(|s| !s.is_empty()).map(str::to_string),
+            batch_size: ibatch.map(get).and_then(|s| s.parse().ok()),
         };
         out.insert(w.name.clone(), w);
     }
@@ -124,4 +148,54 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, String> {
     }
     jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
     Ok(jobs)
+}
+
+/// Solo readings of measured jobs (data/h100/collocation.csv: `timeslice`
+/// rows with one job): name → (busy, SM activity).
+pub fn read_solo_readings(path: &Path) -> Result<HashMap<String, (f64, f64)>, String> {
+    let (h, body) = rows(path)?;
+    let col =
+        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let (im, ij, ib, is) = (col("mode")?, col("jobs")?, col("nvml_utilization_gpu_pct")?, col("gpm_sm_activity_pct")?);
+    let mut out = HashMap::new();
+    for r in &body {
+        let get = |i: usize| r.get(i).map(String::as_str).unwrap_or("");
+        if get(im) != "timeslice" || get(ij).contains('+') || get(ij) == "idle" {
+            continue;
+        }
+        let pct = |i: usize| {
+            get(i)
+                .parse::<f64>()
+                .map(|v| v / 100.0)
+                .map_err(|_| format!("{}: bad reading '{}'", path.display(), get(i)))
+        };
+        out.insert(get(ij).to_string(), (pct(ib)?, pct(is)?));
+    }
+    Ok(out)
+}
+
+/// Sets each workload's busy fraction and SM activity from the measured job
+/// a map names (`workload,measured_as[,why]`); returns which workloads it set.
+pub fn apply_activity(
+    workloads: &mut HashMap<String, Workload>,
+    map: &Path,
+    measured: &HashMap<String, (f64, f64)>,
+) -> Result<usize, String> {
+    let (h, body) = rows(map)?;
+    let col =
+        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", map.display()));
+    let (iw, im) = (col("workload")?, col("measured_as")?);
+    let mut set = 0;
+    for (n, r) in body.iter().enumerate() {
+        let get = |i: usize| r.get(i).map(String::as_str).unwrap_or("");
+        let &(busy, sm) = measured
+            .get(get(im))
+            .ok_or_else(|| format!("{} line {}: no measured job '{}'", map.display(), n + 2, get(im)))?;
+        if let Some(w) = workloads.get_mut(get(iw)) {
+            w.busy = busy;
+            w.sm = sm;
+            set += 1;
+        }
+    }
+    Ok(set)
 }

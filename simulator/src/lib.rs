@@ -6,10 +6,11 @@
 //! Every modelling assumption is a field of [`Assumptions`], documented there
 //! and in docs/simulation.md.
 
+pub mod calibration;
 pub mod engine;
 pub mod input;
 pub mod report;
 pub mod svg;
 
-pub use engine::{Assumptions, Cluster, Estimator, Outcome, SimConfig, simulate};
-pub use input::{TraceJob, Workload, read_trace, read_workloads};
+pub use engine::{Assumptions, CapMetric, Cluster, Estimator, Outcome, PowerProfile, Sharing, SimConfig, simulate};
+pub use input::{TraceJob, Workload, apply_activity, read_solo_readings, read_trace, read_workloads};

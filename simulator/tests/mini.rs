@@ -3,7 +3,7 @@
 
 use carma_config::Policy;
 use carma_placement::Params;
-use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, simulate};
+use carma_sim::{Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate};
 use std::collections::HashMap;
 
 fn wl(name: &str, peak_gib: u64, solo_s: f64, sm: f64, estimate_gib: Option<u64>) -> Workload {
@@ -11,7 +11,18 @@ fn wl(name: &str, peak_gib: u64, solo_s: f64, sm: f64, estimate_gib: Option<u64>
     if let Some(e) = estimate_gib {
         estimates.insert("test".to_string(), e * 1024);
     }
-    Workload { name: name.into(), gpus: 1, solo_s, peak_mib: peak_gib * 1024, estimates, sm }
+    // Busy as much as SM-active, unless a test says otherwise.
+    Workload {
+        name: name.into(),
+        gpus: 1,
+        solo_s,
+        peak_mib: peak_gib * 1024,
+        estimates,
+        sm,
+        busy: sm,
+        model_file: None,
+        batch_size: None,
+    }
 }
 
 fn job(seq: u32, at: f64, w: &str) -> TraceJob {
@@ -24,7 +35,18 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
         policy,
         estimator,
         params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
-        assumptions: Assumptions { ramp_s, penalty: 0.0, idle_w: 60.0, max_w: 400.0, sample_s: 0.0 },
+        // No switching overhead, an ideal MPS, power 60 W + 340 W x SM activity.
+        assumptions: Assumptions {
+            ramp_s,
+            sharing: Sharing::Timeslice,
+            cap_metric: carma_sim::CapMetric::Sm,
+            switch_overhead: 0.0,
+            mps_capacity: 1.0,
+            mps_overhead: 0.0,
+            mps_solo: 1.0,
+            power: PowerProfile { name: "test", idle_w: 60.0, active_w: 0.0, sm_w: 340.0 },
+            sample_s: 0.0,
+        },
     }
 }
 
@@ -39,7 +61,7 @@ fn two_light_jobs_collocate_under_carma_and_queue_under_exclusive() {
     let trace = [job(0, 0.0, "light"), job(1, 10.0, "light")];
     for policy in [Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized, Policy::RoundRobin] {
         // SM 0.3 <= cap, 10 GiB + 2 GiB headroom fits: B starts at once;
-        // total SM 0.6 <= 1 and no penalty: no slowdown. A ends 100, B 110.
+        // total busy 0.6 <= 1 and no switching overhead: no slowdown. A ends 100, B 110.
         let o = simulate(&trace, &w, &cfg(policy, Estimator::Oracle, 0.0)).unwrap();
         assert!(close(o.makespan_s, 110.0), "{policy}: {}", o.makespan_s);
         assert!(close(o.jobs[1].start_s.unwrap(), 10.0), "{policy}");
@@ -59,16 +81,40 @@ fn two_light_jobs_collocate_under_carma_and_queue_under_exclusive() {
 }
 
 #[test]
-fn interference_slows_both_jobs_by_their_total_sm_demand() {
-    // SM 0.8 each (at the cap, still eligible). From t=10 the GPU is asked
-    // for 1.6: both run 1.6x slower. A has 90 s of work left: 144 s, ends 154.
-    // B did 144/160 = 90% by then; its last 10 s alone: ends 164.
+fn time_slicing_slows_both_jobs_by_their_total_busy_time() {
+    // Busy and SM 0.8 each (SM at the cap, still eligible). From t=10 the
+    // GPU is asked for 1.6 of its time: both run 1.6x slower. A has 90 s of
+    // work left: 144 s, ends 154. B did 144/160 = 90% by then; its last
+    // 10 s alone: ends 164.
     let w: HashMap<_, _> = [("heavy".to_string(), wl("heavy", 10, 100.0, 0.8, None))].into();
     let trace = [job(0, 0.0, "heavy"), job(1, 10.0, "heavy")];
     let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
     assert!(close(o.jobs[0].end_s.unwrap(), 154.0), "{:?}", o.jobs[0]);
     assert!(close(o.jobs[1].end_s.unwrap(), 164.0), "{:?}", o.jobs[1]);
     assert!(close(o.makespan_s, 164.0));
+    // A monitor reads the work actually done: (0.8 + 0.8) / 1.6 = 1.0 while
+    // both run (10..154), 0.8 alone (0..10, 154..164): 160 SM-seconds, all
+    // of both jobs' solo SM work (2 x 100 s x 0.8), over 164 s.
+    assert!(close(o.gpu_sm[0], 160.0 / 164.0), "{}", o.gpu_sm[0]);
+}
+
+#[test]
+fn under_mps_kernels_overlap_up_to_the_sms_capacity() {
+    // Busy 0.8 but SM activity 0.5 each: time-sliced, as above, 1.6x slower;
+    // under (ideal) MPS their SM activities sum to 1.0: no slowdown, so A
+    // ends 100 and B 110.
+    let heavy = Workload { busy: 0.8, ..wl("h", 10, 100.0, 0.5, None) };
+    let w: HashMap<_, _> = [("h".to_string(), heavy)].into();
+    let trace = [job(0, 0.0, "h"), job(1, 10.0, "h")];
+    let mut c = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+    let ts = simulate(&trace, &w, &c).unwrap();
+    assert!(close(ts.makespan_s, 164.0), "{}", ts.makespan_s);
+    c.assumptions.sharing = Sharing::Mps;
+    let mps = simulate(&trace, &w, &c).unwrap();
+    assert!(close(mps.jobs[0].end_s.unwrap(), 100.0) && close(mps.makespan_s, 110.0), "{:?}", mps.jobs);
+    // Energy: SM 0.5 for 0..10 and 100..110, 1.0 for 10..100:
+    // 60*110 + 340*(0.5*20 + 1.0*90) J.
+    assert!(close(mps.energy_j, 60.0 * 110.0 + 340.0 * (0.5 * 20.0 + 90.0)), "{}", mps.energy_j);
 }
 
 #[test]
