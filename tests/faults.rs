@@ -11,33 +11,6 @@ use std::time::{Duration, Instant};
 const STATE: &str = "/run/carma/state.json";
 const SIM: &str = "/etc/carma/sim-gpus.yaml";
 
-/// Restores a file's content (or absence) and mode when dropped.
-struct Restore {
-    path: &'static str,
-    saved: Option<Vec<u8>>,
-    mode: Option<u32>,
-}
-
-impl Restore {
-    fn new(path: &'static str) -> Restore {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).ok().map(|m| m.permissions().mode());
-        Restore { path, saved: std::fs::read(path).ok(), mode }
-    }
-}
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        use std::os::unix::fs::PermissionsExt;
-        if let Some(mode) = self.mode {
-            let _ = std::fs::set_permissions(self.path, std::fs::Permissions::from_mode(mode));
-        }
-        if let Some(s) = &self.saved {
-            let _ = std::fs::write(self.path, s);
-        }
-    }
-}
-
 fn node_ok() {
     let st = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
     assert!(!st.contains("drain") && !st.contains("down"), "node is {st}");

@@ -1,6 +1,7 @@
 //! The admin's `carma.yaml`: raw form (mirrors the file, unknown keys
 //! rejected) and the validated [`Config`]. A missing file means defaults.
 
+use crate::activity::ActivityMetric;
 use crate::policy::Policy;
 use crate::units::{parse_duration, parse_size_mib};
 use serde::Deserialize;
@@ -103,8 +104,13 @@ pub struct Config {
     /// Where this config was read from (or would have been).
     pub path: PathBuf,
     pub default_policy: Policy,
-    /// A GPU whose windowed SM activity exceeds this is not a collocation target.
+    /// Which reading the precondition caps: SM activity (default) or busy time.
+    pub activity_metric: ActivityMetric,
+    /// A GPU whose windowed SM activity exceeds this is not a collocation
+    /// target (with `activity_metric: sm`).
     pub sm_activity_cap: f64,
+    /// The same for busy time (with `activity_metric: busy`).
+    pub busy_cap: f64,
     /// Free memory that must remain after a job's estimate.
     pub headroom_mib: u64,
     /// Averaging window for SM activity.
@@ -168,7 +174,9 @@ impl Default for Config {
         Config {
             path: PathBuf::from(DEFAULT_CONFIG_PATH),
             default_policy: Policy::Magm,
+            activity_metric: ActivityMetric::Sm,
             sm_activity_cap: 0.80,
+            busy_cap: 0.80,
             headroom_mib: 2048,
             monitor_window: Duration::from_secs(60),
             gpu_source: GpuSource::Nvml,
@@ -262,7 +270,9 @@ struct RawTimeouts {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     default_policy: Option<String>,
+    activity_metric: Option<String>,
     sm_activity_cap: Option<f64>,
+    busy_cap: Option<f64>,
     headroom: Option<Scalar>,
     monitor_window: Option<Scalar>,
     gpu_source: Option<serde_yaml::Value>,
@@ -330,11 +340,19 @@ impl RawConfig {
         if let Some(p) = self.default_policy {
             c.default_policy = p.parse().map_err(|e| bad("default_policy", e))?;
         }
-        if let Some(cap) = self.sm_activity_cap {
-            if !(0.05..=1.0).contains(&cap) {
-                return Err(bad("sm_activity_cap", format!("{cap} is out of range; use a fraction from 0.05 to 1.0")));
+        if let Some(m) = &self.activity_metric {
+            c.activity_metric = ActivityMetric::parse(m).map_err(|e| bad("activity_metric", e))?;
+        }
+        for (key, value, field) in [
+            ("sm_activity_cap", self.sm_activity_cap, &mut c.sm_activity_cap),
+            ("busy_cap", self.busy_cap, &mut c.busy_cap),
+        ] {
+            if let Some(cap) = value {
+                if !(0.05..=1.0).contains(&cap) {
+                    return Err(bad(key, format!("{cap} is out of range; use a fraction from 0.05 to 1.0")));
+                }
+                *field = cap;
             }
-            c.sm_activity_cap = cap;
         }
         if let Some(v) = &self.headroom {
             c.headroom_mib = size("headroom", v)?;
@@ -476,6 +494,15 @@ mod tests {
     }
 
     #[test]
+    fn the_capped_reading_is_named() {
+        let c = parse("activity_metric: busy\nbusy_cap: 0.9\n").unwrap();
+        assert_eq!((c.activity_metric, c.busy_cap, c.sm_activity_cap), (ActivityMetric::Busy, 0.9, 0.80));
+        assert_eq!(parse("").unwrap().activity_metric, ActivityMetric::Sm);
+        let e = parse("activity_metric: utilization\n").unwrap_err().to_string();
+        assert!(e.contains("activity_metric: unknown metric 'utilization'") && e.contains("sm (SM activity)"), "{e}");
+    }
+
+    #[test]
     fn empty_and_missing_give_defaults() {
         assert_eq!(parse("").unwrap(), Config::default());
         let c = Config::load(Path::new("/nonexistent/carma.yaml")).unwrap();
@@ -510,6 +537,8 @@ mod tests {
     fn errors_name_the_key_on_one_line() {
         let cases = [
             ("sm_activity_cap: 1.5\n", "sm_activity_cap"),
+            ("busy_cap: 0\n", "busy_cap"),
+            ("activity_metric: smact\n", "activity_metric"),
             ("headroom: lots\n", "headroom"),
             ("default_policy: fastest\n", "default_policy"),
             ("gpu_source: cuda\n", "gpu_source"),

@@ -5,12 +5,14 @@
 //! the text, then validation into typed values. Every error is a single line
 //! that names the offending key or option and says what is accepted.
 
+mod activity;
 mod file;
 mod options;
 mod plugstack;
 mod policy;
 mod units;
 
+pub use activity::ActivityMetric;
 pub use file::{
     Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, NoFitAction, RecoveryMode,
     Timeouts, UnknownEstimate,

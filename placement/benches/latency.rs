@@ -46,7 +46,7 @@ fn setup(dir: &Path, gpus: usize) -> PathBuf {
 fn placer(dir: &Path) -> Placer {
     let store = StateStore::open(&dir.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap();
     let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
-    let params = Params { sm_activity_cap: 0.8, headroom_mib: 2048 };
+    let params = Params::default();
     Placer::new(store, source, params, Box::new(LinuxProcesses), Box::new(|_| {}))
 }
 

@@ -16,6 +16,9 @@ pub struct GpuReading {
     pub used_mib: u64,
     /// SM activity averaged over the monitoring window, 0.0–1.0.
     pub sm_activity: f64,
+    /// Share of time any kernel ran (NVML utilization.gpu), 0.0–1.0.
+    #[serde(default)]
+    pub busy: f64,
     pub processes: Vec<GpuProcess>,
     /// Current power draw, where the source knows it.
     pub power_w: Option<f64>,
@@ -24,6 +27,14 @@ pub struct GpuReading {
 impl GpuReading {
     pub fn free_mib(&self) -> u64 {
         self.total_mib.saturating_sub(self.used_mib)
+    }
+
+    /// The reading a metric names.
+    pub fn activity(&self, metric: carma_config::ActivityMetric) -> f64 {
+        match metric {
+            carma_config::ActivityMetric::Sm => self.sm_activity,
+            carma_config::ActivityMetric::Busy => self.busy,
+        }
     }
 }
 

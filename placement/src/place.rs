@@ -48,6 +48,9 @@ pub struct Decision {
     pub history_mib: Option<u64>,
     /// Effective free memory of each chosen GPU when chosen (empty if reused).
     pub free_mib: Vec<u64>,
+    /// The capped reading (`metric`) of each chosen GPU when chosen (empty if reused).
+    pub metric: carma_config::ActivityMetric,
+    pub activity: Vec<f64>,
 }
 
 impl fmt::Display for Decision {
@@ -65,7 +68,8 @@ impl fmt::Display for Decision {
             write!(f, " reused=yes")
         } else {
             let free: Vec<String> = self.free_mib.iter().map(|m| format!("{m}M")).collect();
-            write!(f, " effective_free={}", free.join(","))
+            let act: Vec<String> = self.activity.iter().map(|a| format!("{a:.2}")).collect();
+            write!(f, " effective_free={} {}={}", free.join(","), self.metric, act.join(","))
         }
     }
 }
@@ -169,7 +173,12 @@ impl Placer {
     /// The placer of this node as carma.yaml describes it.
     pub fn from_config(cfg: &Config, log: fn(&str)) -> Result<Placer, PlaceError> {
         let store = StateStore::open(&cfg.state_dir, cfg.timeouts.lock, Box::new(log))?;
-        let params = Params { sm_activity_cap: cfg.sm_activity_cap, headroom_mib: cfg.headroom_mib };
+        let params = Params {
+            metric: cfg.activity_metric,
+            sm_activity_cap: cfg.sm_activity_cap,
+            busy_cap: cfg.busy_cap,
+            headroom_mib: cfg.headroom_mib,
+        };
         Ok(Placer {
             store,
             source: None,
@@ -363,6 +372,8 @@ impl Placer {
                 reused: true,
                 history_mib: None,
                 free_mib: vec![],
+                metric: self.params.metric,
+                activity: vec![],
             });
         }
         let mut demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
@@ -400,6 +411,8 @@ impl Placer {
             reused: false,
             history_mib,
             free_mib: choice.free_mib,
+            metric: self.params.metric,
+            activity: choice.activity,
         })
     }
 

@@ -4,15 +4,34 @@
 
 use crate::gpu::GpuReading;
 use crate::state::{Holding, NodeState};
-use carma_config::Policy;
+use carma_config::{ActivityMetric, Policy};
 use std::collections::HashMap;
 use std::fmt;
 
 /// Thresholds from carma.yaml.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
+    /// The reading the precondition caps, and the caps of both.
+    pub metric: ActivityMetric,
     pub sm_activity_cap: f64,
+    pub busy_cap: f64,
     pub headroom_mib: u64,
+}
+
+impl Default for Params {
+    /// carma.yaml's defaults.
+    fn default() -> Params {
+        Params { metric: ActivityMetric::Sm, sm_activity_cap: 0.8, busy_cap: 0.8, headroom_mib: 2048 }
+    }
+}
+
+impl Params {
+    pub fn cap(&self) -> f64 {
+        match self.metric {
+            ActivityMetric::Sm => self.sm_activity_cap,
+            ActivityMetric::Busy => self.busy_cap,
+        }
+    }
 }
 
 /// What a job asks for.
@@ -33,7 +52,7 @@ pub enum Reject {
     Exclusive(u32),
     NotIdleJob(u32),
     NotIdleProcesses { count: usize, used_mib: u64 },
-    SmActivity { sm: f64, cap: f64 },
+    Activity { metric: ActivityMetric, value: f64, cap: f64 },
     Memory { free_mib: u64, estimate_mib: u64, headroom_mib: u64 },
 }
 
@@ -46,7 +65,7 @@ impl fmt::Display for Reject {
             Reject::NotIdleProcesses { count, used_mib } => {
                 write!(f, "not idle ({count} processes, {used_mib} MiB used)")
             }
-            Reject::SmActivity { sm, cap } => write!(f, "SM activity {sm:.2} > cap {cap:.2}"),
+            Reject::Activity { metric, value, cap } => write!(f, "{} {value:.2} > cap {cap:.2}", metric.label()),
             Reject::Memory { free_mib, estimate_mib, headroom_mib } => {
                 write!(f, "effective free {free_mib} MiB < {estimate_mib} MiB estimate + {headroom_mib} MiB headroom")
             }
@@ -84,6 +103,8 @@ pub struct Choice {
     pub reserve_mib: u64,
     /// Effective free memory of each chosen GPU at decision time.
     pub free_mib: Vec<u64>,
+    /// The capped reading of each chosen GPU at decision time.
+    pub activity: Vec<f64>,
 }
 
 /// Memory promised on `gpu` to placed jobs that have not allocated it yet:
@@ -166,8 +187,9 @@ fn reject(
         }
         return None;
     }
-    if gpu.sm_activity > p.sm_activity_cap {
-        return Some(Reject::SmActivity { sm: gpu.sm_activity, cap: p.sm_activity_cap });
+    let value = gpu.activity(p.metric);
+    if value > p.cap() {
+        return Some(Reject::Activity { metric: p.metric, value, cap: p.cap() });
     }
     let free = effective_free_mib(gpu, state, owners);
     if free < est + p.headroom_mib {
@@ -185,21 +207,13 @@ pub fn choose(
     params: &Params,
     owners: &HashMap<u32, u32>,
 ) -> Result<Choice, NoFit> {
-    let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
-    let need_whole = match demand.estimate_mib {
-        None => true,
-        Some(est) => demand.policy == Policy::Exclusive || est + params.headroom_mib > smallest,
-    };
-    let est = demand.estimate_mib.unwrap_or(smallest);
-    let mut reasons = Vec::with_capacity(gpus.len());
-    let mut ok: Vec<(&GpuReading, u64)> = Vec::new();
-    for g in gpus {
-        let why = reject(g, state, owners, need_whole, est, params);
-        if why.is_none() {
-            ok.push((g, effective_free_mib(g, state, owners)));
-        }
-        reasons.push((g.index, why));
-    }
+    let (need_whole, est, reasons) = assess(gpus, state, demand, params, owners);
+    let mut ok: Vec<(&GpuReading, u64)> = gpus
+        .iter()
+        .zip(&reasons)
+        .filter(|(_, (_, why))| why.is_none())
+        .map(|(g, _)| (g, effective_free_mib(g, state, owners)))
+        .collect();
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {
         return Err(NoFit { wanted: demand.count, reasons });
@@ -210,7 +224,9 @@ pub fn choose(
         Policy::Exclusive | Policy::FirstFit => {}
         Policy::Magm => ok.sort_by(|a, b| b.1.cmp(&a.1)),
         Policy::BestFit => ok.sort_by(|a, b| a.1.cmp(&b.1)),
-        Policy::LeastUtilized => ok.sort_by(|a, b| a.0.sm_activity.total_cmp(&b.0.sm_activity).then(b.1.cmp(&a.1))),
+        Policy::LeastUtilized => {
+            ok.sort_by(|a, b| a.0.activity(params.metric).total_cmp(&b.0.activity(params.metric)).then(b.1.cmp(&a.1)))
+        }
         Policy::RoundRobin => {
             let cursor = state.rr_cursor;
             ok.sort_by_key(|(g, _)| (g.index < cursor, g.index));
@@ -223,13 +239,35 @@ pub fn choose(
             state.rr_cursor = 0;
         }
     }
+    let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
     let reserve_mib = if need_whole { smallest.max(est) } else { est };
     Ok(Choice {
         gpus: ok.iter().map(|(g, _)| g.index).collect(),
         exclusive: need_whole,
         reserve_mib,
         free_mib: ok.iter().map(|(_, f)| *f).collect(),
+        activity: ok.iter().map(|(g, _)| g.activity(params.metric)).collect(),
     })
+}
+
+/// Each GPU against the demand: whether the job needs whole GPUs, the
+/// per-GPU memory it needs, and why each GPU cannot take it (`None`: it
+/// can). What `choose` decides from, and what `carma place --dry-run` shows.
+pub fn assess(
+    gpus: &[GpuReading],
+    state: &NodeState,
+    demand: &Demand,
+    params: &Params,
+    owners: &HashMap<u32, u32>,
+) -> (bool, u64, Vec<(u32, Option<Reject>)>) {
+    let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
+    let need_whole = match demand.estimate_mib {
+        None => true,
+        Some(est) => demand.policy == Policy::Exclusive || est + params.headroom_mib > smallest,
+    };
+    let est = demand.estimate_mib.unwrap_or(smallest);
+    let reasons = gpus.iter().map(|g| (g.index, reject(g, state, owners, need_whole, est, params))).collect();
+    (need_whole, est, reasons)
 }
 
 #[cfg(test)]

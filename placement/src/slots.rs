@@ -408,6 +408,8 @@ mod tests {
             reused: false,
             history_mib: None,
             free_mib: vec![9],
+            metric: carma_config::ActivityMetric::Sm,
+            activity: vec![0.25],
         }
     }
 

@@ -36,13 +36,7 @@ fn node(name: &str, gpus: usize, mib: u64) -> Dir {
 fn placer(dir: &Path) -> Placer {
     let store = StateStore::open(&dir.join("state"), Duration::from_secs(10), Box::new(|_| {})).unwrap();
     let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
-    Placer::new(
-        store,
-        source,
-        Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
-        Box::new(LinuxProcesses),
-        Box::new(|_| {}),
-    )
+    Placer::new(store, source, Params::default(), Box::new(LinuxProcesses), Box::new(|_| {}))
 }
 
 fn request(policy: Policy, mib: u64) -> Request {

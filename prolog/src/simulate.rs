@@ -2,7 +2,7 @@
 //! real placement engine under one or all policies.
 
 use crate::args::Args;
-use carma_config::{Policy, parse_size_mib};
+use carma_config::{ActivityMetric, Policy, parse_size_mib};
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use carma_placement::Params;
 use carma_sim::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
@@ -10,8 +10,8 @@ use carma_sim::engine::Outcome;
 use carma_sim::report::{Summary, csv, summarize, table};
 use carma_sim::svg::line_chart;
 use carma_sim::{
-    Assumptions, CapMetric, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity,
-    read_solo_readings, read_trace, read_workloads, simulate,
+    Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity, read_solo_readings,
+    read_trace, read_workloads, simulate,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster 1x4x40G] [--policy POLICY | --compare]
                 [--estimator oracle|carma|horus|faketensor|gpumemnet] [--models DIR]
                 [--activity MAP --measured CSV] [--sharing timeslice|mps] [--cap-metric sm|busy] [--gpu a100-40gb|h100-80gb]
-                [--sm-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
+                [--sm-cap 0.8] [--busy-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
                 [--mps-capacity 1.06] [--mps-overhead 0.01] [--mps-solo 0.87]
                 [--idle-w W] [--active-w W] [--sm-w W] [--json] [--csv FILE] [--plots DIR]
 carma simulate-report --data DIR --out DIR    (the report in docs/simulation.md; DIR is data/)";
@@ -37,6 +37,7 @@ const FLAGS: &[&str] = &[
     "cap-metric",
     "gpu",
     "sm-cap",
+    "busy-cap",
     "headroom",
     "ramp",
     "switch-overhead",
@@ -64,7 +65,6 @@ fn assumptions(a: &Args) -> Result<Assumptions, String> {
     Ok(Assumptions {
         ramp_s: a.parsed("ramp", num)?.unwrap_or(d.ramp_s),
         sharing: a.parsed("sharing", Sharing::parse)?.unwrap_or(d.sharing),
-        cap_metric: a.parsed("cap-metric", CapMetric::parse)?.unwrap_or(d.cap_metric),
         switch_overhead: a.parsed("switch-overhead", num)?.unwrap_or(d.switch_overhead),
         mps_capacity: a.parsed("mps-capacity", positive)?.unwrap_or(d.mps_capacity),
         mps_overhead: a.parsed("mps-overhead", num)?.unwrap_or(d.mps_overhead),
@@ -170,7 +170,9 @@ pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
         policy: a.parsed("policy", |v| v.parse::<Policy>())?.unwrap_or(Policy::Magm),
         estimator: estimator(a.get("estimator").unwrap_or("oracle"), &w, &models),
         params: Params {
+            metric: a.parsed("cap-metric", ActivityMetric::parse)?.unwrap_or_default(),
             sm_activity_cap: a.parsed("sm-cap", num)?.unwrap_or(0.8),
+            busy_cap: a.parsed("busy-cap", num)?.unwrap_or(0.8),
             headroom_mib: a.parsed("headroom", parse_size_mib)?.unwrap_or(2048),
         },
         assumptions: assumptions(&a)?,
@@ -365,9 +367,9 @@ pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
     for trace in ["trace_t1", "trace_t2"] {
         let mut oracle_rows: HashMap<(&str, &str, String), f64> = HashMap::new();
         for (sharing, cap, ests) in [
-            (Sharing::Timeslice, CapMetric::Sm, &["oracle", "carma", "gpumemnet", "faketensor"][..]),
-            (Sharing::Timeslice, CapMetric::Busy, &["oracle", "carma"][..]),
-            (Sharing::Mps, CapMetric::Sm, &["oracle", "carma"][..]),
+            (Sharing::Timeslice, ActivityMetric::Sm, &["oracle", "carma", "gpumemnet", "faketensor"][..]),
+            (Sharing::Timeslice, ActivityMetric::Busy, &["oracle", "carma"][..]),
+            (Sharing::Mps, ActivityMetric::Sm, &["oracle", "carma"][..]),
         ] {
             for est in ests {
                 let cfg = SimConfig {
@@ -378,8 +380,8 @@ pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
                         "carma" => Estimator::Given(ours.clone()),
                         other => Estimator::Column(other.into()),
                     },
-                    params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
-                    assumptions: Assumptions { sharing, cap_metric: cap, ..d.clone() },
+                    params: Params { metric: cap, ..Params::default() },
+                    assumptions: Assumptions { sharing, ..d.clone() },
                 };
                 let outcomes = run_all(&carma.join(format!("{trace}.csv")), &w, &cfg, &Policy::ALL)?;
                 let rows: Vec<Summary> = outcomes.iter().map(summarize).collect();

@@ -1,6 +1,8 @@
-//! `carma status`: GPUs, live memory, SM activity, promises and jobs.
+//! `carma status`: GPUs, live memory, SM activity, busy time, promises and
+//! jobs; `carma place --dry-run`: where a job would go now, and why not
+//! elsewhere, from the plugin's own precondition and policy code.
 
-use carma_placement::policy::{effective_free_mib, promised_mib};
+use carma_placement::policy::{Choice, Demand, NoFit, Params, assess, choose, effective_free_mib, promised_mib};
 use carma_placement::{GpuReading, LinuxProcesses, NodeState, Processes};
 use serde_json::json;
 use std::collections::HashMap;
@@ -14,8 +16,8 @@ fn owners(gpus: &[GpuReading], state: &NodeState) -> HashMap<u32, u32> {
 pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
     let owners = owners(gpus, state);
     let mut out = format!(
-        "{:<4} {:<14} {:>8} {:>8} {:>9} {:>9} {:>5}  {}\n",
-        "GPU", "UUID", "USED", "TOTAL", "PROMISED", "EFF.FREE", "SM", "JOBS (id:policy:reserve)"
+        "{:<4} {:<14} {:>8} {:>8} {:>9} {:>9} {:>5} {:>5}  {}\n",
+        "GPU", "UUID", "USED", "TOTAL", "PROMISED", "EFF.FREE", "SM", "BUSY", "JOBS (id:policy:reserve)"
     );
     for g in gpus {
         let jobs: Vec<String> = state
@@ -29,7 +31,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             })
             .collect();
         out.push_str(&format!(
-            "{:<4} {:<14} {:>7}M {:>7}M {:>8}M {:>8}M {:>5.2}  {}\n",
+            "{:<4} {:<14} {:>7}M {:>7}M {:>8}M {:>8}M {:>5.2} {:>5.2}  {}\n",
             g.index,
             g.uuid.chars().take(14).collect::<String>(),
             g.used_mib,
@@ -37,6 +39,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             promised_mib(g, state, &owners),
             effective_free_mib(g, state, &owners),
             g.sm_activity,
+            g.busy,
             if jobs.is_empty() { "-".into() } else { jobs.join(" ") }
         ));
     }
@@ -54,10 +57,41 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
             "promised_mib": promised_mib(g, state, &owners),
             "effective_free_mib": effective_free_mib(g, state, &owners),
             "sm_activity": g.sm_activity,
+            "busy": g.busy,
             "processes": g.processes,
             "jobs": state.reservations.iter().filter(|r| r.gpus.contains(&g.index)).map(|r| r.job).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "reservations": state.reservations,
         "rr_cursor": state.rr_cursor,
     })
+}
+
+/// The precondition in force, as one line: `precondition: sm <= 0.80, headroom 2048 MiB`.
+pub fn precondition(p: &Params) -> String {
+    format!("precondition: {} <= {:.2} (activity_metric), headroom {} MiB", p.metric, p.cap(), p.headroom_mib)
+}
+
+/// Where `demand` would be placed now and every GPU's verdict. Works on a
+/// copy of the state: nothing is reserved or written.
+pub fn dry_run(gpus: &[GpuReading], state: &NodeState, demand: &Demand, p: &Params) -> (Result<Choice, NoFit>, String) {
+    let owners = owners(gpus, state);
+    let (_, _, reasons) = assess(gpus, state, demand, p, &owners);
+    let decision = choose(gpus, &mut state.clone(), demand, p, &owners);
+    let chosen: &[u32] = decision.as_ref().map(|c| c.gpus.as_slice()).unwrap_or(&[]);
+    let mut out = String::new();
+    for (g, (index, why)) in gpus.iter().zip(&reasons) {
+        let reading = format!(
+            "{} {:.2}, effective free {} MiB",
+            p.metric.label(),
+            g.activity(p.metric),
+            effective_free_mib(g, state, &owners)
+        );
+        let verdict = match why {
+            Some(r) => format!("no: {r}"),
+            None if chosen.contains(index) => format!("chosen ({reading})"),
+            None => format!("qualifies, ranked after the chosen ({reading})"),
+        };
+        out.push_str(&format!("GPU{index}: {verdict}\n"));
+    }
+    (decision, out)
 }

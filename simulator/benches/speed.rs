@@ -3,11 +3,9 @@
 //! Targets: both traces well under a second; the large one under a minute.
 //! Run: cargo bench -p carma-sim --bench speed
 
-use carma_config::Policy;
+use carma_config::{ActivityMetric, Policy};
 use carma_placement::Params;
-use carma_sim::{
-    Assumptions, CapMetric, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate,
-};
+use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,7 +15,7 @@ fn cfg(cluster: Cluster, policy: Policy, sample_s: f64) -> SimConfig {
         cluster,
         policy,
         estimator: Estimator::Oracle,
-        params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
+        params: Params::default(),
         assumptions: Assumptions { sample_s, ..Assumptions::default() },
     }
 }
@@ -71,7 +69,7 @@ fn main() {
     // it, so jobs pile up to the memory limit (dozens per GPU here) and each
     // event touches them all: a different, slower regime.
     let mut c = cfg(big, Policy::Magm, 0.0);
-    c.assumptions.cap_metric = CapMetric::Busy;
+    c.params.metric = ActivityMetric::Busy;
     let t = Instant::now();
     let o = simulate(&trace, &short, &c).unwrap();
     let done = o.jobs.iter().filter(|j| j.end_s.is_some()).count();

@@ -37,32 +37,6 @@ impl Sharing {
     }
 }
 
-/// Which reading the placement precondition caps (`sm_activity_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapMetric {
-    /// SM activity as a monitor reads it (DCGM SMACT / NVML GPM): CARMA's.
-    Sm,
-    /// The share of time any kernel runs (NVML utilization.gpu).
-    Busy,
-}
-
-impl CapMetric {
-    pub fn name(self) -> &'static str {
-        match self {
-            CapMetric::Sm => "sm",
-            CapMetric::Busy => "busy",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<CapMetric, String> {
-        match s {
-            "sm" => Ok(CapMetric::Sm),
-            "busy" => Ok(CapMetric::Busy),
-            _ => Err(format!("cap metric '{s}': expected sm or busy")),
-        }
-    }
-}
-
 /// GPU power: `idle_w` always, `active_w` while any job runs on the GPU,
 /// and `sm_w` × SM activity. Fitted on an H100 (see [`crate::calibration`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,8 +77,6 @@ pub struct Assumptions {
     /// iterations): why memory that is promised but not yet used matters.
     pub ramp_s: f64,
     pub sharing: Sharing,
-    /// The reading the SM-activity cap is applied to.
-    pub cap_metric: CapMetric,
     /// Time-slicing: a GPU whose jobs' solo busy fractions sum to B > 1 runs
     /// each max(1, B)× slower, times 1 + `switch_overhead` per extra job.
     pub switch_overhead: f64,
@@ -124,7 +96,6 @@ impl Default for Assumptions {
         Assumptions {
             ramp_s: 60.0,
             sharing: Sharing::Timeslice,
-            cap_metric: CapMetric::Sm,
             switch_overhead: 0.106,
             mps_capacity: 1.06,
             mps_overhead: 0.01,
@@ -320,18 +291,17 @@ impl GpuSource for NodeView<'_> {
                     processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
                 }
                 // What a monitor reads: each job's SM work at its slowed
-                // pace, or the share of time any kernel runs (the GPU is
+                // pace, and the share of time any kernel runs (the GPU is
                 // busy whenever one of its jobs would be).
-                let sm = match self.assumptions.cap_metric {
-                    CapMetric::Sm => solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo),
-                    CapMetric::Busy => solo.iter().map(|j| j.0).sum::<f64>(),
-                };
+                let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
+                let busy = solo.iter().map(|j| j.0).sum::<f64>();
                 GpuReading {
                     index,
                     uuid: String::new(),
                     total_mib: self.cluster.mem_mib,
                     used_mib: used.ceil() as u64,
                     sm_activity: sm.min(1.0),
+                    busy: busy.min(1.0),
                     processes,
                     power_w: None,
                 }

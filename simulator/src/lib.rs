@@ -12,5 +12,5 @@ pub mod input;
 pub mod report;
 pub mod svg;
 
-pub use engine::{Assumptions, CapMetric, Cluster, Estimator, Outcome, PowerProfile, Sharing, SimConfig, simulate};
+pub use engine::{Assumptions, Cluster, Estimator, Outcome, PowerProfile, Sharing, SimConfig, simulate};
 pub use input::{TraceJob, Workload, apply_activity, read_solo_readings, read_trace, read_workloads};

@@ -34,12 +34,11 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
         cluster: Cluster { nodes: 1, gpus_per_node: 1, mem_mib: 40 * 1024 },
         policy,
         estimator,
-        params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
+        params: Params::default(),
         // No switching overhead, an ideal MPS, power 60 W + 340 W x SM activity.
         assumptions: Assumptions {
             ramp_s,
             sharing: Sharing::Timeslice,
-            cap_metric: carma_sim::CapMetric::Sm,
             switch_overhead: 0.0,
             mps_capacity: 1.0,
             mps_overhead: 0.0,

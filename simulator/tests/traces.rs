@@ -15,7 +15,7 @@ fn cfg(policy: Policy, estimator: Estimator) -> SimConfig {
         cluster: Cluster::parse("1x4x40G").unwrap(),
         policy,
         estimator,
-        params: Params { sm_activity_cap: 0.8, headroom_mib: 2048 },
+        params: Params::default(),
         assumptions: Assumptions::default(),
     }
 }

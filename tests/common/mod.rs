@@ -194,3 +194,30 @@ pub fn wait_completed(job: &str) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Puts a file back as it was (content and mode) when dropped.
+pub struct Restore {
+    path: &'static str,
+    saved: Option<Vec<u8>>,
+    mode: Option<u32>,
+}
+
+impl Restore {
+    pub fn new(path: &'static str) -> Restore {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok().map(|m| m.permissions().mode());
+        Restore { path, saved: std::fs::read(path).ok(), mode }
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(mode) = self.mode {
+            let _ = std::fs::set_permissions(self.path, std::fs::Permissions::from_mode(mode));
+        }
+        if let Some(s) = &self.saved {
+            let _ = std::fs::write(self.path, s);
+        }
+    }
+}

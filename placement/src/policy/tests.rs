@@ -3,7 +3,8 @@ use crate::gpu::GpuProcess;
 use crate::state::{HISTORY_MAX, Reservation};
 use proptest::prelude::*;
 
-const P: Params = Params { sm_activity_cap: 0.8, headroom_mib: 2048 };
+const P: Params =
+    Params { metric: carma_config::ActivityMetric::Sm, sm_activity_cap: 0.8, busy_cap: 0.8, headroom_mib: 2048 };
 
 fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
     GpuReading {
@@ -12,6 +13,7 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
         total_mib: 40960,
         used_mib: used,
         sm_activity: sm,
+        busy: sm,
         processes: if used > 0 { vec![GpuProcess { pid: 1000 + index, used_mib: used }] } else { vec![] },
         power_w: None,
     }
@@ -264,4 +266,41 @@ fn observed_peaks_become_history_that_only_raises_estimates() {
         st.release_job(9);
     }
     assert_eq!(st.history.len(), HISTORY_MAX);
+}
+
+#[test]
+fn the_cap_applies_to_the_configured_reading_and_the_reason_names_it() {
+    use carma_config::ActivityMetric;
+    // GPU0: low SM activity, busy most of the time (time-sliced light jobs);
+    // GPU1: the reverse.
+    let gpus = vec![GpuReading { busy: 0.95, ..gpu(0, 8192, 0.30) }, GpuReading { busy: 0.40, ..gpu(1, 8192, 0.85) }];
+    let mut st = NodeState::default();
+    let sm = Params { metric: ActivityMetric::Sm, ..P };
+    let c = choose(&gpus, &mut st, &demand(Policy::Magm, 4096), &sm, &HashMap::new()).unwrap();
+    assert_eq!((c.gpus.clone(), c.activity.clone()), (vec![0], vec![0.30]));
+    let busy = Params { metric: ActivityMetric::Busy, busy_cap: 0.9, ..P };
+    let c = choose(&gpus, &mut st, &demand(Policy::Magm, 4096), &busy, &HashMap::new()).unwrap();
+    assert_eq!((c.gpus.clone(), c.activity.clone()), (vec![1], vec![0.40]));
+    // Both refused: each reason names its reading.
+    let both = vec![gpus[0].clone(), GpuReading { busy: 0.99, ..gpus[1].clone() }];
+    let e = choose(&both, &mut st, &demand(Policy::Magm, 4096), &busy, &HashMap::new()).unwrap_err().to_string();
+    assert!(e.contains("GPU0: busy 0.95 > cap 0.90") && e.contains("GPU1: busy 0.99 > cap 0.90"), "{e}");
+    let e =
+        choose(&both, &mut st, &demand(Policy::Magm, 4096), &Params { sm_activity_cap: 0.2, ..sm }, &HashMap::new())
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("GPU0: SM activity 0.30 > cap 0.20"), "{e}");
+    // Least-utilized ranks by the configured reading.
+    let lug = |p: &Params| {
+        choose(
+            &gpus,
+            &mut NodeState::default(),
+            &demand(Policy::LeastUtilized, 1024),
+            &Params { sm_activity_cap: 1.0, busy_cap: 1.0, ..*p },
+            &HashMap::new(),
+        )
+        .unwrap()
+        .gpus
+    };
+    assert_eq!((lug(&sm), lug(&busy)), (vec![0], vec![1]));
 }

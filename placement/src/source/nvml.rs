@@ -62,20 +62,27 @@ impl GpuSource for NvmlSource {
                     },
                 })
                 .collect();
-            // Windowed SM activity; the instantaneous rate only if the
-            // driver keeps no samples for this device.
-            let sm_activity = dev
+            // Windowed busy time (utilization.gpu: the share of time any
+            // kernel ran); the instantaneous rate only if the driver keeps
+            // no samples for this device.
+            let busy = dev
                 .samples(Sampling::GpuUtilization, since_us)
                 .ok()
                 .and_then(|s| mean_sample(&s))
                 .or_else(|| dev.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0))
                 .unwrap_or(1.0);
+            // NVML reads no SM activity without GPM (Hopper+) or DCGM,
+            // which the node monitor is to read; until then busy time
+            // stands in. It is never below SM activity (an H100 read busy
+            // 0.92 at SM activity 0.01), so the SM cap errs on the safe side.
+            let sm_activity = busy;
             out.push(GpuReading {
                 index,
                 uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
                 total_mib: mem.total / MIB,
                 used_mib: mem.used.div_ceil(MIB),
                 sm_activity,
+                busy,
                 processes,
                 power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
             });

@@ -1,7 +1,7 @@
 //! Simulated GPUs for nodes without GPUs (CI, the demo, the simulator).
 //!
 //! An admin-written YAML file describes the GPUs; running workloads
-//! (`carma-fakejob`) register their memory and SM use as one small JSON file
+//! (`carma-fakejob`) register their memory, SM activity and busy time as one small JSON file
 //! per process in `process_dir` (mode 1777, like /tmp), which readers treat
 //! like NVML's process list: files of dead processes are ignored.
 //!
@@ -9,7 +9,7 @@
 //! process_dir: /run/carma-sim      # default
 //! gpus:
 //!   - {index: 0, uuid: GPU-sim-0, memory_total: 40G}
-//!   - {index: 1, memory_total: 40G, memory_used: 1G, sm_activity: 0.2}   # baseline load
+//!   - {index: 1, memory_total: 40G, memory_used: 1G, sm_activity: 0.2, busy: 0.5}   # baseline load
 //! ```
 
 use super::{GpuSource, SourceError};
@@ -42,6 +42,7 @@ struct RawGpu {
     memory_total: serde_yaml::Value,
     memory_used: Option<serde_yaml::Value>,
     sm_activity: Option<f64>,
+    busy: Option<f64>,
     power_w: Option<f64>,
 }
 
@@ -52,6 +53,7 @@ struct SimGpu {
     total_mib: u64,
     base_used_mib: u64,
     base_sm: f64,
+    base_busy: f64,
     power_w: Option<f64>,
 }
 
@@ -67,6 +69,9 @@ pub struct SimUse {
     pub index: u32,
     pub used_mib: u64,
     pub sm: f64,
+    /// Share of time its kernels run; older registrations lack it (its SM activity then).
+    #[serde(default)]
+    pub busy: Option<f64>,
 }
 
 /// Raised when a simulated allocation does not fit (the fake workload
@@ -115,8 +120,15 @@ impl SimulatedGpus {
             let total_mib = size(&g.memory_total, "memory_total", file)?;
             let base_used_mib = g.memory_used.as_ref().map(|v| size(v, "memory_used", file)).transpose()?.unwrap_or(0);
             let base_sm = g.sm_activity.unwrap_or(0.0);
-            if total_mib == 0 || base_used_mib > total_mib || !(0.0..=1.0).contains(&base_sm) {
-                return Err(bad(format!("gpus[{i}]: need 0 < memory_used <= memory_total and 0 <= sm_activity <= 1")));
+            let base_busy = g.busy.unwrap_or(base_sm);
+            if total_mib == 0
+                || base_used_mib > total_mib
+                || !(0.0..=1.0).contains(&base_sm)
+                || !(0.0..=1.0).contains(&base_busy)
+            {
+                return Err(bad(format!(
+                    "gpus[{i}]: need 0 < memory_used <= memory_total and 0 <= sm_activity, busy <= 1"
+                )));
             }
             gpus.push(SimGpu {
                 index: g.index,
@@ -124,6 +136,7 @@ impl SimulatedGpus {
                 total_mib,
                 base_used_mib,
                 base_sm,
+                base_busy,
                 power_w: g.power_w,
             });
         }
@@ -179,6 +192,7 @@ impl SimulatedGpus {
                     total_mib: g.total_mib,
                     used_mib: g.base_used_mib + mine.iter().map(|(_, u)| u.used_mib).sum::<u64>(),
                     sm_activity: (g.base_sm + mine.iter().map(|(_, u)| u.sm).sum::<f64>()).min(1.0),
+                    busy: (g.base_busy + mine.iter().map(|(_, u)| u.busy.unwrap_or(u.sm)).sum::<f64>()).min(1.0),
                     processes: mine.iter().map(|(pid, u)| GpuProcess { pid: *pid, used_mib: u.used_mib }).collect(),
                     power_w: g.power_w,
                 }
@@ -206,7 +220,14 @@ impl SimulatedGpus {
 
     /// Registers `pid` as using `used_mib` and `sm` on each of `gpus`
     /// (replacing its earlier registration), unless a GPU lacks the memory.
-    pub fn allocate(&self, pid: u32, gpus: &[u32], used_mib: u64, sm: f64) -> Result<Result<(), SimOom>, SourceError> {
+    pub fn allocate(
+        &self,
+        pid: u32,
+        gpus: &[u32],
+        used_mib: u64,
+        sm: f64,
+        busy: f64,
+    ) -> Result<Result<(), SimOom>, SourceError> {
         let ioerr = |e: std::io::Error| SourceError(format!("simulated GPUs {}: {e}", self.process_dir.display()));
         let _lock = self.lock().map_err(ioerr)?;
         let others = self.readings(&self.processes(Some(pid)));
@@ -219,7 +240,10 @@ impl SimulatedGpus {
                 return Ok(Err(SimOom { gpu: i, total_mib: g.total_mib, used_mib: g.used_mib, asked_mib: used_mib }));
             }
         }
-        let entry = SimProcess { pid, gpus: gpus.iter().map(|&index| SimUse { index, used_mib, sm }).collect() };
+        let entry = SimProcess {
+            pid,
+            gpus: gpus.iter().map(|&index| SimUse { index, used_mib, sm, busy: Some(busy) }).collect(),
+        };
         let path = self.process_dir.join(format!("{pid}.json"));
         let tmp = self.process_dir.join(format!(".{pid}.tmp"));
         let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode(0o644).open(&tmp).map_err(ioerr)?;
@@ -254,7 +278,7 @@ mod tests {
         fs::write(
             &f,
             format!(
-                "process_dir: {}\ngpus:\n  - {{index: 0, memory_total: 40G}}\n  - {{index: 1, memory_total: 16384, memory_used: 1G, sm_activity: 0.25}}\n{extra}",
+                "process_dir: {}\ngpus:\n  - {{index: 0, memory_total: 40G}}\n  - {{index: 1, memory_total: 16384, memory_used: 1G, sm_activity: 0.25, busy: 0.3}}\n{extra}",
                 dir.display()
             ),
         )
@@ -267,16 +291,20 @@ mod tests {
         let d = TempDir::new();
         let mut s = sim(&d.0, "");
         let me = std::process::id();
-        assert_eq!(s.allocate(me, &[1], 4096, 0.5).unwrap(), Ok(()));
+        assert_eq!(s.allocate(me, &[1], 4096, 0.5, 0.6).unwrap(), Ok(()));
         let r = s.read().unwrap();
         assert_eq!(r[0].used_mib, 0);
         assert_eq!(r[1].used_mib, 1024 + 4096);
         assert_eq!(r[1].sm_activity, 0.75);
+        // Busy time adds up apart from SM activity, and saturates at 1.
+        assert_eq!(r[1].busy, 0.3 + 0.6);
+        assert_eq!((r[0].sm_activity, r[0].busy), (0.0, 0.0));
         assert_eq!(r[1].processes, vec![GpuProcess { pid: me, used_mib: 4096 }]);
         // Re-registering replaces; an allocation that does not fit is an OOM.
-        assert_eq!(s.allocate(me, &[1], 8192, 0.5).unwrap(), Ok(()));
+        assert_eq!(s.allocate(me, &[1], 8192, 0.5, 0.9).unwrap(), Ok(()));
         assert_eq!(s.read().unwrap()[1].used_mib, 1024 + 8192);
-        let oom = s.allocate(me, &[1], 16000, 0.5).unwrap().unwrap_err();
+        assert_eq!(s.read().unwrap()[1].busy, 1.0);
+        let oom = s.allocate(me, &[1], 16000, 0.5, 0.5).unwrap().unwrap_err();
         assert_eq!((oom.gpu, oom.used_mib, oom.asked_mib), (1, 1024, 16000));
         s.release(me);
         assert_eq!(s.read().unwrap()[1].used_mib, 1024);

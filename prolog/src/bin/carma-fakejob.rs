@@ -4,7 +4,7 @@
 //! `torch.OutOfMemoryError: CUDA out of memory. ...` and exits 1 when a GPU
 //! lacks the memory.
 //!
-//! carma-fakejob --mem 8G [--sm 0.6] [--seconds 30] [--ramp 2]
+//! carma-fakejob --mem 8G [--sm 0.6] [--busy 0.9] [--seconds 30] [--ramp 2]
 //!               [--grow-to 30G --grow-after 5] [--config /etc/slurm/carma.yaml]
 
 use carma_config::{Config, GpuSource, parse_size_mib};
@@ -37,15 +37,15 @@ fn secs(v: &str) -> Result<f64, String> {
 fn run() -> Result<i32, String> {
     let a = Args::parse(
         std::env::args().skip(1),
-        &["mem", "sm", "seconds", "ramp", "grow-to", "grow-after", "config"],
+        &["mem", "sm", "busy", "seconds", "ramp", "grow-to", "grow-after", "config"],
         &[],
     )?;
     let mem = a.parsed("mem", parse_size_mib)?.ok_or("--mem SIZE is required")?;
-    let sm = a
-        .parsed("sm", |v| {
-            v.parse::<f64>().ok().filter(|s| (0.0..=1.0).contains(s)).ok_or("expected 0.0 to 1.0".into())
-        })?
-        .unwrap_or(0.5);
+    let fraction =
+        |v: &str| v.parse::<f64>().ok().filter(|s| (0.0..=1.0).contains(s)).ok_or_else(|| "expected 0.0 to 1.0".into());
+    let sm = a.parsed("sm", fraction)?.unwrap_or(0.5);
+    // Share of time its kernels run: at least its SM activity.
+    let busy = a.parsed("busy", fraction)?.unwrap_or(sm);
     let seconds = a.parsed("seconds", secs)?.unwrap_or(10.0);
     let ramp = a.parsed("ramp", secs)?.unwrap_or(0.0);
     let grow_to = a.parsed("grow-to", parse_size_mib)?;
@@ -74,7 +74,7 @@ fn run() -> Result<i32, String> {
     }
     let pid = std::process::id();
     let start = Instant::now();
-    println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, {seconds} s");
+    println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {seconds} s");
     let code = loop {
         let t = start.elapsed().as_secs_f64();
         if t >= seconds || STOP.load(Ordering::SeqCst) {
@@ -85,7 +85,7 @@ fn run() -> Result<i32, String> {
         if let Some(g) = grow_to.filter(|_| t >= grow_after) {
             want = want.max(g);
         }
-        match sim.allocate(pid, &gpus, want.max(1), sm).map_err(|e| e.to_string())? {
+        match sim.allocate(pid, &gpus, want.max(1), sm, busy).map_err(|e| e.to_string())? {
             Ok(()) => {}
             Err(oom) => {
                 let free = oom.total_mib.saturating_sub(oom.used_mib);

@@ -2,16 +2,19 @@
 //!
 //!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
 //!   carma estimate --model FILE [--batch-size N] [--json]   the GPU memory estimate and why
+//!   carma place --dry-run [--mem SIZE] [--policy P] [--gpus N]   where a job would go now, and why not elsewhere
 //!   carma simulate ...                       replay a job trace under CARMA's policies
 
-use carma_config::Config;
+use carma_config::{Config, JobRequest, OptionName};
 use carma_placement::Placer;
+use carma_placement::policy::Demand;
 use carma_tools::args::Args;
 use carma_tools::status;
 use std::path::Path;
 
 const USAGE: &str = "usage: carma status [--json] [--config FILE]
-       carma estimate --model FILE [--batch-size N] [--json] [--config FILE]";
+       carma estimate --model FILE [--batch-size N] [--json] [--config FILE]
+       carma place --dry-run [--mem SIZE] [--policy POLICY] [--gpus N] [--config FILE]";
 
 fn usage() -> String {
     format!("{USAGE}\n       {}", carma_tools::simulate::USAGE.replace('\n', "\n       "))
@@ -23,6 +26,7 @@ fn main() {
     let result = match cmd.as_str() {
         "status" => cmd_status(argv.collect()),
         "estimate" => cmd_estimate(argv.collect()),
+        "place" => cmd_place(argv.collect()),
         "simulate" => carma_tools::simulate::cmd_simulate(argv.collect()),
         "simulate-report" => carma_tools::simulate::cmd_report(argv.collect()),
         "-h" | "--help" | "help" => {
@@ -49,8 +53,50 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     if a.has("json") {
         println!("{}", serde_json::to_string_pretty(&status::to_json(&gpus, &state)).unwrap_or_default());
     } else {
+        println!("{}", status::precondition(&placer.params()));
         print!("{}", status::table(&gpus, &state));
     }
+    Ok(())
+}
+
+/// The plugin's decision for a job like this one, on live readings and the
+/// node's recorded state; nothing is reserved.
+fn cmd_place(argv: Vec<String>) -> Result<(), String> {
+    let a = Args::parse(argv, &["config", "mem", "policy", "gpus"], &["dry-run"])?;
+    if !a.has("dry-run") {
+        return Err("carma place only answers with --dry-run; jobs are placed by the plugin".into());
+    }
+    let cfg = config(&a)?;
+    // Validated exactly as srun/sbatch validate --carma-mem/-policy/-gpus.
+    let mut req = JobRequest::default();
+    for (flag, option) in [("mem", OptionName::Mem), ("policy", OptionName::Policy), ("gpus", OptionName::Gpus)] {
+        if let Some(v) = a.get(flag) {
+            req.set(option, v.as_bytes(), &format!("--{flag}")).map_err(|e| e.to_string())?;
+        }
+    }
+    let (mem, policy, count) = (req.mem_mib, req.policy.unwrap_or(cfg.default_policy), req.gpu_count());
+    let mut placer = Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
+    let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
+    let p = placer.params();
+    let demand = Demand { policy, count, estimate_mib: mem };
+    let (decision, verdicts) = status::dry_run(&gpus, &state, &demand, &p);
+    let est = mem.map_or_else(|| "unknown (whole GPUs)".to_string(), |m| format!("{m} MiB"));
+    println!("a job of {est} per GPU on {count} GPU(s), policy {policy}; {}", status::precondition(&p));
+    match &decision {
+        Ok(c) => println!(
+            "would place on gpu_indices={} (exclusive={}, reserve {} MiB)",
+            carma_placement::index_list(&c.gpus),
+            c.exclusive,
+            c.reserve_mib
+        ),
+        Err(n) => println!(
+            "would not place now: {} of {} GPUs qualify, {} needed",
+            n.reasons.iter().filter(|r| r.1.is_none()).count(),
+            n.reasons.len(),
+            n.wanted
+        ),
+    }
+    print!("{verdicts}");
     Ok(())
 }
 
