@@ -263,10 +263,9 @@ fn the_capped_reading_is_chosen_in_carma_yaml_and_named_in_decisions_status_and_
     }
     let status = root(&["carma", "status"], 20).ok().stdout;
     assert!(status.starts_with("precondition: sm <= 0.80") && status.contains(" SM  BUSY "), "{status}");
-    let dry =
-        |what: &str| root(&["carma", "place", "--dry-run", "--mem", "4G", "--policy", "ff"], 20).ok().stdout + what;
+    let dry = || root(&["carma", "place", "--dry-run", "--mem", "4G", "--policy", "ff"], 20).ok().stdout;
     // Capping SM activity (the default), GPU 0 takes the job.
-    let out = dry("");
+    let out = dry();
     assert!(out.contains("would place on gpu_indices=0") && out.contains("GPU0: chosen (SM activity 0.10"), "{out}");
     assert!(out.contains("GPU1: qualifies, ranked after the chosen"), "{out}");
     let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
@@ -277,7 +276,7 @@ fn the_capped_reading_is_chosen_in_carma_yaml_and_named_in_decisions_status_and_
     let _conf = Restore::new("/etc/slurm/carma.yaml");
     let conf = std::fs::read_to_string("/etc/slurm/carma.yaml").unwrap();
     std::fs::write("/etc/slurm/carma.yaml", format!("{conf}activity_metric: busy\nbusy_cap: 0.85\n")).unwrap();
-    let out = dry("");
+    let out = dry();
     assert!(out.contains("precondition: busy <= 0.85"), "{out}");
     assert!(out.contains("would place on gpu_indices=1") && out.contains("GPU0: no: busy 0.90 > cap 0.85"), "{out}");
     let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
