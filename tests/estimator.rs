@@ -198,3 +198,50 @@ fn an_observed_peak_raises_the_next_estimate_of_the_same_job() {
     assert_eq!(r.code, 0, "{out}");
     assert!(field(&out, "DECISION ").contains("source=layers"), "{out}");
 }
+
+/// Qwen2-0.5B's config.json (494,032,768 parameters), as a user passes it.
+const QWEN2_05B: &str = r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+  "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+  "vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": true}"#;
+
+#[test]
+fn sequence_length_and_precision_reach_the_estimate_from_options_and_environment() {
+    require_cluster();
+    let path = work_dir().join(format!("{}-config.json", unique("qwen2")));
+    std::fs::write(&path, QWEN2_05B).unwrap();
+    std::process::Command::new("chown").args([USER, path.to_str().unwrap()]).status().unwrap();
+    let model = path.to_string_lossy().into_owned();
+    let cli = |extra: &[&str]| -> u64 {
+        let mut args = vec!["carma", "estimate", "--model", &model, "--batch-size", "4", "--json"];
+        args.extend_from_slice(extra);
+        let r = user(&args, 30).ok();
+        serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap()["mib"].as_u64().unwrap()
+    };
+    // 32k positions by default: far beyond any GPU; at 2048 tokens in bf16 it fits.
+    let (full, short, short_bf16) =
+        (cli(&[]), cli(&["--seq-len", "2048"]), cli(&["--seq-len", "2048", "--precision", "bf16"]));
+    assert!(full > 80 * 1024 && short < full && short_bf16 < short, "{full} {short} {short_bf16}");
+    let m = format!("--carma-model={model}");
+    let r = user(
+        &[
+            "srun",
+            &m,
+            "--carma-batch-size=4",
+            "--carma-seq-len=2048",
+            "--carma-precision=bf16",
+            "printenv",
+            "CARMA_DECISION",
+        ],
+        60,
+    )
+    .ok();
+    assert!(r.stdout.contains(&format!("estimate={short_bf16}M source=analytic")), "{}", r.stdout);
+    // The same from the environment.
+    let r = user_env(
+        &[("CARMA_SEQ_LEN", "2048"), ("CARMA_PRECISION", "bf16")],
+        &["srun", &m, "--carma-batch-size=4", "printenv", "CARMA_DECISION"],
+        60,
+    )
+    .ok();
+    assert!(r.stdout.contains(&format!("estimate={short_bf16}M")), "{}", r.stdout);
+}

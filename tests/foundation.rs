@@ -4,8 +4,16 @@
 mod common;
 use common::*;
 
-const FLAGS: [&str; 6] =
-    ["--carma-policy", "--carma-model", "--carma-batch-size", "--carma-mem", "--carma-gpus", "--carma-recovery"];
+const FLAGS: [&str; 8] = [
+    "--carma-policy",
+    "--carma-model",
+    "--carma-batch-size",
+    "--carma-mem",
+    "--carma-gpus",
+    "--carma-recovery",
+    "--carma-seq-len",
+    "--carma-precision",
+];
 
 #[test]
 fn options_are_listed_by_help_of_srun_sbatch_salloc() {
@@ -30,6 +38,8 @@ fn bad_option_value_fails_at_submit_and_submits_nothing() {
         ("srun", "--carma-recovery=twice", "invalid --carma-recovery=twice"),
         ("sbatch", "--carma-mem=99999999999999999999G", "invalid --carma-mem=99999999999999999999G"),
         ("srun", "--carma-gpus=4294967297", "invalid --carma-gpus=4294967297"),
+        ("sbatch", "--carma-precision=fp16", "invalid --carma-precision=fp16"),
+        ("srun", "--carma-seq-len=4k", "invalid --carma-seq-len=4k"),
     ] {
         let name = unique("bad");
         let script = script(&name, "true");

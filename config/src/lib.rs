@@ -17,7 +17,9 @@ pub use file::{
     Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, NoFitAction, RecoveryMode,
     Timeouts, UnknownEstimate,
 };
-pub use options::{ESTIMATE_ENV, JobRequest, OptionError, OptionName, SubmitEstimate, format_estimate, parse_estimate};
+pub use options::{
+    ESTIMATE_ENV, JobRequest, OptionError, OptionName, Precision, SubmitEstimate, format_estimate, parse_estimate,
+};
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
 pub use units::{parse_duration, parse_size_mib};

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 pub const MAX_GPUS: u32 = 64;
 /// Largest accepted `--carma-batch-size`.
 pub const MAX_BATCH_SIZE: u32 = 1 << 20;
+/// Longest accepted `--carma-seq-len` (tokens).
+pub const MAX_SEQ_LEN: u32 = 1 << 20;
 /// Longest accepted option value in bytes (paths included).
 pub const MAX_VALUE_LEN: usize = 4096;
 
@@ -23,16 +25,51 @@ pub enum OptionName {
     Mem,
     Gpus,
     Recovery,
+    SeqLen,
+    Precision,
+}
+
+/// The numeric precision a job trains in, for the memory estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Everything in fp32.
+    #[default]
+    Fp32,
+    /// Automatic mixed precision (autocast): fp32 weights and Adam, half-precision activations.
+    Mixed,
+    /// The model itself in bf16 (weights, gradients and optimizer state).
+    Bf16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Mixed => "mixed",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Precision> {
+        match s {
+            "fp32" => Some(Precision::Fp32),
+            "mixed" | "amp" => Some(Precision::Mixed),
+            "bf16" => Some(Precision::Bf16),
+            _ => None,
+        }
+    }
 }
 
 impl OptionName {
-    pub const ALL: [OptionName; 6] = [
+    pub const ALL: [OptionName; 8] = [
         OptionName::Policy,
         OptionName::Model,
         OptionName::BatchSize,
         OptionName::Mem,
         OptionName::Gpus,
         OptionName::Recovery,
+        OptionName::SeqLen,
+        OptionName::Precision,
     ];
 
     /// The long option without dashes, as registered with SPANK.
@@ -44,6 +81,8 @@ impl OptionName {
             OptionName::Mem => "carma-mem",
             OptionName::Gpus => "carma-gpus",
             OptionName::Recovery => "carma-recovery",
+            OptionName::SeqLen => "carma-seq-len",
+            OptionName::Precision => "carma-precision",
         }
     }
 
@@ -58,6 +97,8 @@ impl OptionName {
             OptionName::Mem => "CARMA_MEM",
             OptionName::Gpus => "CARMA_GPUS",
             OptionName::Recovery => "CARMA_RECOVERY",
+            OptionName::SeqLen => "CARMA_SEQ_LEN",
+            OptionName::Precision => "CARMA_PRECISION",
         }
     }
 
@@ -69,6 +110,8 @@ impl OptionName {
             OptionName::Mem => "SIZE",
             OptionName::Gpus => "N",
             OptionName::Recovery => "MODE",
+            OptionName::SeqLen => "N",
+            OptionName::Precision => "MODE",
         }
     }
 
@@ -84,6 +127,12 @@ impl OptionName {
             OptionName::Recovery => {
                 "CARMA: after a GPU out-of-memory crash: exclusive (rerun on own GPU), looser or none (env CARMA_RECOVERY)"
             }
+            OptionName::SeqLen => {
+                "CARMA: training sequence length for transformer estimates (default: the model's maximum) (env CARMA_SEQ_LEN)"
+            }
+            OptionName::Precision => {
+                "CARMA: training precision for the estimate: fp32, mixed (autocast) or bf16 (env CARMA_PRECISION)"
+            }
         }
     }
 
@@ -95,6 +144,8 @@ impl OptionName {
             OptionName::Mem => "a size such as 12G, 12000M or 512M".into(),
             OptionName::Gpus => format!("an integer from 1 to {MAX_GPUS}"),
             OptionName::Recovery => "one of exclusive, none, looser".into(),
+            OptionName::SeqLen => format!("an integer from 1 to {MAX_SEQ_LEN}"),
+            OptionName::Precision => "one of fp32, mixed, bf16".into(),
         }
     }
 
@@ -149,6 +200,8 @@ pub struct JobRequest {
     pub mem_mib: Option<u64>,
     pub gpus: Option<u32>,
     pub recovery: Option<RecoveryMode>,
+    pub seq_len: Option<u32>,
+    pub precision: Option<Precision>,
 }
 
 impl JobRequest {
@@ -200,6 +253,12 @@ impl JobRequest {
             OptionName::Recovery => {
                 self.recovery = Some(RecoveryMode::parse(text).ok_or_else(|| err("unknown mode".into()))?);
             }
+            OptionName::SeqLen => {
+                self.seq_len = Some(bounded_int(text, MAX_SEQ_LEN).map_err(err)?);
+            }
+            OptionName::Precision => {
+                self.precision = Some(Precision::parse(text).ok_or_else(|| err("unknown precision".into()))?);
+            }
         }
         Ok(())
     }
@@ -226,6 +285,8 @@ impl JobRequest {
             OptionName::Mem => self.mem_mib.map(|m| format!("{m}M")),
             OptionName::Gpus => self.gpus.map(|n| n.to_string()),
             OptionName::Recovery => self.recovery.map(|m| m.name().to_string()),
+            OptionName::SeqLen => self.seq_len.map(|n| n.to_string()),
+            OptionName::Precision => self.precision.map(|p| p.name().to_string()),
         }
     }
 
@@ -261,11 +322,18 @@ mod tests {
         assert_eq!(r.gpu_count(), 2);
         assert_eq!(r.get(OptionName::Mem).as_deref(), Some("12288M"));
         assert!(!r.is_empty());
+        r.set(OptionName::SeqLen, b"2048", "--carma-seq-len").unwrap();
+        r.set(OptionName::Precision, b"amp", "--carma-precision").unwrap();
+        assert_eq!((r.seq_len, r.precision), (Some(2048), Some(Precision::Mixed)));
+        assert_eq!(r.get(OptionName::Precision).as_deref(), Some("mixed"));
     }
 
     #[test]
     fn rejects_bad_values_with_one_line_naming_the_option() {
-        let cases: [(OptionName, &[u8]); 9] = [
+        let cases: [(OptionName, &[u8]); 12] = [
+            (OptionName::SeqLen, b"0"),
+            (OptionName::SeqLen, b"2k"),
+            (OptionName::Precision, b"fp16"),
             (OptionName::Policy, b"fastest"),
             (OptionName::Policy, b""),
             (OptionName::Gpus, b"0"),

@@ -23,6 +23,10 @@ pub enum Method {
 pub struct Settings {
     pub runtime_mib: u64,
     pub method: Method,
+    /// The job's sequence length (`--carma-seq-len`); `None`: the model's maximum.
+    pub seq_len: Option<u64>,
+    /// The job's training precision (`--carma-precision`).
+    pub precision: carma_config::Precision,
 }
 
 impl Settings {
@@ -34,6 +38,8 @@ impl Settings {
                 carma_config::EstimatorMethod::Continuous => Method::Continuous,
                 carma_config::EstimatorMethod::Gpumemnet => Method::Gpumemnet,
             },
+            seq_len: None,
+            precision: carma_config::Precision::Fp32,
         }
     }
 }
@@ -77,19 +83,27 @@ fn no_batch(name: &str) -> ParseError {
 pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) -> Result<Estimate, ParseError> {
     let (described, format) = describe(bytes, name)?;
     match described {
-        Described::Transformer(shape) => {
+        Described::Transformer(mut shape) => {
             let batch = batch.ok_or_else(|| no_batch(name))?;
-            let parts = transformer::parts(&shape, s.runtime_mib);
+            let seq_from = match s.seq_len {
+                Some(n) => {
+                    shape.seq = n;
+                    "--carma-seq-len"
+                }
+                None => "the model's maximum; set --carma-seq-len",
+            };
+            let parts = transformer::parts(&shape, s.runtime_mib, s.precision);
             let mib = parts.at_batch(batch);
             let why = format!(
-                "analytic transformer: {} blocks, hidden {}, {} heads, feed-forward {}, vocabulary {}, sequence {}, \
-                 {:.0} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam + {:.1} MiB per sample",
+                "analytic transformer: {} blocks, hidden {}, {} heads, feed-forward {}, vocabulary {}, sequence {} ({seq_from}), \
+                 precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam + {:.1} MiB per sample",
                 shape.blocks,
                 shape.hidden,
                 shape.heads,
                 shape.intermediate,
                 shape.vocab,
                 shape.seq,
+                s.precision.name(),
                 shape.params as f64 / 1e6,
                 parts.runtime_mib,
                 parts.params_mib,

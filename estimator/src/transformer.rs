@@ -10,8 +10,20 @@
 //! - the embeddings' sum, LayerNorm and dropout mask.
 //! Without a sequence length the model's maximum positions are used: the
 //! worst case a training script can feed.
+//!
+//! Precision (`--carma-precision`), an analytic assumption not yet checked
+//! on a GPU (docs/estimator.md):
+//! - fp32: 16 B per parameter, 4 B per kept activation;
+//! - mixed (autocast): fp32 weights, gradients and Adam plus the half
+//!   copies autocast caches (18 B per parameter); matmul inputs and outputs
+//!   are kept in half while LayerNorm and softmax stay fp32: 3 B per kept
+//!   hidden activation on average, attention probabilities and the head's
+//!   log-softmax unchanged;
+//! - bf16 (the model itself in bf16, Adam state in bf16 too): 8 B per
+//!   parameter, 2 B per kept activation, 5 B per head and key position.
 
 use crate::layers_model::Parts;
+use carma_config::Precision;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -34,13 +46,20 @@ impl Shape {
     }
 }
 
-pub fn parts(s: &Shape, runtime_mib: u64) -> Parts {
+pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
     let (h, i, v, seq) = (s.hidden as f64, s.intermediate as f64, s.vocab as f64, s.seq as f64);
-    let block_per_token = 4.0 * (8.5 * h + 2.0 * i) + 9.0 * s.heads as f64 * seq;
-    let head_per_token = 4.0 * (3.0 * v + 3.0 * h);
-    let embed_per_token = 4.0 * 2.25 * h;
+    // Bytes per parameter, per kept hidden activation, per attention
+    // (head, key position), per vocabulary entry of the head (module doc).
+    let (param_b, act_b, attn_b, vocab_b) = match precision {
+        Precision::Fp32 => (16.0, 4.0, 9.0, 12.0),
+        Precision::Mixed => (18.0, 3.0, 9.0, 12.0),
+        Precision::Bf16 => (8.0, 2.0, 5.0, 6.0),
+    };
+    let block_per_token = act_b * (8.5 * h + 2.0 * i) + attn_b * s.heads as f64 * seq;
+    let head_per_token = vocab_b * v + act_b * 3.0 * h;
+    let embed_per_token = act_b * 2.25 * h;
     let per_sample = seq * (s.blocks as f64 * block_per_token + head_per_token + embed_per_token);
-    Parts { runtime_mib, params_mib: 16.0 * s.params as f64 / MIB, per_sample_mib: per_sample / MIB, alpha: 1.0 }
+    Parts { runtime_mib, params_mib: param_b * s.params as f64 / MIB, per_sample_mib: per_sample / MIB, alpha: 1.0 }
 }
 
 #[cfg(test)]
@@ -53,8 +72,8 @@ mod tests {
 
     #[test]
     fn attention_grows_quadratically_with_sequence() {
-        let short = parts(&bert_base(128), 0).per_sample_mib;
-        let long = parts(&bert_base(512), 0).per_sample_mib;
+        let short = parts(&bert_base(128), 0, Precision::Fp32).per_sample_mib;
+        let long = parts(&bert_base(512), 0, Precision::Fp32).per_sample_mib;
         // 4x the tokens, each attending to 4x the positions: more than 4x.
         assert!(long > 4.0 * short, "{short} {long}");
         assert!(long < 16.0 * short, "{short} {long}");
@@ -62,8 +81,24 @@ mod tests {
 
     #[test]
     fn weights_gradients_and_adam_are_16_bytes_per_parameter() {
-        let p = parts(&bert_base(512), 700);
+        let p = parts(&bert_base(512), 700, Precision::Fp32);
         assert!((p.params_mib - 110e6 * 16.0 / MIB).abs() < 1e-6);
         assert!(p.at_batch(2) > p.at_batch(1));
+    }
+
+    #[test]
+    fn lower_precision_needs_less_and_fp32_is_unchanged() {
+        let s = bert_base(512);
+        let (f, m, b) =
+            (parts(&s, 700, Precision::Fp32), parts(&s, 700, Precision::Mixed), parts(&s, 700, Precision::Bf16));
+        // fp32 is the model as it was: 4 B per kept float.
+        let old = 512.0
+            * (12.0 * (4.0 * (8.5 * 768.0 + 2.0 * 3072.0) + 9.0 * 12.0 * 512.0)
+                + 4.0 * (3.0 * 30522.0 + 3.0 * 768.0)
+                + 4.0 * 2.25 * 768.0);
+        assert!((f.per_sample_mib - old / MIB).abs() < 1e-9);
+        assert!(b.at_batch(8) < m.at_batch(8) && m.at_batch(8) < f.at_batch(8));
+        // Mixed keeps fp32 master weights: more per parameter than fp32.
+        assert!(m.params_mib > f.params_mib && b.params_mib < f.params_mib);
     }
 }

@@ -7,8 +7,16 @@ use once_cell::sync::OnceCell;
 use std::path::Path;
 use std::sync::Mutex;
 
-static REQUEST: Mutex<JobRequest> =
-    Mutex::new(JobRequest { policy: None, model: None, batch_size: None, mem_mib: None, gpus: None, recovery: None });
+static REQUEST: Mutex<JobRequest> = Mutex::new(JobRequest {
+    policy: None,
+    model: None,
+    batch_size: None,
+    mem_mib: None,
+    gpus: None,
+    recovery: None,
+    seq_len: None,
+    precision: None,
+});
 static ARGS: OnceCell<Result<PluginArgs, String>> = OnceCell::new();
 static CONFIG: OnceCell<Config> = OnceCell::new();
 

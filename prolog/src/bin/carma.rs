@@ -13,7 +13,7 @@ use carma_tools::status;
 use std::path::Path;
 
 const USAGE: &str = "usage: carma status [--json] [--config FILE]
-       carma estimate --model FILE [--batch-size N] [--json] [--config FILE]
+       carma estimate --model FILE [--batch-size N] [--seq-len N] [--precision fp32|mixed|bf16] [--json] [--config FILE]
        carma place --dry-run [--mem SIZE] [--policy POLICY] [--gpus N] [--config FILE]";
 
 fn usage() -> String {
@@ -101,7 +101,7 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
 }
 
 fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, &["config", "model", "batch-size"], &["json"])?;
+    let a = Args::parse(argv, &["config", "model", "batch-size", "seq-len", "precision"], &["json"])?;
     let cfg = config(&a)?;
     let model = a.get("model").ok_or("--model FILE is required")?;
     let batch = match a.get("batch-size") {
@@ -113,7 +113,18 @@ fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
         ),
         None => None,
     };
-    let settings = carma_estimator::Settings::from_config(&cfg.estimator);
+    // Validated exactly as --carma-seq-len and --carma-precision are.
+    let mut req = JobRequest::default();
+    for (flag, option) in [("seq-len", OptionName::SeqLen), ("precision", OptionName::Precision)] {
+        if let Some(v) = a.get(flag) {
+            req.set(option, v.as_bytes(), &format!("--{flag}")).map_err(|e| e.to_string())?;
+        }
+    }
+    let settings = carma_estimator::Settings {
+        seq_len: req.seq_len.map(u64::from),
+        precision: req.precision.unwrap_or_default(),
+        ..carma_estimator::Settings::from_config(&cfg.estimator)
+    };
     let bytes = carma_estimator::read_bounded_bytes(Path::new(model)).map_err(|e| e.to_string())?;
     let est = carma_estimator::estimate(bytes, model, batch, &settings).map_err(|e| e.to_string())?;
     if a.has("json") {

@@ -42,9 +42,13 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
     let model = req.model.as_deref().unwrap_or(std::path::Path::new(""));
     let fail = |e: &dyn std::fmt::Display| Error::msg(format!("--carma-model: {e}"));
     let bytes = carma_estimator::read_bounded_bytes(model).map_err(|e| fail(&e))?;
-    let settings = carma_estimator::Settings::from_config(&cfg.estimator);
+    let settings = carma_estimator::Settings {
+        seq_len: req.seq_len.map(u64::from),
+        precision: req.precision.unwrap_or_default(),
+        ..carma_estimator::Settings::from_config(&cfg.estimator)
+    };
     let name = model.display().to_string();
-    let signature = signature(&bytes, req.batch_size);
+    let signature = signature(&bytes, req);
     let est =
         std::panic::catch_unwind(|| carma_estimator::estimate(bytes, &name, req.batch_size.map(u64::from), &settings))
             .map_err(|_| fail(&format!("{name}: the estimator failed on this file (please report it)")))?
@@ -53,11 +57,15 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
     Ok(carma_config::format_estimate(est.mib, est.source, signature))
 }
 
-/// FNV-1a over the model file and the batch size: the same job submitted
-/// again finds its observed peak in the node's history.
-fn signature(model: &[u8], batch: Option<u32>) -> u64 {
+/// FNV-1a over the model file, the batch size, the sequence length and the
+/// precision: the same job submitted again finds its observed peak in the
+/// node's history.
+fn signature(model: &[u8], req: &JobRequest) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in model.iter().chain(&batch.unwrap_or(0).to_le_bytes()) {
+    let batch = req.batch_size.unwrap_or(0).to_le_bytes();
+    let seq = req.seq_len.unwrap_or(0).to_le_bytes();
+    let precision = req.precision.unwrap_or_default().name().as_bytes();
+    for b in model.iter().chain(&batch).chain(&seq).chain(precision) {
         h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
     h
