@@ -152,7 +152,8 @@ fn malformed_and_hostile_model_files_are_refused_at_submit_time() {
     chown(&fifo);
     refused(fifo.to_str().unwrap(), "not a regular file");
     refused("/dev/zero", "not a regular file");
-    refused(dir.to_str().unwrap(), "not a regular file");
+    // A directory is a Hugging Face model directory: without config.json, refused.
+    refused(dir.to_str().unwrap(), "a model directory is read through its config.json");
     // Larger than the 16 MiB bound: refused before reading.
     let huge = dir.join("huge.model");
     let f = std::fs::File::create(&huge).unwrap();
@@ -244,4 +245,24 @@ fn sequence_length_and_precision_reach_the_estimate_from_options_and_environment
     )
     .ok();
     assert!(r.stdout.contains(&format!("estimate={short_bf16}M")), "{}", r.stdout);
+    // A Hugging Face model directory is read through its config.json.
+    let dir = work_dir().join(unique("qwen2-dir"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&path, dir.join("config.json")).unwrap();
+    std::process::Command::new("chown").args(["-R", USER, dir.to_str().unwrap()]).status().unwrap();
+    let d = format!("--carma-model={}", dir.display());
+    let r = user(
+        &[
+            "srun",
+            &d,
+            "--carma-batch-size=4",
+            "--carma-seq-len=2048",
+            "--carma-precision=bf16",
+            "printenv",
+            "CARMA_DECISION",
+        ],
+        60,
+    )
+    .ok();
+    assert!(r.stdout.contains(&format!("estimate={short_bf16}M source=analytic")), "{}", r.stdout);
 }

@@ -119,7 +119,7 @@ impl OptionName {
         match self {
             OptionName::Policy => "CARMA GPU placement policy: exclusive, rr, magm, ff, bf or lug (env CARMA_POLICY)",
             OptionName::Model => {
-                "CARMA: model file (ONNX, torchsummary text, HF config.json) used to estimate GPU memory (env CARMA_MODEL)"
+                "CARMA: model file (ONNX, torchsummary text, HF config.json or model directory) used to estimate GPU memory (env CARMA_MODEL)"
             }
             OptionName::BatchSize => "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)",
             OptionName::Mem => "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)",
@@ -139,7 +139,7 @@ impl OptionName {
     pub fn expected(self) -> String {
         match self {
             OptionName::Policy => format!("one of {}", Policy::ACCEPTED),
-            OptionName::Model => "a readable file path".into(),
+            OptionName::Model => "a readable file or model directory path".into(),
             OptionName::BatchSize => format!("an integer from 1 to {MAX_BATCH_SIZE}"),
             OptionName::Mem => "a size such as 12G, 12000M or 512M".into(),
             OptionName::Gpus => format!("an integer from 1 to {MAX_GPUS}"),

@@ -57,6 +57,19 @@ impl std::error::Error for ParseError {}
 /// Reads a regular file of at most MAX_MODEL_BYTES. A FIFO, a device or a
 /// directory is refused without blocking.
 pub fn read_bounded_bytes(path: &Path) -> Result<Vec<u8>, ParseError> {
+    // A Hugging Face model directory: its config.json describes the model
+    // (the weights beside it are never read).
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        let config = path.join("config.json");
+        return read_file(&config).map_err(|e| ParseError {
+            message: format!("{} (a model directory is read through its config.json)", e.message),
+            ..e
+        });
+    }
+    read_file(path)
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, ParseError> {
     use std::os::unix::fs::OpenOptionsExt;
     let err = |m: String| ParseError { file: path.display().to_string(), line: 0, message: m };
     let f = std::fs::OpenOptions::new()
@@ -94,4 +107,25 @@ pub fn text(bytes: Vec<u8>, name: &str) -> Result<String, ParseError> {
         line: 0,
         message: format!("not a text file (invalid UTF-8 at byte {})", e.utf8_error().valid_up_to()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_bounded_bytes;
+
+    #[test]
+    fn a_model_directory_is_read_through_its_config_json() {
+        let d = std::env::temp_dir().join(format!("carma-hfdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("nested/config.json")).unwrap();
+        // No config.json: the error names it and says why it was looked for.
+        let e = read_bounded_bytes(&d).unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("model directory"), "{e}");
+        std::fs::write(d.join("config.json"), br#"{"model_type": "gpt2"}"#).unwrap();
+        assert_eq!(read_bounded_bytes(&d).unwrap(), br#"{"model_type": "gpt2"}"#);
+        // A directory named config.json inside is refused, not followed further.
+        let e = read_bounded_bytes(&d.join("nested")).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

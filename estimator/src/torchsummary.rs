@@ -177,7 +177,8 @@ Total params: 2,058,536
         assert!(
             read_bounded(std::path::Path::new("/dev/zero")).unwrap_err().to_string().contains("not a regular file")
         );
-        assert!(read_bounded(&d).unwrap_err().to_string().contains("not a regular file"));
+        // A directory is read as a model directory: without config.json, refused.
+        assert!(read_bounded(&d).unwrap_err().to_string().contains("read through its config.json"));
         let big = d.join("big");
         let f = std::fs::File::create(&big).unwrap();
         f.set_len(crate::input::MAX_MODEL_BYTES + 1).unwrap();
