@@ -223,20 +223,21 @@ fn sequence_length_and_precision_reach_the_estimate_from_options_and_environment
         (cli(&[]), cli(&["--seq-len", "2048"]), cli(&["--seq-len", "2048", "--precision", "bf16"]));
     assert!(full > 80 * 1024 && short < full && short_bf16 < short, "{full} {short} {short_bf16}");
     let m = format!("--carma-model={model}");
-    let r = user(
-        &[
+    // What a job with these options is told (its CARMA_DECISION).
+    let decided = |model_opt: &str| {
+        let args = [
             "srun",
-            &m,
+            model_opt,
             "--carma-batch-size=4",
             "--carma-seq-len=2048",
             "--carma-precision=bf16",
             "printenv",
             "CARMA_DECISION",
-        ],
-        60,
-    )
-    .ok();
-    assert!(r.stdout.contains(&format!("estimate={short_bf16}M source=analytic")), "{}", r.stdout);
+        ];
+        user(&args, 60).ok().stdout
+    };
+    let out = decided(&m);
+    assert!(out.contains(&format!("estimate={short_bf16}M source=analytic")), "{out}");
     // The same from the environment.
     let r = user_env(
         &[("CARMA_SEQ_LEN", "2048"), ("CARMA_PRECISION", "bf16")],
@@ -251,18 +252,6 @@ fn sequence_length_and_precision_reach_the_estimate_from_options_and_environment
     std::fs::copy(&path, dir.join("config.json")).unwrap();
     std::process::Command::new("chown").args(["-R", USER, dir.to_str().unwrap()]).status().unwrap();
     let d = format!("--carma-model={}", dir.display());
-    let r = user(
-        &[
-            "srun",
-            &d,
-            "--carma-batch-size=4",
-            "--carma-seq-len=2048",
-            "--carma-precision=bf16",
-            "printenv",
-            "CARMA_DECISION",
-        ],
-        60,
-    )
-    .ok();
-    assert!(r.stdout.contains(&format!("estimate={short_bf16}M source=analytic")), "{}", r.stdout);
+    let out = decided(&d);
+    assert!(out.contains(&format!("estimate={short_bf16}M source=analytic")), "{out}");
 }
