@@ -68,7 +68,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// One launch: `<dir> <job> <policy index> <holder>`. Says "ready", waits
-/// for the gate, decides once, prints "<ok> <nanoseconds>".
+/// for the gate, decides once, prints "<outcome> <nanoseconds> ..." where
+/// the outcome is 1 placed, 0 no GPU fits, 2 any other failure.
 fn child(args: &[String]) {
     let dir = PathBuf::from(&args[0]);
     let job: u32 = args[1].parse().unwrap();
@@ -92,14 +93,12 @@ fn child(args: &[String]) {
     let d = p.try_place(StepRef { job, holder }, &req);
     let took = t.elapsed();
     let after = usage();
-    println!(
-        "{} {} {} {} {}",
-        d.is_ok() as u8,
-        took.as_nanos(),
-        after.0 - before.0,
-        after.1 - before.1,
-        after.2 - before.2
-    );
+    let outcome = match &d {
+        Ok(_) => 1,
+        Err(carma_placement::PlaceError::NoFit(_)) => 0,
+        Err(_) => 2,
+    };
+    println!("{} {} {} {} {}", outcome, took.as_nanos(), after.0 - before.0, after.1 - before.1, after.2 - before.2);
     // Stay alive until the whole burst has decided, as a slurmstepd goes
     // on to run its job: the teardown of an exiting process is not part of
     // any launch's placement.
@@ -162,6 +161,7 @@ fn main() {
                 out.read_line(&mut line).unwrap();
                 let f: Vec<i64> = line.split_whitespace().map(|w| w.parse().expect("child result")).collect();
                 placed += (f[0] == 1) as usize;
+                assert_ne!(f[0], 2, "a launch failed for a reason other than no fit");
                 all.push(Duration::from_nanos(f[1] as u64));
                 cpu.0 += f[2];
                 cpu.1 += f[3];
@@ -172,9 +172,10 @@ fn main() {
                 assert!(c.wait().unwrap().success());
             }
             // Exclusive requests (1 in 6) find no idle GPU once others share
-            // them; every other request fits.
-            let shared = launches - launches.div_ceil(6);
-            assert!(placed >= shared, "only {placed} of {launches} placed");
+            // them, and shared ones find none once exclusive ones hold every
+            // GPU: how many fit depends on the order the burst is decided
+            // in. In any order every GPU takes at least one launch.
+            assert!(placed >= gpus.min(launches), "only {placed} of {launches} placed on {gpus} GPUs");
             for job in jobs {
                 releaser.release(StepRef { job, holder }).unwrap();
             }
