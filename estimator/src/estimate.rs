@@ -44,6 +44,18 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// carma.yaml's settings for a job's own `--carma-seq-len` and
+    /// `--carma-precision` (srun/sbatch and `carma estimate` alike).
+    pub fn for_job(c: &carma_config::EstimatorConfig, job: &carma_config::JobRequest) -> Settings {
+        Settings {
+            seq_len: job.seq_len.map(u64::from),
+            precision: job.precision.unwrap_or_default(),
+            ..Settings::from_config(c)
+        }
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         // carma.yaml's defaults (runtime 700 MiB: see config/src/file.rs)

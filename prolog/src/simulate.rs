@@ -7,7 +7,7 @@ use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use carma_placement::Params;
 use carma_sim::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
 use carma_sim::engine::Outcome;
-use carma_sim::report::{Summary, csv, summarize, table};
+use carma_sim::report::{Summary, csv, pct, summarize, table};
 use carma_sim::svg::line_chart;
 use carma_sim::{
     Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity, read_solo_readings,
@@ -83,7 +83,7 @@ fn assumptions(a: &Args) -> Result<Assumptions, String> {
 /// (carma.yaml's default estimator settings); `None` where it refuses the
 /// file, which the plugin turns into whole GPUs.
 pub fn our_estimates(workloads: &HashMap<String, Workload>, models: &Path) -> HashMap<String, Option<u64>> {
-    let settings = Settings::from_config(&carma_config::Config::default().estimator);
+    let settings = Settings::default();
     workloads
         .values()
         .map(|w| {
@@ -199,10 +199,6 @@ pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
 /// assignment (arXiv 2508.19073 v3).
 const PAPER: &str =
     "about −35% end-to-end trace time, +54% GPU (SM) utilization, −15% GPU energy (v1: −26.7%, +39.3%, −14.2%)";
-
-fn pct(x: f64, base: f64) -> String {
-    if base == 0.0 { "-".into() } else { format!("{:+.1}%", (x / base - 1.0) * 100.0) }
-}
 
 /// The calibration section: the models against data/h100/collocation.csv.
 fn calibration(measured: &Path) -> Result<String, String> {

@@ -153,29 +153,15 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, String> {
 /// Solo readings of measured jobs (data/h100/collocation.csv: `timeslice`
 /// rows with one job): name → (busy, SM activity).
 pub fn read_solo_readings(path: &Path) -> Result<HashMap<String, (f64, f64)>, String> {
-    let (h, body) = rows(path)?;
-    let col =
-        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
-    let (im, ij, ib, is) = (col("mode")?, col("jobs")?, col("nvml_utilization_gpu_pct")?, col("gpm_sm_activity_pct")?);
-    let mut out = HashMap::new();
-    for r in &body {
-        let get = |i: usize| r.get(i).map(String::as_str).unwrap_or("");
-        if get(im) != "timeslice" || get(ij).contains('+') || get(ij) == "idle" {
-            continue;
-        }
-        let pct = |i: usize| {
-            get(i)
-                .parse::<f64>()
-                .map(|v| v / 100.0)
-                .map_err(|_| format!("{}: bad reading '{}'", path.display(), get(i)))
-        };
-        out.insert(get(ij).to_string(), (pct(ib)?, pct(is)?));
-    }
-    Ok(out)
+    Ok(crate::calibration::read_collocation(path)?
+        .into_iter()
+        .filter(|r| r.sharing == crate::engine::Sharing::Timeslice && r.jobs.len() == 1)
+        .map(|r| (r.jobs[0].clone(), (r.busy, r.sm)))
+        .collect())
 }
 
 /// Sets each workload's busy fraction and SM activity from the measured job
-/// a map names (`workload,measured_as[,why]`); returns which workloads it set.
+/// a map names (`workload,measured_as[,why]`); returns how many it set.
 pub fn apply_activity(
     workloads: &mut HashMap<String, Workload>,
     map: &Path,

@@ -42,7 +42,8 @@ pub fn summarize(o: &Outcome) -> Summary {
     }
 }
 
-fn pct(x: f64, base: f64) -> String {
+/// `x` against `base` as a signed percentage (`-` without a base).
+pub fn pct(x: f64, base: f64) -> String {
     if base == 0.0 { "-".into() } else { format!("{:+.1}%", (x / base - 1.0) * 100.0) }
 }
 

@@ -41,6 +41,18 @@ fn main() {
     }
 }
 
+/// The named flags, validated exactly as srun/sbatch validate the
+/// `--carma-*` options they stand for.
+fn request(a: &Args, flags: &[(&str, OptionName)]) -> Result<JobRequest, String> {
+    let mut req = JobRequest::default();
+    for (flag, option) in flags {
+        if let Some(v) = a.get(flag) {
+            req.set(*option, v.as_bytes(), &format!("--{flag}")).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(req)
+}
+
 fn config(a: &Args) -> Result<Config, String> {
     Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH))).map_err(|e| e.to_string())
 }
@@ -67,13 +79,7 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
         return Err("carma place only answers with --dry-run; jobs are placed by the plugin".into());
     }
     let cfg = config(&a)?;
-    // Validated exactly as srun/sbatch validate --carma-mem/-policy/-gpus.
-    let mut req = JobRequest::default();
-    for (flag, option) in [("mem", OptionName::Mem), ("policy", OptionName::Policy), ("gpus", OptionName::Gpus)] {
-        if let Some(v) = a.get(flag) {
-            req.set(option, v.as_bytes(), &format!("--{flag}")).map_err(|e| e.to_string())?;
-        }
-    }
+    let req = request(&a, &[("mem", OptionName::Mem), ("policy", OptionName::Policy), ("gpus", OptionName::Gpus)])?;
     let (mem, policy, count) = (req.mem_mib, req.policy.unwrap_or(cfg.default_policy), req.gpu_count());
     let mut placer = Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
@@ -113,18 +119,8 @@ fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
         ),
         None => None,
     };
-    // Validated exactly as --carma-seq-len and --carma-precision are.
-    let mut req = JobRequest::default();
-    for (flag, option) in [("seq-len", OptionName::SeqLen), ("precision", OptionName::Precision)] {
-        if let Some(v) = a.get(flag) {
-            req.set(option, v.as_bytes(), &format!("--{flag}")).map_err(|e| e.to_string())?;
-        }
-    }
-    let settings = carma_estimator::Settings {
-        seq_len: req.seq_len.map(u64::from),
-        precision: req.precision.unwrap_or_default(),
-        ..carma_estimator::Settings::from_config(&cfg.estimator)
-    };
+    let req = request(&a, &[("seq-len", OptionName::SeqLen), ("precision", OptionName::Precision)])?;
+    let settings = carma_estimator::Settings::for_job(&cfg.estimator, &req);
     let bytes = carma_estimator::read_bounded_bytes(Path::new(model)).map_err(|e| e.to_string())?;
     let est = carma_estimator::estimate(bytes, model, batch, &settings).map_err(|e| e.to_string())?;
     if a.has("json") {

@@ -42,11 +42,7 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
     let model = req.model.as_deref().unwrap_or(std::path::Path::new(""));
     let fail = |e: &dyn std::fmt::Display| Error::msg(format!("--carma-model: {e}"));
     let bytes = carma_estimator::read_bounded_bytes(model).map_err(|e| fail(&e))?;
-    let settings = carma_estimator::Settings {
-        seq_len: req.seq_len.map(u64::from),
-        precision: req.precision.unwrap_or_default(),
-        ..carma_estimator::Settings::from_config(&cfg.estimator)
-    };
+    let settings = carma_estimator::Settings::for_job(&cfg.estimator, req);
     let name = model.display().to_string();
     let signature = signature(&bytes, req);
     let est =
@@ -57,16 +53,46 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
     Ok(carma_config::format_estimate(est.mib, est.source, signature))
 }
 
-/// FNV-1a over the model file, the batch size, the sequence length and the
-/// precision: the same job submitted again finds its observed peak in the
-/// node's history.
+/// FNV-1a over the model file and the batch size, then the sequence length
+/// and precision where given (so a job that names neither keeps the
+/// signature earlier versions gave it): the same job submitted again finds
+/// its observed peak in the node's history.
 fn signature(model: &[u8], req: &JobRequest) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let batch = req.batch_size.unwrap_or(0).to_le_bytes();
-    let seq = req.seq_len.unwrap_or(0).to_le_bytes();
-    let precision = req.precision.unwrap_or_default().name().as_bytes();
-    for b in model.iter().chain(&batch).chain(&seq).chain(precision) {
+    let seq = req.seq_len.map(u32::to_le_bytes);
+    let precision = req.precision.map(|p| p.name().as_bytes());
+    let extra = seq.iter().flatten().chain(precision.into_iter().flatten());
+    for b in model.iter().chain(&batch).chain(extra) {
         h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signature;
+    use carma_config::{JobRequest, OptionName};
+
+    /// FNV-1a over the model file and the batch size: the signature before
+    /// --carma-seq-len and --carma-precision existed.
+    fn before(model: &[u8], batch: u32) -> u64 {
+        model
+            .iter()
+            .chain(&batch.to_le_bytes())
+            .fold(0xcbf2_9ce4_8422_2325, |h: u64, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    }
+
+    #[test]
+    fn a_job_without_the_new_options_keeps_its_history_signature() {
+        let mut req = JobRequest::default();
+        req.set(OptionName::BatchSize, b"64", "--carma-batch-size").unwrap();
+        assert_eq!(signature(b"net", &req), before(b"net", 64));
+        let plain = signature(b"net", &req);
+        req.set(OptionName::SeqLen, b"2048", "--carma-seq-len").unwrap();
+        let with_seq = signature(b"net", &req);
+        req.set(OptionName::Precision, b"bf16", "--carma-precision").unwrap();
+        let with_both = signature(b"net", &req);
+        assert!(plain != with_seq && with_seq != with_both && plain != with_both);
+    }
 }
