@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# A real single-node Slurm 22.05 cluster on 127.0.0.1 with 4 simulated GPUs
-# and the CARMA plugin installed: used by the tests, CI and the demo.
+# A real Slurm 22.05 cluster on 127.0.0.1 with the CARMA plugin installed,
+# used by the tests, CI and the demo: node $NODE with 4 simulated GPUs, and
+# a second node ${NODE}b (4 more) for multi-node jobs. Both slurmd run on this
+# host: Debian's Slurm is not built with --enable-multiple-slurmd, but a
+# second slurmd with its own Port=, spool, pid file and plugstack (hence its
+# own carma.yaml, CARMA state and simulated GPUs) works; slurmd reads its
+# copy of slurm.conf (-f), so the config hash check is off (NO_CONF_HASH).
+#
+# Partitions: debug (default; $NODE), shared ($NODE) and multi (both nodes).
+# shared and multi are transparent-collocation scopes (carma.yaml
+# transparent:, applied by slurmctld's job_submit/lua).
 #
 #   tests/cluster.sh deps      install Debian packages (Slurm, munge, clang)
 #   tests/cluster.sh start     build the Debian packages from target/$PROFILE
@@ -27,6 +36,8 @@ EPILOG=/usr/sbin/carma-epilog
 TARGET=${CARGO_TARGET_DIR:-$repo/target}
 SIM=/etc/carma/sim-gpus.yaml
 TEST_USER=carmatest
+NODE2=${NODE}b
+N2=/etc/slurm/node2
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it writes /etc/slurm and starts daemons)"
@@ -86,6 +97,10 @@ AccountingStorageType=accounting_storage/none
 SchedulerParameters=sched_interval=1,bf_interval=1
 MinJobAge=600
 PlugStackConfig=/etc/slurm/plugstack.conf
+# Transparent collocation: --gres=gpu:N jobs in carma.yaml's scopes become shards.
+JobSubmitPlugins=lua
+# ${NODE2}'s slurmd reads its own copy of this file (see the top of cluster.sh).
+DebugFlags=NO_CONF_HASH
 # OOM recovery: detects GPU OOM crashes of CARMA jobs and requeues them.
 Epilog=$EPILOG
 JobRequeue=1
@@ -93,7 +108,10 @@ GresTypes=gpu,shard
 # More CPUs than exist, so that many small jobs run at once.
 SlurmdParameters=config_overrides
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=32 Gres=gpu:4,shard:32 State=UNKNOWN
+NodeName=$NODE2 NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6819 CPUs=32 Gres=gpu:4,shard:32 State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+PartitionName=shared Nodes=$NODE MaxTime=INFINITE State=UP
+PartitionName=multi Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
 CONF
     # Four GPUs backed by character devices (Slurm 22.05 needs File=), each
     # split into 8 shards for collocated jobs.
@@ -119,6 +137,14 @@ gpu_source: {simulated: $SIM}
 state_dir: /run/carma
 log_file: /var/log/carma/carma.log
 timeouts: {lock: 5s, wait: 60s, poll: 250ms}
+# Jobs asking for whole GPUs are collocated here (tests/transparent.rs).
+transparent:
+  - {partition: shared, default_mem: 14G}
+  - {partition: multi, default_mem: 4G}
+CONF
+    owned_write /etc/slurm/job_submit.lua <<CONF
+-- $MARK
+$(grep -v '^--' "$repo/slurm-conf-examples/job_submit.lua")
 CONF
     owned_write "$SIM" <<CONF
 $MARK
@@ -130,6 +156,29 @@ gpus:
   - {index: 2, uuid: GPU-sim-2, memory_total: 40G}
   - {index: 3, uuid: GPU-sim-3, memory_total: 40G}
 CONF
+    write_node2
+}
+
+# ${NODE2}: the same configuration with its own slurmd files, plugstack,
+# carma.yaml (state in /run/carma2, its own simulated GPUs) and epilog.
+write_node2() {
+    install -d -m 0755 "$N2" "$RUN/b" "$VAR/d2"
+    sed -e "s#^SlurmdSpoolDir=.*#SlurmdSpoolDir=$VAR/d2#" \
+        -e "s#^SlurmdPidFile=.*#SlurmdPidFile=$RUN/b/slurmd.pid#" \
+        -e "s#^SlurmdLogFile=.*#SlurmdLogFile=$LOG/slurmd-$NODE2.log#" \
+        -e "s#^PlugStackConfig=.*#PlugStackConfig=$N2/plugstack.conf#" \
+        -e "s#^Epilog=.*#Epilog=$N2/epilog#" /etc/slurm/slurm.conf | owned_write "$N2/slurm.conf"
+    owned_write "$N2/gres.conf" </etc/slurm/gres.conf
+    sed "s#/etc/slurm/carma.yaml#$N2/carma.yaml#" /etc/slurm/plugstack.conf | owned_write "$N2/plugstack.conf"
+    sed -e "s#$SIM#/etc/carma/sim-gpus-$NODE2.yaml#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \
+        -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" /etc/slurm/carma.yaml | owned_write "$N2/carma.yaml"
+    sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" | owned_write "/etc/carma/sim-gpus-$NODE2.yaml"
+    owned_write "$N2/epilog" <<CONF
+#!/bin/sh
+$MARK
+exec $EPILOG --config=$N2/carma.yaml
+CONF
+    chmod 0755 "$N2/epilog"
 }
 
 install_carma() {
@@ -144,18 +193,18 @@ install_carma() {
     rm -rf /usr/local/lib/carma
     id "$TEST_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER"
     # Simulated GPU processes register here (like /tmp: users create, only owners delete).
-    install -d -m 1777 /run/carma-sim
-    rm -f /run/carma-sim/*.json
+    install -d -m 1777 /run/carma-sim /run/carma-sim2
+    rm -f /run/carma-sim/*.json /run/carma-sim2/*.json
     # A fresh cluster has no running jobs: start CARMA's node state empty.
-    install -d -m 0755 -o root -g root /run/carma /var/log/carma
-    rm -f /run/carma/state.json /run/carma/state.json.*
+    install -d -m 0755 -o root -g root /run/carma /run/carma2 /var/log/carma
+    rm -f /run/carma/state.json /run/carma/state.json.* /run/carma2/state.json /run/carma2/state.json.*
 }
 
 pid_of() { local p; p=$(cat "$1" 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p"; }
 
 stop() {
     scontrol shutdown >/dev/null 2>&1 || true
-    for p in "$RUN/slurmd.pid" "$RUN/slurmctld.pid"; do
+    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN/slurmctld.pid"; do
         local pid
         for _ in $(seq 50); do pid=$(pid_of "$p") || break; sleep 0.1; done
         if pid=$(pid_of "$p"); then kill -TERM "$pid" 2>/dev/null || true; sleep 1; kill -KILL "$pid" 2>/dev/null || true; fi
@@ -173,15 +222,16 @@ start_munge() {
 }
 
 wait_idle() {
+    local node=$1 log=$2
     for _ in $(seq 150); do
         local st
-        st=$(sinfo -h -n "$NODE" -o %T 2>/dev/null || true)
+        st=$(sinfo -h -N -n "$node" -o %T 2>/dev/null | head -1 || true)
         case "$st" in idle|mixed|allocated) return 0 ;; esac
         sleep 0.2
     done
     sinfo -N -l >&2 || true
-    tail -20 "$LOG/slurmd.log" "$LOG/slurmctld.log" >&2 || true
-    die "node $NODE did not become idle within 30 s"
+    tail -20 "$log" "$LOG/slurmctld.log" >&2 || true
+    die "node $node did not become idle within 30 s"
 }
 
 start() {
@@ -192,16 +242,18 @@ start() {
     start_munge
     slurmctld -c
     slurmd -N "$NODE"
-    wait_idle
+    slurmd -N "$NODE2" -f "$N2/slurm.conf"
+    wait_idle "$NODE" "$LOG/slurmd.log"
+    wait_idle "$NODE2" "$LOG/slurmd-$NODE2.log"
     # A node drained by an earlier run (failed prolog/epilog) is resumed.
-    scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
-    echo "cluster.sh: $NODE up with 4 simulated GPUs; CARMA plugin $PLUGIN"
+    scontrol update nodename="$NODE,$NODE2" state=resume >/dev/null 2>&1 || true
+    echo "cluster.sh: $NODE and $NODE2 up with 4 simulated GPUs each; CARMA plugin $PLUGIN"
 }
 
 case "${1:-}" in
     deps) deps ;;
     start) start ;;
     stop) stop ;;
-    status) sinfo -N -l; scontrol show node "$NODE" | grep -E 'State|Gres' ;;
+    status) sinfo -N -l; scontrol show node "$NODE,$NODE2" | grep -E 'State|Gres' ;;
     *) die "usage: $0 deps|start|stop|status" ;;
 esac

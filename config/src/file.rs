@@ -3,6 +3,7 @@
 
 use crate::activity::ActivityMetric;
 use crate::policy::Policy;
+use crate::scope::{self, JobScopeFacts, Scope};
 use crate::units::{parse_duration, parse_size_mib};
 use serde::Deserialize;
 use std::fmt;
@@ -130,6 +131,9 @@ pub struct Config {
     pub oom_patterns: Vec<String>,
     pub timeouts: Timeouts,
     pub estimator: EstimatorConfig,
+    /// Where jobs that ask for whole GPUs are collocated without asking
+    /// (`transparent:`); empty = nowhere.
+    pub transparent: Vec<Scope>,
 }
 
 /// Output lines of the common frameworks when the GPU runs out of memory,
@@ -197,6 +201,7 @@ impl Default for Config {
             // allocations of a PyTorch job on an A100: a property of the
             // software stack, not of the model (docs/estimator.md).
             estimator: EstimatorConfig { runtime_mib: 700, method: EstimatorMethod::Continuous },
+            transparent: Vec::new(),
         }
     }
 }
@@ -268,6 +273,16 @@ struct RawTimeouts {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawScope {
+    partition: Option<String>,
+    account: Option<String>,
+    qos: Option<String>,
+    policy: Option<String>,
+    default_mem: Option<Scalar>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawConfig {
     default_policy: Option<String>,
     activity_metric: Option<String>,
@@ -285,6 +300,7 @@ struct RawConfig {
     extra_oom_patterns: Option<Vec<String>>,
     timeouts: Option<RawTimeouts>,
     estimator: Option<RawEstimator>,
+    transparent: Option<Vec<RawScope>>,
 }
 
 impl Config {
@@ -447,7 +463,34 @@ impl RawConfig {
                 };
             }
         }
+        for (i, raw) in self.transparent.into_iter().flatten().enumerate() {
+            let key = |field: &str| format!("transparent[{i}].{field}");
+            let name = |field: &str, v: Option<String>| -> Result<Option<String>, ConfigError> {
+                v.map(|v| scope::valid_name(&v).map(|()| v).map_err(|e| bad(&key(field), e))).transpose()
+            };
+            let s = Scope {
+                partition: name("partition", raw.partition)?,
+                account: name("account", raw.account)?,
+                qos: name("qos", raw.qos)?,
+                policy: raw.policy.map(|p| p.parse().map_err(|e| bad(&key("policy"), e))).transpose()?,
+                default_mib: raw.default_mem.as_ref().map(|v| size(&key("default_mem"), v)).transpose()?,
+            };
+            if s.partition.is_none() && s.account.is_none() && s.qos.is_none() {
+                return Err(bad(
+                    &format!("transparent[{i}]"),
+                    "names no partition, account or qos; give at least one (an entry for every job would collocate the whole cluster)".into(),
+                ));
+            }
+            c.transparent.push(s);
+        }
         Ok(c)
+    }
+}
+
+impl Config {
+    /// The transparent-collocation scope covering a job, if any.
+    pub fn transparent_scope(&self, job: &JobScopeFacts<'_>) -> Option<&Scope> {
+        scope::find(&self.transparent, job)
     }
 }
 
@@ -550,6 +593,11 @@ mod tests {
             ("oom_patterns: [\"\"]\n", "oom_patterns"),
             ("sm_activity_cup: 0.5\n", "sm_activity_cup"),
             ("recovery: {retries: 3}\n", "retries"),
+            ("transparent: [{policy: magm}]\n", "transparent[0]"),
+            ("transparent: [{partition: gpu}, {partition: \"a b\"}]\n", "transparent[1].partition"),
+            ("transparent: [{partition: gpu, default_mem: lots}]\n", "transparent[0].default_mem"),
+            ("transparent: [{partition: gpu, policy: fastest}]\n", "transparent[0].policy"),
+            ("transparent: [{partitions: gpu}]\n", "partitions"),
         ];
         for (text, key) in cases {
             let line = parse(text).unwrap_err().to_string();
@@ -571,5 +619,20 @@ mod tests {
         for text in ["[1, 2", "{{{{", "\u{0}\u{1}", "- a\n- b\n", "a: &x [*x]\n", ": :"] {
             assert!(parse(text).is_err(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn transparent_scopes_are_read_in_order() {
+        let c = parse(
+            "transparent:\n  - {partition: shared, default_mem: 10G}\n  - {account: ml, qos: low, policy: ff}\n",
+        )
+        .unwrap();
+        assert_eq!(c.transparent.len(), 2);
+        assert_eq!(c.transparent[0].default_mib, Some(10240));
+        assert_eq!(c.transparent[1].policy, Some(Policy::FirstFit));
+        let job = |p| JobScopeFacts { partition: Some(p), account: Some("ml"), qos: Some("low") };
+        assert_eq!(c.transparent_scope(&job("shared")).map(Scope::selectors).as_deref(), Some("partition:shared"));
+        assert_eq!(c.transparent_scope(&job("other")).map(Scope::selectors).as_deref(), Some("account:ml,qos:low"));
+        assert!(parse("").unwrap().transparent.is_empty());
     }
 }

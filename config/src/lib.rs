@@ -10,6 +10,7 @@ mod file;
 mod options;
 mod plugstack;
 mod policy;
+mod scope;
 mod units;
 
 pub use activity::ActivityMetric;
@@ -22,4 +23,5 @@ pub use options::{
 };
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
+pub use scope::{JobScopeFacts, Scope};
 pub use units::{parse_duration, parse_size_mib};

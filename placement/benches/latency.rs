@@ -83,6 +83,7 @@ fn child(args: &[String]) {
         estimate_source: "declared".into(),
         shares: true,
         signature: None,
+        history_first: false,
     };
     let gate = std::fs::File::open(dir.join("gate")).unwrap();
     println!("ready");

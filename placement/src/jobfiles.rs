@@ -1,6 +1,8 @@
 //! Small per-job files in the root-owned state directory that carry what
 //! Slurm does not: why a job was requeued (written by carma-epilog) and its
-//! restart count (written by the job prolog), read by slurmstepd's placement.
+//! restart count (written by the job prolog), read by slurmstepd's placement;
+//! and that slurmstepd placed a job by transparent collocation (it declared
+//! nothing, so only this root-owned mark tells carma-epilog to recover it).
 //!
 //! Two writers because of measured Slurm 22.05 behaviour: a job requeued
 //! from the epilog restarts on the same node without the prolog running
@@ -24,6 +26,10 @@ fn recovery_path(dir: &Path, job: u32) -> PathBuf {
 
 fn restart_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("restart-{job}"))
+}
+
+fn transparent_path(dir: &Path, job: u32) -> PathBuf {
+    dir.join(format!("transparent-{job}"))
 }
 
 /// Writes atomically (temp file, fsync, rename).
@@ -62,10 +68,32 @@ pub fn read_restarts(dir: &Path, job: u32) -> u32 {
     read_small(&restart_path(dir, job)).and_then(|t| t.trim().parse().ok()).unwrap_or(0)
 }
 
-/// Forgets both files of a job.
+/// A job CARMA placed on this node by transparent collocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transparent {
+    /// Which scope (`partition:gpu`).
+    pub scope: String,
+    /// Its history signature, under which an OOM's need is remembered.
+    pub signature: Option<String>,
+}
+
+pub fn write_transparent(dir: &Path, job: u32, t: &Transparent) -> std::io::Result<()> {
+    let sig = t.signature.as_deref().map(|s| format!(" {s}")).unwrap_or_default();
+    write_atomic(&transparent_path(dir, job), &format!("{}{sig}\n", t.scope))
+}
+
+pub fn read_transparent(dir: &Path, job: u32) -> Option<Transparent> {
+    let text = read_small(&transparent_path(dir, job))?;
+    let mut words = text.split_whitespace();
+    let scope = words.next()?.to_string();
+    Some(Transparent { scope, signature: words.next().map(str::to_string) })
+}
+
+/// Forgets every file of a job.
 pub fn remove(dir: &Path, job: u32) {
     let _ = std::fs::remove_file(recovery_path(dir, job));
     let _ = std::fs::remove_file(restart_path(dir, job));
+    let _ = std::fs::remove_file(transparent_path(dir, job));
 }
 
 /// Jobs with a file here last written more than `age` ago, oldest first,
@@ -80,7 +108,11 @@ pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> 
         .filter_map(|e| {
             let name = e.file_name();
             let name = name.to_str()?;
-            let job = name.strip_prefix("recovery-").or_else(|| name.strip_prefix("restart-"))?.parse().ok()?;
+            let job = ["recovery-", "restart-", "transparent-"]
+                .iter()
+                .find_map(|p| name.strip_prefix(p))?
+                .parse()
+                .ok()?;
             let written = e.metadata().ok()?.modified().ok()?;
             (now.duration_since(written).ok()? > age).then_some((written, job))
         })
@@ -117,12 +149,15 @@ mod tests {
         let r = Recovery { mode: RecoveryMode::Looser, need_mib: Some(30000) };
         write_recovery(&d.0, 7, r).unwrap();
         write_restarts(&d.0, 7, 2).unwrap();
+        let t = Transparent { scope: "partition:gpu".into(), signature: Some("1000:job:00ff".into()) };
+        write_transparent(&d.0, 7, &t).unwrap();
+        assert_eq!(read_transparent(&d.0, 7), Some(t));
         assert_eq!(read_recovery(&d.0, 7), Some(r));
         assert_eq!(read_restarts(&d.0, 7), 2);
         write_recovery(&d.0, 8, Recovery { mode: RecoveryMode::Exclusive, need_mib: None }).unwrap();
         assert_eq!(read_recovery(&d.0, 8).unwrap().mode, RecoveryMode::Exclusive);
         remove(&d.0, 7);
-        assert_eq!((read_recovery(&d.0, 7), read_restarts(&d.0, 7)), (None, 0));
+        assert_eq!((read_recovery(&d.0, 7), read_restarts(&d.0, 7), read_transparent(&d.0, 7)), (None, 0, None));
         std::fs::write(d.0.join("recovery-9"), "bogus").unwrap();
         assert_eq!(read_recovery(&d.0, 9), None);
     }
@@ -139,11 +174,12 @@ mod tests {
         age("restart-5", 7000);
         age("recovery-6", 9000);
         age("restart-7", 4000);
+        age("transparent-4", 3700);
         age("recovery-8", 10); // recent: its job may restart here any moment
         age("recovery-x", 9999);
         age("state.json", 9999);
         let hour = Duration::from_secs(3600);
-        assert_eq!(older_than(&d.0, hour, 10), vec![6, 5, 7]);
+        assert_eq!(older_than(&d.0, hour, 10), vec![6, 5, 7, 4]);
         assert_eq!(older_than(&d.0, hour, 2), vec![6, 5]);
         assert!(sweep_due(&d.0, hour));
         assert!(!sweep_due(&d.0, hour), "a second sweep within the hour");

@@ -34,6 +34,11 @@ pub struct Request {
     pub shares: bool,
     /// The job's signature (model file and batch size), for the history.
     pub signature: Option<String>,
+    /// The job declared nothing (transparent collocation): its history on
+    /// this node is its estimate, even below `estimate_mib` (a scope's
+    /// default) or where that is unknown. Otherwise history only raises.
+    #[serde(default)]
+    pub history_first: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -377,7 +382,7 @@ impl Placer {
             });
         }
         let mut demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
-        let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib);
+        let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib, req.history_first);
         if history_mib.is_some() {
             demand.estimate_mib = history_mib;
         }
@@ -486,6 +491,12 @@ impl Placer {
     /// A step ended: the job's GPUs are released when no step holds them.
     pub fn release(&self, step: StepRef) -> Result<Option<Reservation>, PlaceError> {
         Ok(self.store.update(|st| st.release_holder(step.job, step.holder))?)
+    }
+
+    /// What a job needed when it ran out of GPU memory (carma-epilog): a
+    /// lower bound of its peak, remembered like an observed one.
+    pub fn remember_peak(&self, signature: &str, mib: u64) -> Result<(), PlaceError> {
+        Ok(self.store.update(|st| st.remember_peak(signature, mib))?)
     }
 
     /// The job ended (epilog): release whatever it still holds.

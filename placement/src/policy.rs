@@ -146,11 +146,13 @@ pub fn observe(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32,
 
 /// The estimate a job's history asks for: its highest observed peak plus
 /// 10%, when that is more than the estimate it came with. Observed peaks
-/// are lower bounds (sampled at decisions), so history only ever raises.
-pub fn history_estimate(state: &NodeState, signature: Option<&str>, estimate_mib: Option<u64>) -> Option<u64> {
+/// are lower bounds (sampled at decisions), so for a job that declared or
+/// estimated its memory history only ever raises. A job that declared
+/// nothing (`first`) has nothing better than its history.
+pub fn history_estimate(state: &NodeState, signature: Option<&str>, estimate_mib: Option<u64>, first: bool) -> Option<u64> {
     let peak = *state.history.get(signature?)?;
     let wanted = peak + peak / 10;
-    (estimate_mib.is_some_and(|e| wanted > e)).then_some(wanted)
+    (first || estimate_mib.is_some_and(|e| wanted > e)).then_some(wanted)
 }
 
 /// Live free memory minus promised memory.

@@ -397,6 +397,7 @@ mod tests {
             estimate_source: "declared".into(),
             shares: true,
             signature: sig,
+            history_first: false,
         }
     }
 

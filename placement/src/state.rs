@@ -141,8 +141,13 @@ impl NodeState {
     /// seen over its runs).
     fn remember(&mut self, r: &Reservation) {
         let Some(sig) = r.signature.as_ref().filter(|_| r.observed_mib > 0) else { return };
-        let e = self.history.entry(sig.clone()).or_insert(0);
-        *e = (*e).max(r.observed_mib);
+        self.remember_peak(sig, r.observed_mib);
+    }
+
+    /// Raises the peak remembered under `sig` to `mib` (never lowers it).
+    pub fn remember_peak(&mut self, sig: &str, mib: u64) {
+        let e = self.history.entry(sig.to_string()).or_insert(0);
+        *e = (*e).max(mib);
         while self.history.len() > HISTORY_MAX {
             let first = self.history.keys().next().cloned();
             first.map(|k| self.history.remove(&k));

@@ -47,6 +47,7 @@ fn request(policy: Policy, mib: u64) -> Request {
         estimate_source: "declared".into(),
         shares: true,
         signature: None,
+        history_first: false,
     }
 }
 

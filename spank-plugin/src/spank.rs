@@ -46,6 +46,10 @@ pub fn step_name(id: u32) -> String {
     }
 }
 
+pub fn is_batch_step(id: u32) -> bool {
+    id == sys::SLURM_BATCH_SCRIPT
+}
+
 /// Where the plugin is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Context {
@@ -115,6 +119,30 @@ impl Spank {
         let rc = unsafe { sys::spank_get_item(self.raw, code, &mut value as *mut u32) };
         check(rc, &format!("spank_get_item({item:?})"))?;
         Ok(value)
+    }
+
+    /// The step's command line (remote context). For a batch step Slurm
+    /// gives the path of its own copy of the script in slurmd's spool.
+    pub fn argv(&self) -> Result<Vec<Vec<u8>>, Error> {
+        let mut argc: c_int = 0;
+        let mut argv: *mut *mut c_char = std::ptr::null_mut();
+        // SAFETY: S_JOB_ARGV writes an int and a char** through the pointers.
+        let rc = unsafe {
+            sys::spank_get_item(self.raw, sys::spank_item::S_JOB_ARGV, &mut argc as *mut c_int, &mut argv as *mut _)
+        };
+        check(rc, "spank_get_item(S_JOB_ARGV)")?;
+        if argv.is_null() {
+            return Ok(Vec::new());
+        }
+        let n = usize::try_from(argc).unwrap_or(0).min(4096);
+        // SAFETY: Slurm's argv holds argc NUL-terminated strings, owned by
+        // slurmstepd for the life of the step; we copy them out at once.
+        let args = (0..n)
+            .map(|i| unsafe { *argv.add(i) })
+            .take_while(|p| !p.is_null())
+            .map(|p| unsafe { CStr::from_ptr(p) }.to_bytes().to_vec())
+            .collect();
+        Ok(args)
     }
 
     /// A variable of the job's environment; `None` if unset.

@@ -252,10 +252,15 @@ fn observed_peaks_become_history_that_only_raises_estimates() {
     st.release_holder(1, 10);
     st.release_job(2);
     assert_eq!(st.history.len(), 1, "{:?}", st.history);
-    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(1000)), Some(6600), "peak + 10%");
-    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(8000)), None, "never lowers");
-    assert_eq!(history_estimate(&st, Some("00000000000000bb"), Some(1000)), None);
-    assert_eq!(history_estimate(&st, None, Some(1000)), None);
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(1000), false), Some(6600), "peak + 10%");
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(8000), false), None, "never lowers");
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), None, false), None, "unknown stays whole GPUs");
+    assert_eq!(history_estimate(&st, Some("00000000000000bb"), Some(1000), false), None);
+    assert_eq!(history_estimate(&st, None, Some(1000), false), None);
+    // A job that declared nothing: its history is its estimate, either way.
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), Some(8000), true), Some(6600), "replaces a default");
+    assert_eq!(history_estimate(&st, Some("00000000000000aa"), None, true), Some(6600), "replaces whole GPUs");
+    assert_eq!(history_estimate(&st, Some("00000000000000bb"), None, true), None);
     // Bounded: the oldest-sorting signatures go first.
     for i in 0..HISTORY_MAX as u64 + 10 {
         st.reservations.push(Reservation {

@@ -63,9 +63,13 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
         return Err("SLURM_JOB_ID missing: not run by slurmd as Epilog?".into());
     }
-    // The job's CARMA options, as the submit host resolved them.
+    let job_no: u32 = job.parse().map_err(|_| "SLURM_JOB_ID is not a number")?;
+    // The job's CARMA options, as the submit host resolved them; or the
+    // mark slurmstepd left when it collocated the job transparently.
     let mut req = JobRequest::default();
-    let carma = OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some());
+    let transparent = jobfiles::read_transparent(&cfg.state_dir, job_no);
+    let carma =
+        OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some()) || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
     let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
     let restart_count: u32 = env("SLURM_JOB_RESTART_COUNT").parse().unwrap_or(0);
@@ -85,7 +89,6 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     }
     let from = scanned.map(|f| format!(" in {}", f.display())).unwrap_or_default();
     let verdict = decide(&facts);
-    let job_no: u32 = job.parse().map_err(|_| "SLURM_JOB_ID is not a number")?;
     // The job's per-run files are done with, unless it is requeued below.
     jobfiles::remove(&cfg.state_dir, job_no);
     match verdict {
@@ -106,7 +109,13 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         }
         Verdict::Requeue => {
             let line = facts.oom_line.as_deref().unwrap_or("");
-            let need_mib = (facts.mode == RecoveryMode::Looser).then(|| oom::needed_mib(line)).flatten();
+            let needed = oom::needed_mib(line);
+            if let Some((sig, mib)) = transparent.as_ref().and_then(|t| t.signature.as_deref()).zip(needed) {
+                // A job that declares nothing learns from its crash: its
+                // next submission asks for at least what this run needed.
+                remember_peak(cfg, sig, mib, log);
+            }
+            let need_mib = if facts.mode == RecoveryMode::Looser { needed } else { None };
             // Before the requeue: the next run may start on this node at once.
             if let Err(e) =
                 jobfiles::write_recovery(&cfg.state_dir, job_no, jobfiles::Recovery { mode: facts.mode, need_mib })
@@ -126,6 +135,15 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     }
     sweep_stale_jobfiles(cfg, log);
     Ok(())
+}
+
+fn remember_peak(cfg: &Config, sig: &str, mib: u64, log: &dyn Fn(&str)) {
+    let r = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
+        .and_then(|p| p.remember_peak(sig, mib));
+    match r {
+        Ok(()) => log(&format!("job {}: remembered a need of {mib} MiB for its next run", env("SLURM_JOB_ID"))),
+        Err(e) => log(&format!("job {}: cannot remember its need of {mib} MiB: {e}", env("SLURM_JOB_ID"))),
+    }
 }
 
 fn job_user() -> Result<User, String> {

@@ -3,6 +3,7 @@
 //!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
 //!   carma estimate --model FILE [--batch-size N] [--json]   the GPU memory estimate and why
 //!   carma place --dry-run [--mem SIZE] [--policy P] [--gpus N]   where a job would go now, and why not elsewhere
+//!   carma transparent-scopes [--config FILE]   the scopes job_submit.lua rewrites (one line each)
 //!   carma simulate ...                       replay a job trace under CARMA's policies
 
 use carma_config::{Config, JobRequest, OptionName};
@@ -14,7 +15,8 @@ use std::path::Path;
 
 const USAGE: &str = "usage: carma status [--json] [--config FILE]
        carma estimate --model FILE [--batch-size N] [--seq-len N] [--precision fp32|mixed|bf16] [--json] [--config FILE]
-       carma place --dry-run [--mem SIZE] [--policy POLICY] [--gpus N] [--config FILE]";
+       carma place --dry-run [--mem SIZE] [--policy POLICY] [--gpus N] [--config FILE]
+       carma transparent-scopes [--config FILE]";
 
 fn usage() -> String {
     format!("{USAGE}\n       {}", carma_tools::simulate::USAGE.replace('\n', "\n       "))
@@ -27,6 +29,7 @@ fn main() {
         "status" => cmd_status(argv.collect()),
         "estimate" => cmd_estimate(argv.collect()),
         "place" => cmd_place(argv.collect()),
+        "transparent-scopes" => cmd_scopes(argv.collect()),
         "simulate" => carma_tools::simulate::cmd_simulate(argv.collect()),
         "simulate-report" => carma_tools::simulate::cmd_report(argv.collect()),
         "-h" | "--help" | "help" => {
@@ -68,6 +71,21 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
         println!("{}", status::precondition(&placer.params()));
         print!("{}", status::table(&gpus, &state));
     }
+    Ok(())
+}
+
+/// carma.yaml's `transparent:` scopes for slurmctld's job_submit.lua
+/// (slurm-conf-examples/job_submit.lua), framed so that the script can
+/// tell a complete answer from a failure: a header, one line per scope,
+/// `end`.
+fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
+    let a = Args::parse(argv, &["config"], &[])?;
+    let cfg = config(&a)?;
+    println!("carma-transparent-scopes 1");
+    for s in &cfg.transparent {
+        println!("{s}");
+    }
+    println!("end");
     Ok(())
 }
 

@@ -3,3 +3,4 @@
 pub mod job_script;
 pub mod remote;
 pub mod submit;
+mod transparent;

@@ -8,6 +8,7 @@
 use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
+use super::transparent;
 use crate::spank::{Item, Spank};
 use carma_config::{Config, JobRequest, NoFitAction, Policy, RecoveryMode, UnknownEstimate};
 use carma_placement::{Placer, Request, StepRef, jobfiles};
@@ -95,36 +96,70 @@ fn step_label(sp: &Spank) -> String {
 }
 
 /// The step asked for CARMA: options given to it or to its job, or
-/// `CARMA_*` in its environment (what [`request`] resolves).
+/// `CARMA_*` in its environment (what [`request`] resolves); or it holds
+/// shards in a transparent scope.
 fn is_carma_step(sp: &Spank) -> bool {
-    request(sp).map_or(true, |r| !r.is_empty())
+    let transparent = || {
+        let shards = shards_on_node(sp).ok().flatten().is_some();
+        shards && options::config().is_ok_and(|cfg| transparent::in_scope(sp, cfg))
+    };
+    request(sp).map_or(true, |r| !r.is_empty()) || transparent()
 }
 
 fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let req = request(sp);
     *carma = req.as_ref().map_or(true, |r| !r.is_empty());
     let req = req?;
-    let shards = sp.getenv("SLURM_SHARDS_ON_NODE")?.is_some();
-    if req.is_empty() && !shards {
+    let shards = shards_on_node(sp)?;
+    if req.is_empty() && shards.is_none() {
         // Not a CARMA step and not sharing: nothing to do, no lock taken.
         return Ok(());
     }
     let cfg = options::config()?;
     log::set_log_file(cfg.log_file.clone());
     let job = sp.item_u32(Item::JobId)?;
-    let step_name = crate::spank::step_name(sp.item_u32(Item::StepId)?);
+    let step_id = sp.item_u32(Item::StepId)?;
+    let step_name = crate::spank::step_name(step_id);
     let step = StepRef { job, holder: std::process::id() };
+    // A shard step without CARMA options in a transparent scope is CARMA's.
+    let transparent = match (req.is_empty(), shards) {
+        (true, Some(n)) => transparent::detect(sp, cfg, n, crate::spank::is_batch_step(step_id))?,
+        _ => None,
+    };
+    *carma |= transparent.is_some();
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
     // The prolog recorded Slurm's GPUs as held whole; a step on shards or
     // without Slurm GPUs shows the job shares them.
-    let shares = shards || slurm_gpus(sp)?.is_none();
-    if req.is_empty() {
+    let shares = shards.is_some() || slurm_gpus(sp)?.is_none();
+    if req.is_empty() && transparent.is_none() {
         // A shard step without CARMA: only forget that record.
         placer.drop_whole(job).context("placement")?;
         return Ok(());
     }
-    let (mut estimate_mib, mut estimate_source, signature) = estimate(sp, &req, cfg)?;
-    let mut policy = req.policy.unwrap_or(cfg.default_policy);
+    let asked = match &transparent {
+        Some(t) => Asked {
+            policy: t.policy,
+            count: t.count,
+            estimate_mib: t.estimate_mib,
+            source: t.source.into(),
+            signature: t.signature.clone(),
+            recovery: cfg.recovery_mode,
+            note: format!(" transparent={}", t.scope),
+        },
+        None => {
+            let (estimate_mib, source, signature) = estimate(sp, &req, cfg)?;
+            Asked {
+                policy: req.policy.unwrap_or(cfg.default_policy),
+                count: req.gpu_count(),
+                estimate_mib,
+                source,
+                signature,
+                recovery: req.recovery.unwrap_or(cfg.recovery_mode),
+                note: String::new(),
+            }
+        }
+    };
+    let Asked { mut policy, count, mut estimate_mib, source: mut estimate_source, signature, .. } = asked;
     // A job requeued after a GPU OOM is rerun as its recovery mode says:
     // carma-epilog left a marker on this node; on another node the prolog
     // left the restart count (both root-owned, not user-forgeable).
@@ -132,7 +167,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let restarts = jobfiles::read_restarts(&cfg.state_dir, job);
     let mut recovery = String::new();
     if marker.is_some() || restarts > 0 {
-        let mode = marker.map_or(req.recovery.unwrap_or(cfg.recovery_mode), |m| m.mode);
+        let mode = marker.map_or(asked.recovery, |m| m.mode);
         match (mode, marker.and_then(|m| m.need_mib)) {
             (RecoveryMode::None, _) => {}
             (RecoveryMode::Looser, Some(mib)) => {
@@ -154,11 +189,13 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let signature = signature.map(|s| format!("{uid}:{s}"));
     let request = Request {
         policy,
-        count: req.gpu_count(),
+        count,
         estimate_mib,
         estimate_source: estimate_source.clone(),
         shares,
         signature,
+        // A recovering rerun keeps what recovery decided.
+        history_first: transparent.is_some() && recovery.is_empty(),
     };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
@@ -169,11 +206,37 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         est = format!("{mib}M");
         estimate_source = "history".into();
     }
-    let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}");
+    if let Some(t) = &transparent {
+        // carma-epilog recovers only CARMA jobs: this mark says it is one,
+        // and under which signature to remember what an OOM needed.
+        let mark = jobfiles::Transparent { scope: t.scope.clone(), signature: request.signature.clone() };
+        if let Err(e) = jobfiles::write_transparent(&cfg.state_dir, job, &mark) {
+            log::error(&format!("job {job}: cannot mark it transparent in {}: {e}", cfg.state_dir.display()));
+        }
+    }
+    let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}{}", asked.note);
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let gpus = carma_placement::index_list(&decision.gpus);
     let _ = DECISION.set(Ok(Decision { gpus, summary, step, step_name }));
     Ok(())
+}
+
+/// What the step asks of placement, from its options or its scope.
+struct Asked {
+    policy: Policy,
+    count: u32,
+    estimate_mib: Option<u64>,
+    source: String,
+    signature: Option<String>,
+    /// Recovery mode unless carma-epilog recorded one.
+    recovery: RecoveryMode,
+    /// Appended to the decision (`transparent=partition:gpu`).
+    note: String,
+}
+
+/// Shards Slurm gave the job on this node, if any.
+fn shards_on_node(sp: &Spank) -> Result<Option<u32>, Error> {
+    Ok(sp.getenv("SLURM_SHARDS_ON_NODE")?.map(|v| v.trim().parse().unwrap_or(1)))
 }
 
 /// GPUs Slurm itself allocated to the step (gres/gpu), if any.

@@ -1,0 +1,291 @@
+--[[
+CARMA transparent collocation for slurmctld's job_submit/lua.
+
+In the scopes that carma.yaml's `transparent:` names (partitions, accounts,
+QOS), a job that asks for whole GPUs (`--gres=gpu:N`, `--gpus-per-node=N`,
+or `--gpus=N` on one node) is rewritten to ask for N shards instead, so that
+Slurm admits several such jobs per GPU; CARMA's plugin then places each on
+a GPU with room (memory and SM activity) on every node it runs on.
+The rewrite is recorded in the job's comment (`scontrol show job`, `squeue -o %k`).
+
+Left unchanged: jobs outside the scopes; `--carma-policy=exclusive` (the
+user's opt-out); typed GPUs (`gpu:a100:1`); GPUs per task or socket;
+`--cpus-per-gpu`, `--mem-per-gpu`, `--ntasks-per-gpu`; `--gpus=N` over
+several nodes. slurmctld runs this for every submission and every
+`scontrol update` of a pending job, so users cannot go around it.
+
+The scopes come from `carma transparent-scopes` (the same carma.yaml the
+nodes read), run at most every `refresh` seconds; when that fails the last
+good list stays in force (at first: none, so nothing is rewritten), with a
+line in slurmctld's log.
+
+Use: job_submit.lua (next to slurm.conf) loads this file and calls
+carma.job_submit / carma.job_modify from slurm_job_submit / slurm_job_modify;
+see slurm-conf-examples/job_submit.lua.
+--]]
+
+local carma = {
+	command = "/usr/bin/carma transparent-scopes --config /etc/slurm/carma.yaml 2>&1",
+	refresh = 60,
+}
+
+local scopes = nil -- last good list
+local loaded_at = nil
+local NO_VAL = slurm.NO_VAL or 4294967294
+
+local function log_info(fmt, ...)
+	slurm.log_info("carma: " .. fmt, ...)
+end
+
+local function log_error(fmt, ...)
+	slurm.log_error("carma: " .. fmt, ...)
+end
+
+-- Parses `carma transparent-scopes`: a header, `scope k=v ...` lines, `end`.
+local function parse(text)
+	local list, header, complete = {}, false, false
+	for line in string.gmatch(text, "[^\n]+") do
+		if line == "carma-transparent-scopes 1" then
+			header = true
+		elseif line == "end" then
+			complete = header
+		elseif header and string.sub(line, 1, 6) == "scope " then
+			local s = {}
+			for k, v in string.gmatch(line, "(%w+)=(%S+)") do
+				if v ~= "*" then
+					s[k] = v
+				end
+			end
+			table.insert(list, s)
+		end
+	end
+	if complete then
+		return list
+	end
+	return nil
+end
+
+local function current_scopes()
+	local now = os.time()
+	if loaded_at ~= nil and now - loaded_at < carma.refresh then
+		return scopes or {}
+	end
+	loaded_at = now
+	local pipe = io.popen(carma.command)
+	local text = pipe and pipe:read("*a") or ""
+	if pipe then
+		pipe:close()
+	end
+	local list = parse(text)
+	if list == nil then
+		local why = string.gsub(text, "\n", " ")
+		log_error("cannot read the transparent scopes (%s): %s; keeping %d scope(s)", carma.command, why,
+			scopes and #scopes or 0)
+	else
+		if scopes == nil or #list ~= #scopes then
+			log_info("%d transparent scope(s) in force", #list)
+		end
+		scopes = list
+	end
+	return scopes or {}
+end
+
+local function scope_matches(s, partition, account, qos)
+	return (s.partition == nil or s.partition == partition)
+		and (s.account == nil or s.account == account)
+		and (s.qos == nil or s.qos == qos)
+end
+
+local function find_scope(list, partition, account, qos)
+	for _, s in ipairs(list) do
+		if scope_matches(s, partition, account, qos) then
+			return s
+		end
+	end
+	return nil
+end
+
+local function describe(s)
+	local parts = {}
+	for _, k in ipairs({ "partition", "account", "qos" }) do
+		if s[k] then
+			table.insert(parts, k .. ":" .. s[k])
+		end
+	end
+	return table.concat(parts, ",")
+end
+
+-- The default partition when the job names none.
+local function default_partition(part_list)
+	for name, part in pairs(part_list or {}) do
+		if part.flag_default == 1 then
+			return name
+		end
+	end
+	return nil
+end
+
+-- "gres:gpu:2,gres:foo:1" -> "gres:shard:2,gres:foo:1", 2; nil when the
+-- spec asks for no untyped GPUs or for typed ones (left to Slurm).
+local function to_shards(spec)
+	if spec == nil or spec == "" then
+		return nil
+	end
+	local out, gpus, typed = {}, 0, false
+	for item in string.gmatch(spec, "[^,]+") do
+		local base = string.gsub(item, "^gres[:/]", "")
+		local n
+		if base == "gpu" then
+			n = 1
+		else
+			n = tonumber(string.match(base, "^gpu:(%d+)$"))
+			if n == nil and string.match(base, "^gpu:") then
+				typed = true
+			end
+		end
+		if n ~= nil and n > 0 then
+			gpus = gpus + n
+			table.insert(out, "gres:shard:" .. n)
+		else
+			table.insert(out, item)
+		end
+	end
+	if typed or gpus == 0 then
+		return nil
+	end
+	return table.concat(out, ","), gpus
+end
+
+local function mentions_gpu(v)
+	return v ~= nil and string.find(v, "gpu", 1, true) ~= nil
+end
+
+-- The user's explicit --carma-policy=exclusive (or CARMA_POLICY=exclusive),
+-- as the carma plugin in sbatch/srun/salloc passed it on.
+local function opted_out(job_desc)
+	for _, kv in pairs(job_desc.spank_job_env or {}) do
+		if kv == "CARMA_POLICY=exclusive" then
+			return true
+		end
+	end
+	return false
+end
+
+local function unset(v)
+	return v == nil or v == NO_VAL or v == 0
+end
+
+-- Rewrites job_desc's GPU request in place. `job` holds the facts that
+-- decide the scope (partition may be a comma list: every partition must
+-- be in scope). Returns the note recorded in the comment, or nil.
+local function rewrite(job_desc, job, part_list)
+	local list = current_scopes()
+	if #list == 0 then
+		return nil
+	end
+	local partitions = job.partition or default_partition(part_list)
+	if partitions == nil then
+		return nil
+	end
+	local scope = nil
+	for p in string.gmatch(partitions, "[^,]+") do
+		local s = find_scope(list, p, job.account, job.qos)
+		if s == nil then
+			return nil
+		end
+		scope = scope or s
+	end
+	if opted_out(job_desc) then
+		return nil
+	end
+	local per_node, per_job = job_desc.tres_per_node, job_desc.tres_per_job
+	if not (mentions_gpu(per_node) or mentions_gpu(per_job)) then
+		return nil
+	end
+	for _, field in ipairs({ "tres_per_task", "tres_per_socket", "cpus_per_tres", "mem_per_tres" }) do
+		local v = job_desc[field]
+		if type(v) == "string" and mentions_gpu(v) then
+			log_info("job from uid %s keeps whole GPUs: %s=%s is not rewritten", tostring(job_desc.user_id), field, v)
+			return nil
+		end
+	end
+	local per_gpu = job_desc.ntasks_per_tres -- --ntasks-per-gpu; NO_VAL16 when unset
+	if type(per_gpu) == "number" and not unset(per_gpu) and per_gpu ~= 65534 then
+		return nil
+	end
+	local before, after = {}, {}
+	if mentions_gpu(per_node) then
+		local spec, n = to_shards(per_node)
+		if spec == nil then
+			return nil
+		end
+		table.insert(before, per_node)
+		table.insert(after, spec)
+		job_desc.tres_per_node = spec
+	end
+	if mentions_gpu(per_job) then
+		-- --gpus=N: only for one node, where it means N per node.
+		local spec, n = to_shards(per_job)
+		local nodes = job_desc.min_nodes
+		if spec == nil or (not unset(nodes) and nodes > 1) or mentions_gpu(per_node) then
+			return nil
+		end
+		table.insert(before, per_job)
+		table.insert(after, spec)
+		job_desc.tres_per_job = ""
+		job_desc.tres_per_node = spec
+		if unset(job_desc.max_nodes) then
+			job_desc.max_nodes = 1
+		end
+	end
+	return string.format("carma: %s -> %s (transparent collocation, %s)", table.concat(before, ","),
+		table.concat(after, ","), describe(scope))
+end
+
+local function record(job_desc, note, old_comment)
+	local comment = old_comment
+	if comment ~= nil and comment ~= "" then
+		comment = comment .. "; " .. note
+	else
+		comment = note
+	end
+	job_desc.comment = comment
+end
+
+function carma.job_submit(job_desc, part_list, submit_uid)
+	local job = {
+		partition = job_desc.partition,
+		account = job_desc.account or job_desc.default_account,
+		qos = job_desc.qos or job_desc.default_qos,
+	}
+	local note = rewrite(job_desc, job, part_list)
+	if note ~= nil then
+		record(job_desc, note, job_desc.comment)
+		log_info("job from uid %s: %s", tostring(submit_uid), note)
+	end
+	return slurm.SUCCESS
+end
+
+-- `scontrol update` of a pending job: a new GPU request, or a move into a
+-- scope, gets the same rewrite.
+function carma.job_modify(job_desc, job_rec, part_list, modify_uid)
+	local job = {
+		partition = job_desc.partition or job_rec.partition,
+		account = job_desc.account or job_rec.account,
+		qos = job_desc.qos or job_rec.qos,
+	}
+	if job_desc.partition ~= nil and not mentions_gpu(job_desc.tres_per_node) and not mentions_gpu(job_desc.tres_per_job) then
+		-- Moved: rewrite the GPUs it already asks for.
+		if mentions_gpu(job_rec.tres_per_node) then
+			job_desc.tres_per_node = job_rec.tres_per_node
+		end
+	end
+	local note = rewrite(job_desc, job, part_list)
+	if note ~= nil then
+		record(job_desc, note, job_desc.comment or job_rec.comment)
+		log_info("job %s updated by uid %s: %s", tostring(job_rec.job_id), tostring(modify_uid), note)
+	end
+	return slurm.SUCCESS
+end
+
+return carma
