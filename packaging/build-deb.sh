@@ -54,7 +54,8 @@ install -m 0644 "$repo"/slurm-conf-examples/* "$doc/examples/"
 install -m 0644 "$repo/packaging/copyright" "$doc/copyright"
 # The plugstack line, ready to link into /etc/slurm/plugstack.conf.d/.
 install -D -m 0644 "$repo/slurm-conf-examples/plugstack.conf" "$p/usr/share/carma-slurm/plugstack-carma.conf"
-install -m 0644 "$repo/slurm-conf-examples/carma_job_submit.lua" "$repo/slurm-conf-examples/job_submit.lua" "$p/usr/share/carma-slurm/"
+# Transparent collocation: the Lua module and the two scripts that load it.
+install -m 0644 "$repo"/slurm-conf-examples/{carma_slurm,job_submit,cli_filter}.lua "$p/usr/share/carma-slurm/"
 install -d "$p/DEBIAN"
 for s in postinst postrm; do install -m 0755 "$repo/packaging/carma-slurm.$s" "$p/DEBIAN/$s"; done
 cat >"$p/DEBIAN/control" <<EOF

@@ -99,6 +99,7 @@ MinJobAge=600
 PlugStackConfig=/etc/slurm/plugstack.conf
 # Transparent collocation: --gres=gpu:N jobs in carma.yaml's scopes become shards.
 JobSubmitPlugins=lua
+CliFilterPlugins=lua
 # ${NODE2}'s slurmd reads its own copy of this file (see the top of cluster.sh).
 DebugFlags=NO_CONF_HASH
 # OOM recovery: detects GPU OOM crashes of CARMA jobs and requeues them.
@@ -142,10 +143,10 @@ transparent:
   - {partition: shared, default_mem: 14G}
   - {partition: multi, default_mem: 4G}
 CONF
-    owned_write /etc/slurm/job_submit.lua <<CONF
--- $MARK
-$(grep -v '^--' "$repo/slurm-conf-examples/job_submit.lua")
-CONF
+    local lua
+    for lua in job_submit cli_filter; do
+        { echo "-- $MARK"; grep -v '^--' "$repo/slurm-conf-examples/$lua.lua"; } | owned_write "/etc/slurm/$lua.lua"
+    done
     owned_write "$SIM" <<CONF
 $MARK
 # Four simulated A100-40GB GPUs; running carma-fakejobs register in process_dir.

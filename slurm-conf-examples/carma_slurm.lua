@@ -1,27 +1,33 @@
 --[[
-CARMA transparent collocation for slurmctld's job_submit/lua.
+CARMA transparent collocation, for slurmctld's job_submit/lua and the
+submit hosts' cli_filter/lua (one module for both; see job_submit.lua and
+cli_filter.lua beside this file for how each loads it).
 
-In the scopes that carma.yaml's `transparent:` names (partitions, accounts,
-QOS), a job that asks for whole GPUs (`--gres=gpu:N`, `--gpus-per-node=N`,
-or `--gpus=N` on one node) is rewritten to ask for N shards instead, so that
-Slurm admits several such jobs per GPU; CARMA's plugin then places each on
-a GPU with room (memory and SM activity) on every node it runs on.
-The rewrite is recorded in the job's comment (`scontrol show job`, `squeue -o %k`).
+job_submit (slurmctld; users cannot go around it): in the scopes that
+carma.yaml's `transparent:` names (partitions, accounts, QOS), a batch job
+that asks for whole GPUs (`--gres=gpu:N`, `--gpus-per-node=N`, or `--gpus=N`
+on one node) is rewritten to ask for N shards instead, so that Slurm admits
+several such jobs per GPU; CARMA's plugin then places it on a GPU with room
+(memory and SM activity) on every node it runs on. The rewrite is recorded
+in the job's comment (`scontrol show job`, `squeue -o %k`).
 
-Left unchanged: jobs outside the scopes; `--carma-policy=exclusive` (the
-user's opt-out); typed GPUs (`gpu:a100:1`); GPUs per task or socket;
-`--cpus-per-gpu`, `--mem-per-gpu`, `--ntasks-per-gpu`; `--gpus=N` over
-several nodes. slurmctld runs this for every submission and every
-`scontrol update` of a pending job, so users cannot go around it.
+cli_filter (srun): a step inside such a job that asks for GPUs
+(`srun --gres=gpu:1`, `srun --gpus=1`) asks for as many shards instead, the
+form of GPU the job holds; without it Slurm refuses such steps
+("Step requested GRES (gpu) not found in the job").
+
+Left unchanged: jobs outside the scopes; jobs started by srun or salloc
+(their own steps ask Slurm for gpu, which the job would no longer hold);
+`--carma-policy=exclusive` (the user's opt-out); typed GPUs (`gpu:a100:1`);
+GPUs per task or socket; `--cpus-per-gpu`, `--mem-per-gpu`,
+`--ntasks-per-gpu`; `--gpus=N` over several nodes; a pending job moved into
+a scope by `scontrol update` (Slurm refuses to turn its gpu into shard).
+A pending job given GPUs by `scontrol update` in a scope is rewritten.
 
 The scopes come from `carma transparent-scopes` (the same carma.yaml the
 nodes read), run at most every `refresh` seconds; when that fails the last
 good list stays in force (at first: none, so nothing is rewritten), with a
 line in slurmctld's log.
-
-Use: job_submit.lua (next to slurm.conf) loads this file and calls
-carma.job_submit / carma.job_modify from slurm_job_submit / slurm_job_modify;
-see slurm-conf-examples/job_submit.lua.
 --]]
 
 local carma = {
@@ -131,6 +137,9 @@ local function to_shards(spec)
 	if spec == nil or spec == "" then
 		return nil
 	end
+	if string.find(spec, "shard", 1, true) then
+		return nil -- already shares; Slurm refuses two shard requests
+	end
 	local out, gpus, typed = {}, 0, false
 	for item in string.gmatch(spec, "[^,]+") do
 		local base = string.gsub(item, "^gres[:/]", "")
@@ -177,8 +186,9 @@ end
 
 -- Rewrites job_desc's GPU request in place. `job` holds the facts that
 -- decide the scope (partition may be a comma list: every partition must
--- be in scope). Returns the note recorded in the comment, or nil.
-local function rewrite(job_desc, job, part_list)
+-- be in scope); `batch`: a job with a script (jobs started by srun or
+-- salloc keep whole GPUs). Returns the note recorded in the comment, or nil.
+local function rewrite(job_desc, job, part_list, batch)
 	local list = current_scopes()
 	if #list == 0 then
 		return nil
@@ -195,7 +205,7 @@ local function rewrite(job_desc, job, part_list)
 		end
 		scope = scope or s
 	end
-	if opted_out(job_desc) then
+	if opted_out(job_desc) or not batch then
 		return nil
 	end
 	local per_node, per_job = job_desc.tres_per_node, job_desc.tres_per_job
@@ -258,7 +268,7 @@ function carma.job_submit(job_desc, part_list, submit_uid)
 		account = job_desc.account or job_desc.default_account,
 		qos = job_desc.qos or job_desc.default_qos,
 	}
-	local note = rewrite(job_desc, job, part_list)
+	local note = rewrite(job_desc, job, part_list, job_desc.script ~= nil)
 	if note ~= nil then
 		record(job_desc, note, job_desc.comment)
 		log_info("job from uid %s: %s", tostring(submit_uid), note)
@@ -266,24 +276,42 @@ function carma.job_submit(job_desc, part_list, submit_uid)
 	return slurm.SUCCESS
 end
 
--- `scontrol update` of a pending job: a new GPU request, or a move into a
--- scope, gets the same rewrite.
+-- `scontrol update` of a pending job: a new GPU request in a scope gets the
+-- same rewrite. A job moved into a scope keeps its whole GPUs: Slurm
+-- refuses to turn a pending job's gpu into shard (measured on 22.05).
 function carma.job_modify(job_desc, job_rec, part_list, modify_uid)
 	local job = {
 		partition = job_desc.partition or job_rec.partition,
 		account = job_desc.account or job_rec.account,
 		qos = job_desc.qos or job_rec.qos,
 	}
-	if job_desc.partition ~= nil and not mentions_gpu(job_desc.tres_per_node) and not mentions_gpu(job_desc.tres_per_job) then
-		-- Moved: rewrite the GPUs it already asks for.
-		if mentions_gpu(job_rec.tres_per_node) then
-			job_desc.tres_per_node = job_rec.tres_per_node
-		end
-	end
-	local note = rewrite(job_desc, job, part_list)
+	-- An update names only what changes (no script): a pending job started
+	-- by srun or salloc being given GPUs is too rare to tell apart.
+	local note = rewrite(job_desc, job, part_list, true)
 	if note ~= nil then
 		record(job_desc, note, job_desc.comment or job_rec.comment)
 		log_info("job %s updated by uid %s: %s", tostring(job_rec.job_id), tostring(modify_uid), note)
+	end
+	return slurm.SUCCESS
+end
+
+-- cli_filter/lua, in srun: a step of a job that holds shards asks for
+-- shards where it asks for GPUs.
+function carma.cli_pre_submit(options, pack_offset)
+	if options.type ~= "srun" or os.getenv("SLURM_JOB_ID") == nil or os.getenv("SLURM_SHARDS_ON_NODE") == nil then
+		return slurm.SUCCESS
+	end
+	local spec = to_shards(options["gres"])
+	if spec ~= nil then
+		options["gres"] = spec
+	end
+	for _, key in ipairs({ "gpus", "gpus-per-node" }) do
+		local n = tonumber(options[key])
+		local gres = options["gres"]
+		if n ~= nil and n > 0 and (gres == nil or not string.find(gres, "shard", 1, true)) then
+			options["gres"] = (gres and gres .. "," or "") .. "gres:shard:" .. n
+			options[key] = ""
+		end
 	end
 	return slurm.SUCCESS
 end

@@ -1,0 +1,243 @@
+//! Transparent collocation on the real cluster: jobs that ask for whole GPUs
+//! and know nothing of CARMA. tests/cluster.sh makes partitions `shared`
+//! (default size 14G) and `multi` (both nodes, 4G) transparent scopes in
+//! carma.yaml, and loads slurm-conf-examples/job_submit.lua into slurmctld;
+//! `debug` is outside every scope.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The scope's default size in tests/cluster.sh's carma.yaml.
+const SHARED_DEFAULT_MIB: u64 = 14 * 1024;
+
+/// Submits `path` as the test user; returns (job id, output file).
+fn submit(opts: &[&str], name: &str, path: &str) -> (String, String) {
+    let out = work_dir().join(format!("{}.out", unique(name))).to_string_lossy().into_owned();
+    let mut args = vec!["sbatch", "--parsable", "-J", name, "-o", &out];
+    args.extend_from_slice(opts);
+    args.push(path);
+    let id = user(&args, 30).ok().stdout.trim().to_string();
+    (id, out)
+}
+
+fn field(job: &str, key: &str) -> String {
+    let r = root(&["scontrol", "show", "job", job], 20);
+    // Comment= runs to the end of its line (it may hold blanks).
+    r.stdout
+        .lines()
+        .flat_map(|l| if key == "Comment" { vec![l.trim()] } else { l.split_whitespace().collect() })
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Waits for a final state that stays put (an OOM-requeued job is briefly
+/// FAILED before it restarts).
+fn wait_final(job: &str, secs: u64) -> String {
+    let start = Instant::now();
+    loop {
+        let st = field(job, "JobState");
+        if ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"].contains(&st.as_str()) {
+            let restarts = field(job, "Restarts");
+            std::thread::sleep(Duration::from_millis(2500));
+            if field(job, "JobState") == st && field(job, "Restarts") == restarts {
+                wait_completed(job);
+                return st;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(secs), "job {job} still {st} after {secs} s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn output_line(out: &str, prefix: &str) -> String {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix(prefix)).unwrap_or_else(|| panic!("no {prefix:?} in {out}:\n{text}")).into()
+}
+
+/// GPU index -> CARMA reservations holding it, from `carma status --json`.
+fn reservations_per_gpu() -> (usize, BTreeMap<u64, usize>) {
+    let r = root(&["carma", "status", "--json"], 20);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
+    let list = v["reservations"].as_array().cloned().unwrap_or_default();
+    let mut per = BTreeMap::new();
+    for res in &list {
+        for g in res["gpu_indices"].as_array().into_iter().flatten() {
+            *per.entry(g.as_u64().unwrap()).or_insert(0) += 1;
+        }
+    }
+    (list.len(), per)
+}
+
+const TRAIN: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 15";
+
+#[test]
+fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is_recovered_and_learns() {
+    require_cluster();
+    wait_released();
+    let train = script(&unique("train"), TRAIN);
+    // The one that outgrows the scope's default: 30G after 3 s, beside a
+    // neighbour of 12G on a 40G GPU.
+    let grow_to_mib = 30 * 1024;
+    let big_name = unique("big");
+    let big = script(
+        &big_name,
+        "echo \"DECISION $CARMA_DECISION\"\ncarma-fakejob --mem 12G --grow-to 30G --grow-after 3 --seconds 8",
+    );
+    // One name for the seven: the same job, new to the node's history.
+    let train_name = unique("train");
+    let mut jobs: Vec<(String, String)> =
+        (0..7).map(|_| submit(&["-p", "shared", "--gres=gpu:1"], &train_name, &train)).collect();
+    wait_reservations(7);
+    let (big_id, big_out) = submit(&["-p", "shared", "--gres=gpu:1"], &big_name, &big);
+    // All eight run at once, two per GPU (14G each, 40G GPUs, 2G headroom).
+    let start = Instant::now();
+    let per_gpu = loop {
+        let (n, per_gpu) = reservations_per_gpu();
+        if n == 8 {
+            break per_gpu;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{n} placed: {per_gpu:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(per_gpu.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "{per_gpu:?}");
+    jobs.push((big_id.clone(), big_out.clone()));
+    for (id, _) in &jobs {
+        assert_eq!(field(id, "TresPerNode"), "gres:shard:1", "job {id}");
+        assert!(field(id, "Comment").contains("gres:gpu:1 -> gres:shard:1"), "job {id}: {}", field(id, "Comment"));
+    }
+    for (id, out) in &jobs[..7] {
+        assert_eq!(wait_final(id, 120), "COMPLETED", "job {id}");
+        let d = output_line(out, "DECISION ");
+        assert!(d.contains(&format!("estimate={SHARED_DEFAULT_MIB}M source=scope_default")), "{d}");
+        assert!(d.contains("transparent=partition:shared") && d.contains("exclusive=false"), "{d}");
+    }
+    // The big one ran out of memory, was requeued and reran on a GPU of its own.
+    assert_eq!(wait_final(&big_id, 180), "COMPLETED", "{}", std::fs::read_to_string(&big_out).unwrap_or_default());
+    assert_eq!(field(&big_id, "Restarts"), "1");
+    let d = output_line(&big_out, "DECISION ");
+    assert!(d.contains("exclusive=true") && d.ends_with("recovery=exclusive transparent=partition:shared"), "{d}");
+    let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap();
+    assert!(log.contains(&format!("job {big_id} ran out of GPU memory")), "no OOM line for job {big_id}");
+    assert!(log.contains(&format!("job {big_id}: remembered a need of {grow_to_mib} MiB")), "nothing learned");
+    // Submitted again, unchanged: the learned peak (+10%) is its estimate,
+    // and it runs through without a crash.
+    let (again, again_out) = submit(&["-p", "shared", "--gres=gpu:1"], &big_name, &big);
+    assert_eq!(wait_final(&again, 120), "COMPLETED");
+    assert_eq!(field(&again, "Restarts"), "0");
+    let d = output_line(&again_out, "DECISION ");
+    let learned = grow_to_mib + grow_to_mib / 10;
+    assert!(d.contains(&format!("estimate={learned}M source=history")), "{d}");
+    report("transparent", &format!("8 unchanged --gres=gpu:1 jobs ran 2 per GPU; OOM job {big_id} recovered; resubmission estimated {learned} MiB from history"));
+}
+
+#[test]
+fn the_same_jobs_outside_every_scope_get_whole_gpus() {
+    require_cluster();
+    wait_released();
+    let body = "echo \"DECISION ${CARMA_DECISION:-none}\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 4";
+    let train = script(&unique("whole"), body);
+    let jobs: Vec<(String, String)> = (0..8).map(|_| submit(&["-p", "debug", "--gres=gpu:1"], "whole", &train)).collect();
+    let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
+    let mut most = 0;
+    let start = Instant::now();
+    while jobs.iter().any(|(id, _)| !["COMPLETED", "FAILED", "CANCELLED"].contains(&field(id, "JobState").as_str())) {
+        let r = root(&["squeue", "-h", "-t", "R", "-j", &ids.join(","), "-o", "%i"], 20);
+        most = most.max(r.stdout.lines().count());
+        assert!(start.elapsed() < Duration::from_secs(120), "jobs did not finish");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(most, 4, "whole GPUs: at most 4 of the 8 run at once, and 4 do");
+    for (id, out) in &jobs {
+        wait_completed(id);
+        assert_eq!(field(id, "JobState"), "COMPLETED", "job {id}");
+        assert_eq!(field(id, "TresPerNode"), "gres:gpu:1");
+        assert!(!field(id, "Comment").contains("carma"), "job {id}");
+        assert_eq!(output_line(out, "DECISION "), "none");
+    }
+}
+
+#[test]
+fn opting_out_with_exclusive_keeps_a_whole_gpu_in_the_scope() {
+    require_cluster();
+    wait_released();
+    let body = "echo \"DECISION $CARMA_DECISION\"\necho \"JOBGPUS ${SLURM_JOB_GPUS:-}\"\ncarma-fakejob --mem 2G --seconds 6";
+    let s = script(&unique("optout"), body);
+    let (id, out) = submit(&["-p", "shared", "--gres=gpu:1", "--carma-policy=exclusive"], "optout", &s);
+    assert_eq!(field(&id, "TresPerNode"), "gres:gpu:1");
+    assert!(!field(&id, "Comment").contains("carma"));
+    wait_reservations(1);
+    // A transparent job placed meanwhile does not share its GPU.
+    let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:1"], &[], "echo \"DECISION $CARMA_DECISION\"", 60);
+    assert_eq!(r.code, 0, "{text}");
+    assert_eq!(wait_final(&id, 60), "COMPLETED");
+    let whole = output_line(&out, "JOBGPUS ");
+    assert!(!whole.is_empty(), "Slurm gave it a whole GPU");
+    assert!(output_line(&out, "DECISION ").contains("exclusive=true"));
+    let other = text.lines().find_map(|l| l.strip_prefix("DECISION ")).unwrap_or_default();
+    assert!(other.contains("transparent=partition:shared"), "{other}");
+    assert!(!other.contains(&format!("gpu_indices={whole} ")), "shared the opted-out GPU {whole}: {other}");
+}
+
+#[test]
+fn multi_gpu_multi_node_and_srun_jobs_get_a_decision_on_every_node() {
+    require_cluster();
+    wait_released();
+    // Two nodes, one GPU each: every node decides for its own part.
+    let body = "srun bash -c 'echo \"STEP $SLURMD_NODENAME $CARMA_DECISION\"'";
+    let (r, text) = sbatch_wait(&["-p", "multi", "-N", "2", "--gres=gpu:1"], &[], body, 90);
+    assert_eq!(r.code, 0, "{text}");
+    let steps: BTreeMap<&str, &str> =
+        text.lines().filter_map(|l| l.strip_prefix("STEP ")?.split_once(' ')).collect();
+    assert_eq!(steps.len(), 2, "{text}");
+    for d in steps.values() {
+        assert!(d.contains("estimate=4096M source=scope_default gpu_count=1"), "{d}");
+        assert!(d.contains("transparent=partition:multi"), "{d}");
+    }
+    // The second node had never seen the job: its own decision, not a reuse.
+    assert_eq!(steps.values().filter(|d| d.contains("reused=yes")).count(), 1, "{text}");
+    // --gpus=2 on one node: two GPUs, and the user's comment is kept.
+    let (r, text) = sbatch_wait(
+        &["-p", "shared", "--gpus=2", "--comment=mine"],
+        &[],
+        "echo \"DECISION $CARMA_DECISION\"\nscontrol show job $SLURM_JOB_ID | grep -o 'Comment=.*'",
+        60,
+    );
+    assert_eq!(r.code, 0, "{text}");
+    assert!(text.contains("gpu_count=2 "), "{text}");
+    assert!(text.contains("Comment=mine; carma: gres:gpu:2 -> gres:shard:2"), "{text}");
+    // Steps that ask for GPUs inside such a job (cli_filter.lua turns
+    // their request into the job's shards).
+    let body = "srun --gres=gpu:1 printenv CARMA_DECISION\nsrun --gpus=1 printenv CARMA_DECISION";
+    let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:1"], &[], body, 60);
+    assert_eq!(r.code, 0, "{text}");
+    assert_eq!(text.matches("reused=yes transparent=partition:shared").count(), 2, "{text}");
+    // A job started by srun itself keeps whole GPUs: its own step asks
+    // Slurm for gpu.
+    let r = user(&["srun", "-p", "shared", "--gres=gpu:1", "printenv", "SLURM_STEP_GPUS"], 60).ok();
+    assert!(!r.stdout.trim().is_empty(), "{}", r.stdout);
+}
+
+#[test]
+fn requests_the_rewrite_cannot_keep_are_left_whole() {
+    require_cluster();
+    // --cpus-per-gpu refers to GPUs: shards would break it.
+    let (r, text) =
+        sbatch_wait(&["-p", "shared", "--gres=gpu:1", "--cpus-per-gpu=1"], &[], "echo \"DECISION ${CARMA_DECISION:-none}\"", 60);
+    assert_eq!(r.code, 0, "{text}");
+    assert!(text.contains("DECISION none"), "{text}");
+    // A pending job moved into the scope keeps its GPUs whole (Slurm does
+    // not let a pending job trade gpu for shard); one given GPUs by an
+    // update in the scope is rewritten.
+    let s = script(&unique("held"), "true");
+    let (moved, _) = submit(&["-H", "-p", "debug", "--gres=gpu:1"], "held", &s);
+    user(&["scontrol", "update", &format!("jobid={moved}"), "partition=shared"], 20).ok();
+    assert_eq!((field(&moved, "Partition"), field(&moved, "TresPerNode")), ("shared".into(), "gres:gpu:1".into()));
+    let (updated, _) = submit(&["-H", "-p", "shared"], "held", &s);
+    user(&["scontrol", "update", &format!("jobid={updated}"), "gres=gpu:1"], 20).ok();
+    assert_eq!(field(&updated, "TresPerNode"), "gres:shard:1");
+    root(&["scancel", &moved, &updated], 20).ok();
+}
