@@ -78,6 +78,8 @@ const TRAIN: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPUS $CUDA_VISIBL
 fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is_recovered_and_learns() {
     require_cluster();
     wait_released();
+    let status = root(&["carma", "status"], 20).ok().stdout;
+    assert!(status.contains("transparent collocation: partition:shared (policy magm, default 14336 MiB)"), "{status}");
     let train = script(&unique("train"), TRAIN);
     // The one that outgrows the scope's default: 30G after 3 s, beside a
     // neighbour of 12G on a 40G GPU.

@@ -66,12 +66,27 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     let mut placer = Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     if a.has("json") {
-        println!("{}", serde_json::to_string_pretty(&status::to_json(&gpus, &state)).unwrap_or_default());
+        let mut v = status::to_json(&gpus, &state);
+        v["transparent"] = cfg.transparent.iter().map(|s| scope_json(s, &cfg)).collect();
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", status::precondition(&placer.params()));
+        for s in &cfg.transparent {
+            let size = s.default_mib.map_or_else(|| "whole GPUs".into(), |m| format!("{m} MiB"));
+            let policy = s.policy.unwrap_or(cfg.default_policy);
+            println!("transparent collocation: {} (policy {policy}, default {size})", s.selectors());
+        }
         print!("{}", status::table(&gpus, &state));
     }
     Ok(())
+}
+
+fn scope_json(s: &carma_config::Scope, cfg: &Config) -> serde_json::Value {
+    serde_json::json!({
+        "scope": s.selectors(),
+        "policy": s.policy.unwrap_or(cfg.default_policy).name(),
+        "default_mib": s.default_mib,
+    })
 }
 
 /// carma.yaml's `transparent:` scopes for slurmctld's job_submit.lua
