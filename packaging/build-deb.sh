@@ -47,7 +47,10 @@ doc=$p/usr/share/doc/carma-slurm
 install -D -m 0644 "$bin/libcarma_spank.so" "$p/usr/lib/carma/carma_spank.so"
 install -D -m 0755 "$bin/carma" "$p/usr/bin/carma"
 install -D -m 0755 "$bin/carma-epilog" "$p/usr/sbin/carma-epilog"
-strip --strip-unneeded "$p/usr/lib/carma/carma_spank.so" "$p/usr/bin/carma" "$p/usr/sbin/carma-epilog"
+install -D -m 0755 "$bin/carma-monitor" "$p/usr/sbin/carma-monitor"
+strip --strip-unneeded "$p/usr/lib/carma/carma_spank.so" "$p/usr/bin/carma" "$p/usr/sbin/carma-epilog" "$p/usr/sbin/carma-monitor"
+# Installed, not enabled (the package enables nothing by itself).
+install -D -m 0644 "$repo/slurm-conf-examples/carma-monitor.service" "$p/usr/lib/systemd/system/carma-monitor.service"
 install -d "$doc/examples"
 install -m 0644 "$repo/README.md" "$repo/packaging/README.Debian" "$doc/"
 install -m 0644 "$repo"/slurm-conf-examples/* "$doc/examples/"

@@ -6,6 +6,9 @@
 # second slurmd with its own Port=, spool, pid file and plugstack (hence its
 # own carma.yaml, CARMA state and simulated GPUs) works; slurmd reads its
 # copy of slurm.conf (-f), so the config hash check is off (NO_CONF_HASH).
+# Placement on the second node reads carma-monitor's published readings;
+# on the first it reads the simulated GPUs directly (instant readings, which
+# most suites rely on).
 #
 # Partitions: debug (default; $NODE), shared ($NODE) and multi (both nodes).
 # shared and multi are transparent-collocation scopes (carma.yaml
@@ -16,6 +19,7 @@
 #                              (packaging/build-deb.sh), install them, (re)start
 #                              munged, slurmctld, slurmd
 #   tests/cluster.sh stop      stop the daemons (by pid file)
+#   tests/cluster.sh start-monitor   (re)start carma-monitor for the second node
 #   tests/cluster.sh status
 #
 # Runs as root on a throwaway machine: it owns /etc/slurm/{slurm,gres,plugstack}.conf
@@ -171,8 +175,13 @@ write_node2() {
         -e "s#^Epilog=.*#Epilog=$N2/epilog#" /etc/slurm/slurm.conf | owned_write "$N2/slurm.conf"
     owned_write "$N2/gres.conf" </etc/slurm/gres.conf
     sed "s#/etc/slurm/carma.yaml#$N2/carma.yaml#" /etc/slurm/plugstack.conf | owned_write "$N2/plugstack.conf"
-    sed -e "s#$SIM#/etc/carma/sim-gpus-$NODE2.yaml#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \
-        -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" /etc/slurm/carma.yaml | owned_write "$N2/carma.yaml"
+    {
+        sed -e "s#$SIM#/etc/carma/sim-gpus-$NODE2.yaml#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \
+            -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" /etc/slurm/carma.yaml
+        # This node's placement reads carma-monitor's readings (tests/monitor.rs).
+        echo "monitor: {published: true, interval: 250ms, stale_after: 2s}"
+        echo "monitor_window: 2s"
+    } | owned_write "$N2/carma.yaml"
     sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" | owned_write "/etc/carma/sim-gpus-$NODE2.yaml"
     owned_write "$N2/epilog" <<CONF
 #!/bin/sh
@@ -198,14 +207,14 @@ install_carma() {
     rm -f /run/carma-sim/*.json /run/carma-sim2/*.json
     # A fresh cluster has no running jobs: start CARMA's node state empty.
     install -d -m 0755 -o root -g root /run/carma /run/carma2 /var/log/carma
-    rm -f /run/carma/state.json /run/carma/state.json.* /run/carma2/state.json /run/carma2/state.json.*
+    rm -f /run/carma/state.json /run/carma/state.json.* /run/carma2/state.json /run/carma2/state.json.* /run/carma2/readings.json
 }
 
 pid_of() { local p; p=$(cat "$1" 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p"; }
 
 stop() {
     scontrol shutdown >/dev/null 2>&1 || true
-    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN/slurmctld.pid"; do
+    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN/slurmctld.pid" "$RUN/b/carma-monitor.pid"; do
         local pid
         for _ in $(seq 50); do pid=$(pid_of "$p") || break; sleep 0.1; done
         if pid=$(pid_of "$p"); then kill -TERM "$pid" 2>/dev/null || true; sleep 1; kill -KILL "$pid" 2>/dev/null || true; fi
@@ -235,6 +244,17 @@ wait_idle() {
     die "node $node did not become idle within 30 s"
 }
 
+# carma-monitor for $NODE2 (as its systemd unit would run it).
+start_monitor() {
+    local pid
+    if pid=$(pid_of "$RUN/b/carma-monitor.pid"); then kill "$pid"; sleep 0.3; fi
+    setsid /usr/sbin/carma-monitor --config "$N2/carma.yaml" </dev/null >>"$LOG/carma-monitor-$NODE2.log" 2>&1 &
+    echo $! >"$RUN/b/carma-monitor.pid"
+    for _ in $(seq 50); do [ -s /run/carma2/readings.json ] && return 0; sleep 0.1; done
+    tail -5 "$LOG/carma-monitor-$NODE2.log" >&2
+    die "carma-monitor for $NODE2 published nothing within 5 s"
+}
+
 start() {
     deps
     stop
@@ -243,6 +263,7 @@ start() {
     start_munge
     slurmctld -c
     slurmd -N "$NODE"
+    start_monitor
     slurmd -N "$NODE2" -f "$N2/slurm.conf"
     wait_idle "$NODE" "$LOG/slurmd.log"
     wait_idle "$NODE2" "$LOG/slurmd-$NODE2.log"
@@ -254,6 +275,7 @@ start() {
 case "${1:-}" in
     deps) deps ;;
     start) start ;;
+    start-monitor) start_monitor ;;
     stop) stop ;;
     status) sinfo -N -l; scontrol show node "$NODE,$NODE2" | grep -E 'State|Gres' ;;
     *) die "usage: $0 deps|start|stop|status" ;;

@@ -33,6 +33,11 @@ fn the_cluster_runs_the_packaged_plugin_built_for_its_slurm_series() {
     assert_eq!(owner("/usr/lib/carma/carma_spank.so"), "carma-slurm");
     assert_eq!(owner("/usr/sbin/carma-epilog"), "carma-slurm");
     assert_eq!(owner("/usr/bin/carma"), "carma-slurm");
+    assert_eq!(owner("/usr/sbin/carma-monitor"), "carma-slurm");
+    assert_eq!(owner("/usr/lib/systemd/system/carma-monitor.service"), "carma-slurm");
+    for lua in ["carma_slurm.lua", "job_submit.lua", "cli_filter.lua"] {
+        assert_eq!(owner(&format!("/usr/share/carma-slurm/{lua}")), "carma-slurm", "{lua}");
+    }
     // The simulated-GPU workload is kept out of what production nodes get.
     assert_eq!(owner("/usr/bin/carma-fakejob"), "carma-slurm-sim");
     assert!(!dpkg_query(&["-L", "carma-slurm"]).contains("carma-fakejob"));

@@ -55,7 +55,10 @@ fn wait_final(job: &str, secs: u64) -> String {
 
 fn output_line(out: &str, prefix: &str) -> String {
     let text = std::fs::read_to_string(out).unwrap_or_default();
-    text.lines().find_map(|l| l.strip_prefix(prefix)).unwrap_or_else(|| panic!("no {prefix:?} in {out}:\n{text}")).into()
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} in {out}:\n{text}"))
+        .into()
 }
 
 /// GPU index -> CARMA reservations holding it, from `carma status --json`.
@@ -72,7 +75,8 @@ fn reservations_per_gpu() -> (usize, BTreeMap<u64, usize>) {
     (list.len(), per)
 }
 
-const TRAIN: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 15";
+const TRAIN: &str =
+    "echo \"DECISION $CARMA_DECISION\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 15";
 
 #[test]
 fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is_recovered_and_learns() {
@@ -133,7 +137,12 @@ fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is
     let d = output_line(&again_out, "DECISION ");
     let learned = grow_to_mib + grow_to_mib / 10;
     assert!(d.contains(&format!("estimate={learned}M source=history")), "{d}");
-    report("transparent", &format!("8 unchanged --gres=gpu:1 jobs ran 2 per GPU; OOM job {big_id} recovered; resubmission estimated {learned} MiB from history"));
+    report(
+        "transparent",
+        &format!(
+            "8 unchanged --gres=gpu:1 jobs ran 2 per GPU; OOM job {big_id} recovered; resubmission estimated {learned} MiB from history"
+        ),
+    );
 }
 
 #[test]
@@ -142,7 +151,8 @@ fn the_same_jobs_outside_every_scope_get_whole_gpus() {
     wait_released();
     let body = "echo \"DECISION ${CARMA_DECISION:-none}\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 4";
     let train = script(&unique("whole"), body);
-    let jobs: Vec<(String, String)> = (0..8).map(|_| submit(&["-p", "debug", "--gres=gpu:1"], "whole", &train)).collect();
+    let jobs: Vec<(String, String)> =
+        (0..8).map(|_| submit(&["-p", "debug", "--gres=gpu:1"], "whole", &train)).collect();
     let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
     let mut most = 0;
     let start = Instant::now();
@@ -166,7 +176,8 @@ fn the_same_jobs_outside_every_scope_get_whole_gpus() {
 fn opting_out_with_exclusive_keeps_a_whole_gpu_in_the_scope() {
     require_cluster();
     wait_released();
-    let body = "echo \"DECISION $CARMA_DECISION\"\necho \"JOBGPUS ${SLURM_JOB_GPUS:-}\"\ncarma-fakejob --mem 2G --seconds 6";
+    let body =
+        "echo \"DECISION $CARMA_DECISION\"\necho \"JOBGPUS ${SLURM_JOB_GPUS:-}\"\ncarma-fakejob --mem 2G --seconds 6";
     let s = script(&unique("optout"), body);
     let (id, out) = submit(&["-p", "shared", "--gres=gpu:1", "--carma-policy=exclusive"], "optout", &s);
     assert_eq!(field(&id, "TresPerNode"), "gres:gpu:1");
@@ -192,8 +203,7 @@ fn multi_gpu_multi_node_and_srun_jobs_get_a_decision_on_every_node() {
     let body = "srun bash -c 'echo \"STEP $SLURMD_NODENAME $CARMA_DECISION\"'";
     let (r, text) = sbatch_wait(&["-p", "multi", "-N", "2", "--gres=gpu:1"], &[], body, 90);
     assert_eq!(r.code, 0, "{text}");
-    let steps: BTreeMap<&str, &str> =
-        text.lines().filter_map(|l| l.strip_prefix("STEP ")?.split_once(' ')).collect();
+    let steps: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.strip_prefix("STEP ")?.split_once(' ')).collect();
     assert_eq!(steps.len(), 2, "{text}");
     for d in steps.values() {
         assert!(d.contains("estimate=4096M source=scope_default gpu_count=1"), "{d}");
@@ -227,8 +237,12 @@ fn multi_gpu_multi_node_and_srun_jobs_get_a_decision_on_every_node() {
 fn requests_the_rewrite_cannot_keep_are_left_whole() {
     require_cluster();
     // --cpus-per-gpu refers to GPUs: shards would break it.
-    let (r, text) =
-        sbatch_wait(&["-p", "shared", "--gres=gpu:1", "--cpus-per-gpu=1"], &[], "echo \"DECISION ${CARMA_DECISION:-none}\"", 60);
+    let (r, text) = sbatch_wait(
+        &["-p", "shared", "--gres=gpu:1", "--cpus-per-gpu=1"],
+        &[],
+        "echo \"DECISION ${CARMA_DECISION:-none}\"",
+        60,
+    );
     assert_eq!(r.code, 0, "{text}");
     assert!(text.contains("DECISION none"), "{text}");
     // A pending job moved into the scope keeps its GPUs whole (Slurm does

@@ -89,6 +89,18 @@ pub struct EstimatorConfig {
     pub method: EstimatorMethod,
 }
 
+/// carma-monitor: a root daemon per node that samples the GPUs every
+/// `interval` and publishes windowed readings in `state_dir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorConfig {
+    /// Placement reads the published readings (falling back to a direct
+    /// read when they are missing or stale) instead of opening the GPU source.
+    pub published: bool,
+    pub interval: Duration,
+    /// Published readings older than this are stale.
+    pub stale_after: Duration,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timeouts {
     /// Longest wait for the node state lock.
@@ -116,6 +128,7 @@ pub struct Config {
     pub headroom_mib: u64,
     /// Averaging window for SM activity.
     pub monitor_window: Duration,
+    pub monitor: MonitorConfig,
     pub gpu_source: GpuSource,
     /// Root-owned directory for node-local state. Default /run/carma: on
     /// tmpfs, fast to fsync, and empty after a reboot, like the jobs it tracks.
@@ -183,6 +196,11 @@ impl Default for Config {
             busy_cap: 0.80,
             headroom_mib: 2048,
             monitor_window: Duration::from_secs(60),
+            monitor: MonitorConfig {
+                published: false,
+                interval: Duration::from_secs(1),
+                stale_after: Duration::from_secs(10),
+            },
             gpu_source: GpuSource::Nvml,
             state_dir: PathBuf::from("/run/carma"),
             log_file: None,
@@ -265,6 +283,14 @@ struct RawEstimator {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawMonitor {
+    published: Option<bool>,
+    interval: Option<Scalar>,
+    stale_after: Option<Scalar>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawTimeouts {
     lock: Option<Scalar>,
     wait: Option<Scalar>,
@@ -290,6 +316,7 @@ struct RawConfig {
     busy_cap: Option<f64>,
     headroom: Option<Scalar>,
     monitor_window: Option<Scalar>,
+    monitor: Option<RawMonitor>,
     gpu_source: Option<serde_yaml::Value>,
     state_dir: Option<String>,
     log_file: Option<String>,
@@ -377,6 +404,23 @@ impl RawConfig {
             c.monitor_window = duration("monitor_window", v)?;
             if c.monitor_window < Duration::from_secs(1) {
                 return Err(bad("monitor_window", "must be at least 1s".into()));
+            }
+        }
+        if let Some(m) = &self.monitor {
+            if let Some(p) = m.published {
+                c.monitor.published = p;
+            }
+            if let Some(v) = &m.interval {
+                c.monitor.interval = duration("monitor.interval", v)?;
+                if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&c.monitor.interval) {
+                    return Err(bad("monitor.interval", "use 100ms to 60s".into()));
+                }
+            }
+            if let Some(v) = &m.stale_after {
+                c.monitor.stale_after = duration("monitor.stale_after", v)?;
+            }
+            if c.monitor.stale_after < 2 * c.monitor.interval {
+                return Err(bad("monitor.stale_after", "must be at least twice monitor.interval".into()));
             }
         }
         if let Some(v) = self.gpu_source {
@@ -598,6 +642,9 @@ mod tests {
             ("transparent: [{partition: gpu, default_mem: lots}]\n", "transparent[0].default_mem"),
             ("transparent: [{partition: gpu, policy: fastest}]\n", "transparent[0].policy"),
             ("transparent: [{partitions: gpu}]\n", "partitions"),
+            ("monitor: {interval: 2s, stale_after: 3s}\n", "monitor.stale_after"),
+            ("monitor: {interval: 10ms}\n", "monitor.interval"),
+            ("monitor: {publish: true}\n", "publish"),
         ];
         for (text, key) in cases {
             let line = parse(text).unwrap_err().to_string();
@@ -623,10 +670,9 @@ mod tests {
 
     #[test]
     fn transparent_scopes_are_read_in_order() {
-        let c = parse(
-            "transparent:\n  - {partition: shared, default_mem: 10G}\n  - {account: ml, qos: low, policy: ff}\n",
-        )
-        .unwrap();
+        let c =
+            parse("transparent:\n  - {partition: shared, default_mem: 10G}\n  - {account: ml, qos: low, policy: ff}\n")
+                .unwrap();
         assert_eq!(c.transparent.len(), 2);
         assert_eq!(c.transparent[0].default_mib, Some(10240));
         assert_eq!(c.transparent[1].policy, Some(Policy::FirstFit));

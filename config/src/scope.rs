@@ -38,8 +38,7 @@ impl Scope {
     /// The selectors as `partition:gpu,account:ml`, for logs and `CARMA_DECISION`.
     pub fn selectors(&self) -> String {
         let parts = [("partition", &self.partition), ("account", &self.account), ("qos", &self.qos)];
-        let named: Vec<String> =
-            parts.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}:{v}"))).collect();
+        let named: Vec<String> = parts.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}:{v}"))).collect();
         named.join(",")
     }
 }

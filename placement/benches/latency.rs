@@ -12,13 +12,18 @@
 //! its decision took (its share of deciding for others included), its page
 //! faults and how often it slept; the means are printed.
 //!
+//! Readings come from the simulated GPUs directly, and (64 concurrent) from
+//! carma-monitor's published readings, as production reads them with
+//! `monitor: {published: true}`.
+//!
 //! CARMA_BENCH_ROUNDS overrides the number of bursts per configuration.
 //! The state directory is BENCH_DIR (default /dev/shm: tmpfs, like the
 //! default state_dir /run/carma).
 //! Run: cargo bench -p carma-placement --bench latency
 
 use carma_config::Policy;
-use carma_placement::source::SimulatedGpus;
+use carma_placement::source::published::{self, Published};
+use carma_placement::source::{GpuSource, SimulatedGpus};
 use carma_placement::{LinuxProcesses, Params, Placer, Request, StateStore, StepRef};
 use fs2::FileExt;
 use std::io::{BufRead, BufReader, Write};
@@ -40,7 +45,29 @@ fn setup(dir: &Path, gpus: usize) -> PathBuf {
     }
     let file = dir.join("gpus.yaml");
     std::fs::write(&file, yaml).unwrap();
+    // What carma-monitor would publish for these GPUs.
+    let gpus = SimulatedGpus::load(&file).unwrap().read().unwrap();
+    let p = Published {
+        written_ms: published::now_ms(),
+        interval_ms: 1000,
+        window_ms: 60_000,
+        source: "simulated".into(),
+        samples: 60,
+        gpus,
+    };
+    published::publish(&dir.join("state"), &p).unwrap();
     file
+}
+
+/// The node's placer as slurmstepd opens it from carma.yaml, reading the
+/// published readings (never stale during the bench).
+fn published_placer(dir: &Path) -> Placer {
+    let mut cfg = carma_config::Config::default();
+    cfg.state_dir = dir.join("state");
+    cfg.gpu_source = carma_config::GpuSource::Simulated(dir.join("gpus.yaml"));
+    cfg.monitor.published = true;
+    cfg.monitor.stale_after = Duration::from_secs(24 * 3600);
+    Placer::from_config(&cfg, |_| {}).unwrap()
 }
 
 fn placer(dir: &Path) -> Placer {
@@ -75,7 +102,7 @@ fn child(args: &[String]) {
     let job: u32 = args[1].parse().unwrap();
     let policy = Policy::ALL[args[2].parse::<usize>().unwrap()];
     let holder: u32 = args[3].parse().unwrap();
-    let mut p = placer(&dir);
+    let mut p = if args.get(4).is_some_and(|a| a == "published") { published_placer(&dir) } else { placer(&dir) };
     let req = Request {
         policy,
         count: 1,
@@ -117,19 +144,18 @@ fn main() {
         .unwrap_or_else(|_| PathBuf::from("/dev/shm"))
         .join(format!("carma-bench-{}", std::process::id()));
     let me = std::env::current_exe().unwrap();
-    println!(
-        "placement latency, simulated source, one process per launch, state in {}, {ROUNDS} rounds",
-        base.display()
-    );
-    for (gpus, launches) in [4usize, 64].into_iter().flat_map(|g| BURSTS.map(|b| (g, b))) {
-        let dir = base.join(format!("g{gpus}"));
+    let rounds = std::env::var("CARMA_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
+    println!("placement latency, simulated GPUs, one process per launch, state in {}, {rounds} rounds", base.display());
+    let direct = [4usize, 64].into_iter().flat_map(|g| BURSTS.map(|b| (g, b, "direct")));
+    let published = [4usize, 64].map(|g| (g, 64, "published"));
+    for (gpus, launches, source) in direct.chain(published) {
+        let dir = base.join(format!("g{gpus}-{source}"));
         setup(&dir, gpus);
         let gate_path = dir.join("gate");
         // Reservations are held by this process, so none is collected as
         // garbage while the children exit.
         let holder = std::process::id();
         let releaser = placer(&dir);
-        let rounds = std::env::var("CARMA_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
         let mut all = Vec::with_capacity(launches * rounds);
         let mut cpu = (0i64, 0i64, 0i64);
         for round in 0..rounds {
@@ -142,7 +168,13 @@ fn main() {
                 .map(|(i, job)| {
                     Command::new(&me)
                         .env(CHILD, "1")
-                        .args([dir.display().to_string(), job.to_string(), (i % 6).to_string(), holder.to_string()])
+                        .args([
+                            dir.display().to_string(),
+                            job.to_string(),
+                            (i % 6).to_string(),
+                            holder.to_string(),
+                            source.to_string(),
+                        ])
                         .stdout(Stdio::piped())
                         .stdin(Stdio::piped())
                         .spawn()
@@ -183,7 +215,7 @@ fn main() {
         }
         all.sort();
         println!(
-            "  {gpus:>2} GPUs, {launches:>2} concurrent: p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  ({} decisions; target p99 < 5 ms)",
+            "  {gpus:>2} GPUs, {launches:>2} concurrent, {source:>9} readings: p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  ({} decisions; target p99 < 5 ms)",
             percentile(&all, 0.50).as_secs_f64() * 1e3,
             percentile(&all, 0.99).as_secs_f64() * 1e3,
             all.last().unwrap().as_secs_f64() * 1e3,

@@ -108,11 +108,8 @@ pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> 
         .filter_map(|e| {
             let name = e.file_name();
             let name = name.to_str()?;
-            let job = ["recovery-", "restart-", "transparent-"]
-                .iter()
-                .find_map(|p| name.strip_prefix(p))?
-                .parse()
-                .ok()?;
+            let job =
+                ["recovery-", "restart-", "transparent-"].iter().find_map(|p| name.strip_prefix(p))?.parse().ok()?;
             let written = e.metadata().ok()?.modified().ok()?;
             (now.duration_since(written).ok()? > age).then_some((written, job))
         })

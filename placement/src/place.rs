@@ -143,7 +143,7 @@ pub struct Placer {
     store: StateStore,
     /// Opened on first use: releasing or recording holdings needs no GPU readings.
     source: Option<Box<dyn GpuSource>>,
-    source_config: Option<(carma_config::GpuSource, Duration)>,
+    source_config: Option<(Config, fn(&str))>,
     params: Params,
     processes: Box<dyn Processes>,
     log: Logger,
@@ -162,11 +162,11 @@ impl Placer {
 
     fn source(&mut self) -> Result<&mut Box<dyn GpuSource>, PlaceError> {
         if self.source.is_none() {
-            let (cfg, window) = self
+            let (cfg, log) = self
                 .source_config
-                .clone()
+                .as_ref()
                 .ok_or_else(|| PlaceError::Source(SourceError("no GPU source configured".into())))?;
-            self.source = Some(open_source(&cfg, window)?);
+            self.source = Some(open_source(cfg, *log)?);
         }
         Ok(self.source.as_mut().expect("just opened"))
     }
@@ -187,7 +187,7 @@ impl Placer {
         Ok(Placer {
             store,
             source: None,
-            source_config: Some((cfg.gpu_source.clone(), cfg.monitor_window)),
+            source_config: Some((cfg.clone(), log)),
             params,
             processes: Box::new(LinuxProcesses),
             log: Box::new(log),

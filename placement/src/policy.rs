@@ -149,7 +149,12 @@ pub fn observe(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32,
 /// are lower bounds (sampled at decisions), so for a job that declared or
 /// estimated its memory history only ever raises. A job that declared
 /// nothing (`first`) has nothing better than its history.
-pub fn history_estimate(state: &NodeState, signature: Option<&str>, estimate_mib: Option<u64>, first: bool) -> Option<u64> {
+pub fn history_estimate(
+    state: &NodeState,
+    signature: Option<&str>,
+    estimate_mib: Option<u64>,
+    first: bool,
+) -> Option<u64> {
     let peak = *state.history.get(signature?)?;
     let wanted = peak + peak / 10;
     (first || estimate_mib.is_some_and(|e| wanted > e)).then_some(wanted)

@@ -2,6 +2,7 @@
 //! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
 
 pub mod args;
+pub mod monitor;
 pub mod recovery;
 pub mod simulate;
 pub mod status;

@@ -2,10 +2,11 @@
 //! elsewhere. Chosen by `gpu_source` in carma.yaml, never by build flags.
 
 mod nvml;
+pub mod published;
 pub mod simulated;
 
 use crate::gpu::GpuReading;
-use carma_config::GpuSource as SourceConfig;
+use carma_config::{Config, GpuSource as SourceConfig};
 use std::fmt;
 use std::time::Duration;
 
@@ -30,9 +31,18 @@ impl fmt::Display for SourceError {
 
 impl std::error::Error for SourceError {}
 
-/// Opens the configured source. NVML is loaded at run time: on a node
-/// without a driver this returns an error in well under a millisecond.
-pub fn open_source(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {
+/// The source placement reads: carma-monitor's published readings where
+/// carma.yaml says so (direct reads when they are stale), else the GPUs.
+pub fn open_source(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, SourceError> {
+    if cfg.monitor.published {
+        return Ok(Box::new(published::PublishedSource::new(cfg, log)));
+    }
+    open_direct(&cfg.gpu_source, cfg.monitor_window)
+}
+
+/// Opens the configured GPUs themselves. NVML is loaded at run time: on a
+/// node without a driver this returns an error in well under a millisecond.
+pub fn open_direct(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {
     match cfg {
         SourceConfig::Nvml => Ok(Box::new(NvmlSource::init(window)?)),
         SourceConfig::Simulated(path) => Ok(Box::new(SimulatedGpus::load(path)?)),
@@ -52,7 +62,7 @@ mod tests {
             return;
         }
         let t = std::time::Instant::now();
-        let e = open_source(&SourceConfig::Nvml, Duration::from_secs(60)).err().expect("NVML opened without a driver");
+        let e = open_direct(&SourceConfig::Nvml, Duration::from_secs(60)).err().expect("NVML opened without a driver");
         assert!(e.to_string().starts_with("NVML unavailable") && e.to_string().contains("driver"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(2));
     }

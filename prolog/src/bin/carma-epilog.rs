@@ -68,8 +68,8 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     // mark slurmstepd left when it collocated the job transparently.
     let mut req = JobRequest::default();
     let transparent = jobfiles::read_transparent(&cfg.state_dir, job_no);
-    let carma =
-        OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some()) || transparent.is_some();
+    let carma = OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some())
+        || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
     let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
     let restart_count: u32 = env("SLURM_JOB_RESTART_COUNT").parse().unwrap_or(0);

@@ -57,20 +57,36 @@ fn request(a: &Args, flags: &[(&str, OptionName)]) -> Result<JobRequest, String>
 }
 
 fn config(a: &Args) -> Result<Config, String> {
-    Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH))).map_err(|e| e.to_string())
+    let cfg = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
+        .map_err(|e| e.to_string())?;
+    let _ = LOG_FILE.set(cfg.log_file.clone());
+    Ok(cfg)
+}
+
+static LOG_FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+
+/// What placement reports (a corrupt state file recovered, monitor readings
+/// not used) goes to the admin's terminal and, as for any other process
+/// that opens the node's state, to carma.log (where the caller may write it).
+fn placer_log(msg: &str) {
+    eprintln!("carma: {msg}");
+    carma_placement::eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
 }
 
 fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     let a = Args::parse(argv, &["config"], &["json"])?;
     let cfg = config(&a)?;
-    let mut placer = Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
+    let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
+    let monitor = monitor_state(&cfg);
     if a.has("json") {
         let mut v = status::to_json(&gpus, &state);
         v["transparent"] = cfg.transparent.iter().map(|s| scope_json(s, &cfg)).collect();
+        v["monitor"] = monitor.1;
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", status::precondition(&placer.params()));
+        println!("{}", monitor.0);
         for s in &cfg.transparent {
             let size = s.default_mib.map_or_else(|| "whole GPUs".into(), |m| format!("{m} MiB"));
             let policy = s.policy.unwrap_or(cfg.default_policy);
@@ -79,6 +95,36 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
         print!("{}", status::table(&gpus, &state));
     }
     Ok(())
+}
+
+/// The monitor's publication as placement sees it: a line and JSON.
+fn monitor_state(cfg: &Config) -> (String, serde_json::Value) {
+    use carma_placement::source::published;
+    let used = cfg.monitor.published;
+    match published::fresh(&cfg.state_dir, cfg.monitor.stale_after) {
+        Ok(p) => {
+            let age = p.age().as_secs_f64();
+            let line = format!(
+                "monitor: readings {age:.1} s old ({}, {} samples over {} s){}",
+                p.source,
+                p.samples,
+                p.window_ms / 1000,
+                if used { "" } else { "; not used by placement (monitor.published: false)" }
+            );
+            (
+                line,
+                serde_json::json!({"published": used, "fresh": true, "age_s": age, "source": p.source, "samples": p.samples}),
+            )
+        }
+        Err(why) => {
+            let line = if used {
+                format!("monitor: NOT USED: {why}; placement reads the GPUs directly")
+            } else {
+                "monitor: off (monitor.published: false); placement reads the GPUs directly".into()
+            };
+            (line, serde_json::json!({"published": used, "fresh": false, "why": why}))
+        }
+    }
 }
 
 fn scope_json(s: &carma_config::Scope, cfg: &Config) -> serde_json::Value {
@@ -114,7 +160,7 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     let cfg = config(&a)?;
     let req = request(&a, &[("mem", OptionName::Mem), ("policy", OptionName::Policy), ("gpus", OptionName::Gpus)])?;
     let (mem, policy, count) = (req.mem_mib, req.policy.unwrap_or(cfg.default_policy), req.gpu_count());
-    let mut placer = Placer::from_config(&cfg, |m| eprintln!("carma: {m}")).map_err(|e| e.to_string())?;
+    let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     let p = placer.params();
     let demand = Demand { policy, count, estimate_mib: mem };

@@ -5,10 +5,10 @@
 //! copies the decision into the task's environment; `exit` (root again)
 //! releases the step's hold on its GPUs.
 
+use super::transparent;
 use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
-use super::transparent;
 use crate::spank::{Item, Spank};
 use carma_config::{Config, JobRequest, NoFitAction, Policy, RecoveryMode, UnknownEstimate};
 use carma_placement::{Placer, Request, StepRef, jobfiles};

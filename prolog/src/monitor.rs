@@ -1,0 +1,179 @@
+//! carma-monitor's work: sample every GPU each `monitor.interval`, keep the
+//! samples of the last `monitor_window`, and publish their means (SM
+//! activity, busy time) with the latest memory, processes and power in
+//! `state_dir/readings.json` for placement and `carma status`.
+
+use carma_config::Config;
+use carma_placement::GpuReading;
+use carma_placement::source::published::{self, Published};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The samples of one window.
+pub struct Window {
+    span: Duration,
+    /// (when, per GPU index: SM activity, busy)
+    samples: VecDeque<(Instant, Vec<(u32, f64, f64)>)>,
+}
+
+impl Window {
+    pub fn new(span: Duration) -> Window {
+        Window { span, samples: VecDeque::new() }
+    }
+
+    pub fn push(&mut self, at: Instant, gpus: &[GpuReading]) {
+        self.samples.push_back((at, gpus.iter().map(|g| (g.index, g.sm_activity, g.busy)).collect()));
+        while self.samples.front().is_some_and(|(t, _)| at.duration_since(*t) > self.span) {
+            self.samples.pop_front();
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// `latest` with SM activity and busy time replaced by their means over
+    /// the window (per GPU index; a GPU that appeared mid-window is
+    /// averaged over the samples that have it).
+    pub fn means(&self, latest: &[GpuReading]) -> Vec<GpuReading> {
+        latest
+            .iter()
+            .map(|g| {
+                let (mut sm, mut busy, mut n) = (0.0, 0.0, 0u32);
+                for (_, gpus) in &self.samples {
+                    if let Some((_, s, b)) = gpus.iter().find(|(i, _, _)| *i == g.index) {
+                        sm += s;
+                        busy += b;
+                        n += 1;
+                    }
+                }
+                let mut out = g.clone();
+                if n > 0 {
+                    out.sm_activity = sm / f64::from(n);
+                    out.busy = busy / f64::from(n);
+                }
+                out
+            })
+            .collect()
+    }
+}
+
+/// Samples and publishes until `stop` is set (or once). Errors reading the
+/// GPUs are logged when they change and sampling goes on: meanwhile the
+/// publication ages, and placement falls back to direct reads once it is
+/// stale. Fails only when the GPU source cannot be opened at all.
+pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result<(), String> {
+    // Checks (and creates) the root-owned state directory.
+    carma_placement::StateStore::open(&cfg.state_dir, cfg.timeouts.lock, Box::new(log)).map_err(|e| e.to_string())?;
+    let mut source = carma_placement::open_direct(&cfg.gpu_source, cfg.monitor_window).map_err(|e| e.to_string())?;
+    let interval = cfg.monitor.interval;
+    log(&format!(
+        "carma-monitor: sampling {} every {} ms, window {} s, publishing {}",
+        source.name(),
+        interval.as_millis(),
+        cfg.monitor_window.as_secs(),
+        published::path(&cfg.state_dir).display()
+    ));
+    let mut window = Window::new(cfg.monitor_window);
+    let mut last_error: Option<String> = None;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        match source.read() {
+            Ok(gpus) => {
+                let now = Instant::now();
+                window.push(now, &gpus);
+                let p = Published {
+                    written_ms: published::now_ms(),
+                    interval_ms: interval.as_millis() as u64,
+                    window_ms: cfg.monitor_window.as_millis() as u64,
+                    source: source.name().to_string(),
+                    samples: window.len() as u32,
+                    gpus: window.means(&gpus),
+                };
+                let result = published::publish(&cfg.state_dir, &p).map_err(|e| format!("cannot publish: {e}"));
+                note(&mut last_error, result.err(), log);
+            }
+            Err(e) => note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log),
+        }
+        if once {
+            break;
+        }
+        next += interval;
+        let now = Instant::now();
+        if next < now {
+            next = now; // fell behind (a slow read): no burst to catch up
+        }
+        while !stop.load(Ordering::SeqCst) && Instant::now() < next {
+            std::thread::sleep((next - Instant::now()).min(Duration::from_millis(100)));
+        }
+    }
+    log("carma-monitor: stopped");
+    Ok(())
+}
+
+/// Logs an error when it first appears or changes, and the recovery.
+fn note(last: &mut Option<String>, now: Option<String>, log: fn(&str)) {
+    if now != *last {
+        match &now {
+            Some(e) => log(&format!("carma-monitor: {e}")),
+            None => log("carma-monitor: readings published again"),
+        }
+        *last = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, sm: f64, busy: f64) -> GpuReading {
+        GpuReading {
+            index,
+            uuid: format!("GPU-{index}"),
+            total_mib: 1000,
+            used_mib: 10,
+            sm_activity: sm,
+            busy,
+            processes: vec![],
+            power_w: None,
+        }
+    }
+
+    #[test]
+    fn means_cover_the_window_only() {
+        let t0 = Instant::now();
+        let mut w = Window::new(Duration::from_secs(10));
+        w.push(t0, &[gpu(0, 0.9, 1.0)]);
+        w.push(t0 + Duration::from_secs(5), &[gpu(0, 0.3, 0.5), gpu(1, 0.2, 0.2)]);
+        let m = w.means(&[gpu(0, 0.3, 0.5), gpu(1, 0.2, 0.2)]);
+        assert!((m[0].sm_activity - 0.6).abs() < 1e-9 && (m[0].busy - 0.75).abs() < 1e-9, "{m:?}");
+        assert!((m[1].sm_activity - 0.2).abs() < 1e-9, "a GPU new in the window: its own samples");
+        // 11 s after the first sample it has left the window.
+        w.push(t0 + Duration::from_secs(11), &[gpu(0, 0.0, 0.0), gpu(1, 0.2, 0.2)]);
+        assert_eq!(w.len(), 2);
+        let m = w.means(&[gpu(0, 0.0, 0.0)]);
+        assert!((m[0].sm_activity - 0.15).abs() < 1e-9, "{m:?}");
+        assert_eq!(m[0].used_mib, 10, "memory is the latest sample's");
+    }
+
+    #[test]
+    fn one_round_publishes_what_the_source_reads() {
+        let d = std::env::temp_dir().join(format!("carma-monitor-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let gpus = d.join("gpus.yaml");
+        std::fs::write(&gpus, "gpus:\n  - {index: 0, uuid: GPU-m, memory_total: 16G}\n").unwrap();
+        let state = d.join("state");
+        let mut cfg = Config::default();
+        cfg.state_dir = state.clone();
+        cfg.gpu_source = carma_config::GpuSource::Simulated(gpus);
+        run(&cfg, &AtomicBool::new(false), true, |_| {}).unwrap();
+        let p = published::fresh(&state, Duration::from_secs(10)).unwrap();
+        assert_eq!((p.gpus[0].uuid.as_str(), p.gpus[0].total_mib, p.samples), ("GPU-m", 16384, 1));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,101 @@
+//! carma-monitor on the real cluster. tests/cluster.sh runs it for the
+//! second node, whose carma.yaml says `monitor: {published: true,
+//! interval: 250ms, stale_after: 2s}` and `monitor_window: 2s`: placement
+//! there reads the published readings, and falls back to reading the
+//! (simulated) GPUs itself when they go stale.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+const N2_CONFIG: &str = "/etc/slurm/node2/carma.yaml";
+const N2_STATE: &str = "/run/carma2";
+const MONITOR_PID: &str = "/run/carma-cluster/b/carma-monitor.pid";
+
+fn node2() -> String {
+    format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim())
+}
+
+fn published() -> serde_json::Value {
+    let text = std::fs::read_to_string(format!("{N2_STATE}/readings.json")).unwrap_or_default();
+    serde_json::from_str(&text).unwrap_or_default()
+}
+
+/// Restarts the monitor however the test ends.
+struct MonitorBack;
+impl Drop for MonitorBack {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cluster.sh");
+        root(&[script, "start-monitor"], 30);
+    }
+}
+
+#[test]
+fn published_readings_are_window_means_and_placement_uses_them() {
+    require_cluster();
+    let status = root(&["carma", "status", "--config", N2_CONFIG], 20).ok().stdout;
+    assert!(status.contains("monitor: readings ") && status.contains("(simulated, "), "{status}");
+    // A busy job on the second node: its SM activity reaches the published
+    // mean over the 2 s window, sample by sample.
+    let body = format!(
+        "echo \"GPU $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --config {N2_CONFIG} --mem 2G --sm 0.95 --busy 1.0 --seconds 8"
+    );
+    let name = unique("mon");
+    let path = script(&name, &body);
+    let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
+    let node = node2();
+    let args =
+        ["sbatch", "--parsable", "-p", "multi", "-w", &node, "--gres=shard:1", "--carma-mem=2G", "-o", &out, &path];
+    let job = user(&args, 30).ok().stdout.trim().to_string();
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let gpu = loop {
+        let p = published();
+        let busy: Vec<(u64, f64)> = p["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| (g["index"].as_u64().unwrap_or(0), g["sm_activity"].as_f64().unwrap_or(0.0)))
+            .filter(|(_, sm)| *sm > 0.0)
+            .collect();
+        if let Some(&(i, sm)) = busy.first() {
+            seen.push(sm);
+            if sm >= 0.94 {
+                break i;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "published SM activity never reached 0.95: {seen:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Means over the window: it rose through values below the job's own.
+    assert!(seen.iter().any(|&s| s < 0.9), "no intermediate mean: {seen:?}");
+    assert!(published()["samples"].as_u64().unwrap_or(0) >= 4, "{}", published());
+    // The placement code, on the published readings, refuses that GPU.
+    let dry = root(&["carma", "place", "--dry-run", "--config", N2_CONFIG, "--mem", "1G", "--policy", "ff"], 20).ok();
+    assert!(dry.stdout.contains(&format!("GPU{gpu}: no: SM activity 0.9")), "{}", dry.stdout);
+    wait_completed(&job);
+}
+
+#[test]
+fn a_stopped_monitor_is_reported_and_placement_reads_the_gpus_itself() {
+    require_cluster();
+    let _back = MonitorBack;
+    let pid = std::fs::read_to_string(MONITOR_PID).unwrap();
+    root(&["kill", pid.trim()], 10).ok();
+    let _ = std::fs::remove_file(format!("{N2_STATE}/monitor.fallback"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = root(&["carma", "status", "--config", N2_CONFIG], 20).ok().stdout;
+    assert!(status.contains("monitor: NOT USED: ") && status.contains("s old"), "{status}");
+    // Steps are still placed, on direct readings, and the log says so once.
+    let node = node2();
+    let r = user(
+        &["srun", "-p", "multi", "-w", &node, "--gres=shard:1", "--carma-mem=1G", "printenv", "CARMA_DECISION"],
+        60,
+    )
+    .ok();
+    assert!(r.stdout.contains("estimate=1024M source=declared"), "{}", r.stdout);
+    let log = std::fs::read_to_string(format!("/var/log/carma/carma-{node}.log")).unwrap_or_default();
+    let line = log.lines().rev().find(|l| l.contains("monitor readings not used:")).unwrap_or_default();
+    assert!(line.contains("readings.json is ") && line.contains("reading the GPUs directly"), "{line}");
+    report("monitor", "carma-monitor stopped: status reported it, placement fell back to direct readings");
+}
