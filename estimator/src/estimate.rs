@@ -11,7 +11,7 @@ use crate::features::{self, Family};
 use crate::input::{Network, ParseError, text};
 use crate::layers_model::{self, Parts};
 use crate::transformer::{self, Shape};
-use crate::{hf_config, listing, torchsummary};
+use crate::{hf_config, listing, torchinfo, torchsummary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
@@ -68,7 +68,7 @@ pub struct Estimate {
     pub mib: u64,
     /// `layers`, `analytic` or `gpumemnet`.
     pub source: &'static str,
-    /// `onnx`, `torchsummary`, `module-listing` or `hf-config`.
+    /// `onnx`, `torchsummary`, `torchinfo`, `module-listing` or `hf-config`.
     pub format: &'static str,
     pub family: Family,
     pub batch: u64,
@@ -195,6 +195,9 @@ fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), Par
     if trimmed.starts_with('{') {
         return Ok((Described::Transformer(hf_config::parse(&t, name)?), "hf-config"));
     }
+    if torchinfo::is_torchinfo(&t) {
+        return Ok((Described::Layers(torchinfo::parse(&t, name)?), "torchinfo"));
+    }
     if t.contains("Layer (type)") {
         return Ok((Described::Layers(torchsummary::parse(&t, name)?), "torchsummary"));
     }
@@ -205,7 +208,7 @@ fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), Par
     Err(ParseError {
         file: name.into(),
         line: 0,
-        message: "not a model description: expected an ONNX file, a torchsummary table, a module listing with \
+        message: "not a model description: expected an ONNX file, a torchsummary or torchinfo table, a module listing with \
                   'N params' per line, or a Hugging Face config.json"
             .into(),
     })

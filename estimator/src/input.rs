@@ -25,6 +25,10 @@ pub struct Network {
     pub batch_in_file: Option<u64>,
     /// The footer's total, where there is one.
     pub total_params: Option<u64>,
+    /// Output elements per sample of every leaf module with parameters,
+    /// where the description counts them beyond its rows (torchinfo's
+    /// footer, which covers blocks its depth limit folds).
+    pub param_leaf_elems: Option<u64>,
 }
 
 impl Network {

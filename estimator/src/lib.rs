@@ -15,6 +15,7 @@ pub mod listing;
 pub mod onnx;
 #[cfg(feature = "onnx")]
 mod onnx_shapes;
+pub mod torchinfo;
 pub mod torchsummary;
 pub mod transformer;
 

@@ -1,0 +1,197 @@
+//! torchinfo's table (torchsummary's maintained successor): a tree of
+//! `Kind: depth-idx` rows under a `Layer (type:depth-idx)` header, columns
+//! named in the header (`Input Shape`, `Output Shape`, `Param #`, ...), and
+//! a footer:
+//!
+//! ```text
+//! │    └─Conv2d: 2-1        [8, 3, 512, 512]    [8, 64, 256, 256]    9,408
+//! Total params: 24,439,269
+//! Forward/backward pass size (MB): 4932.50
+//! ```
+//!
+//! Its depth limit folds blocks into one row, so the rows cannot give the
+//! activations; the footer can. torchinfo computes it over every leaf
+//! module with parameters, folded or not: 2 (forward and backward) × 4 bytes
+//! × their output elements. That count, per sample, becomes the network's
+//! `param_leaf_elems`.
+
+use crate::input::{Layer, Network, ParseError};
+
+const HEADER: &str = "Layer (type:depth-idx)";
+
+pub fn is_torchinfo(text: &str) -> bool {
+    text.lines().any(|l| l.contains(HEADER))
+}
+
+/// Parses the table; `name` is used in error messages.
+pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
+    let err = |line: usize, m: String| ParseError { file: name.to_string(), line, message: m };
+    let lines: Vec<&str> = text.lines().collect();
+    let header = lines.iter().position(|l| l.contains(HEADER)).ok_or_else(|| err(0, format!("no '{HEADER}' header")))?;
+    let columns = columns(lines[header]);
+    let col = |name: &str| columns.iter().position(|(n, _)| n == name);
+    let (Some(out_col), Some(param_col)) = (col("Output Shape"), col("Param #")) else {
+        return Err(err(header + 1, "the header names no 'Output Shape' and 'Param #' columns".into()));
+    };
+    let mut net = Network::default();
+    let mut rows = 0;
+    // First dimension of each output shape -> rows that have it.
+    let mut batches: std::collections::BTreeMap<u64, usize> = Default::default();
+    for (i, line) in lines.iter().enumerate().skip(header + 2) {
+        let n = i + 1;
+        let t = line.trim();
+        if t.starts_with("====") {
+            break;
+        }
+        if t.is_empty() {
+            continue;
+        }
+        let chars: Vec<char> = line.chars().collect();
+        let field = |c: usize| -> String {
+            let start = columns[c].1.min(chars.len());
+            let end = columns.get(c + 1).map_or(chars.len(), |next| next.1).min(chars.len());
+            chars[start..end].iter().collect::<String>().trim().to_string()
+        };
+        let label: String = field(0);
+        let kind = label.trim_start_matches(['│', '├', '└', '─', ' ']).split(':').next().unwrap_or("").trim().to_string();
+        if kind.is_empty() {
+            return Err(err(n, "expected a 'Kind: depth-idx' row".into()));
+        }
+        let params = match field(param_col).as_str() {
+            "--" | "" | "(recursive)" => 0,
+            p => p.replace(',', "").parse::<u64>().map_err(|_| err(n, format!("Param # '{p}' is not a number")))?,
+        };
+        let (batch, out_elems) = shape(&field(out_col));
+        if let Some(b) = batch.filter(|b| *b > 0) {
+            *batches.entry(b).or_insert(0) += 1;
+        }
+        net.layers.push(Layer { kind, out_elems, params });
+        rows += 1;
+        if rows > 100_000 {
+            return Err(err(n, "more than 100000 rows".into()));
+        }
+    }
+    if rows == 0 {
+        return Err(err(header + 1, "the table has no rows".into()));
+    }
+    let mut pass_mb = None;
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        if let Some(v) = t.strip_prefix("Total params:") {
+            net.total_params =
+                Some(v.trim().replace(',', "").parse().map_err(|_| err(i + 1, "Total params: not a number".into()))?);
+        } else if let Some(v) = t.strip_prefix("Forward/backward pass size (MB):") {
+            pass_mb = Some(v.trim().parse::<f64>().map_err(|_| err(i + 1, "Forward/backward pass size: not a number".into()))?);
+        }
+    }
+    // The most common first dimension: the root row may show a list of
+    // images without one (Mask R-CNN's [3, 800, 1333]) or a final [100, 4].
+    let batch = batches
+        .iter()
+        .max_by_key(|(b, n)| (**n, **b))
+        .map(|(b, _)| *b)
+        .ok_or_else(|| err(header + 1, "no row has a batched output shape".into()))?;
+    net.batch_in_file = Some(batch);
+    let mb = pass_mb.ok_or_else(|| err(0, "no 'Forward/backward pass size (MB)' line in the footer".into()))?;
+    if !(mb.is_finite() && mb >= 0.0) {
+        return Err(err(0, "Forward/backward pass size: out of range".into()));
+    }
+    // torchinfo's MB are 10^6 bytes; 2 passes × 4 bytes per element.
+    net.param_leaf_elems = Some((mb * 1e6 / 8.0 / batch as f64).ceil() as u64);
+    Ok(net)
+}
+
+/// The header's column names and the char offsets where they start.
+fn columns(header: &str) -> Vec<(String, usize)> {
+    let chars: Vec<char> = header.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] == ' ' {
+            i += 1;
+            continue;
+        }
+        // A name runs until two blanks in a row.
+        let start = i;
+        while i < chars.len() && !(chars[i] == ' ' && chars.get(i + 1).is_none_or(|c| *c == ' ')) {
+            i += 1;
+        }
+        out.push((chars[start..i].iter().collect::<String>(), start));
+    }
+    out
+}
+
+/// `[8, 64, 256, 256]` → (batch 8, 64·256·256 per sample); anything else
+/// (`--`, lists of shapes) → no batch, no elements.
+fn shape(s: &str) -> (Option<u64>, u64) {
+    let Some(inner) = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else { return (None, 0) };
+    let dims: Option<Vec<u64>> = inner.split(',').map(|d| d.trim().parse().ok()).collect();
+    match dims.as_deref() {
+        Some([b, rest @ ..]) if !rest.is_empty() => {
+            (Some(*b), rest.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d)).unwrap_or(0))
+        }
+        _ => (None, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::{PARAM_LEAF_RETENTION, param_leaf_elems, profile};
+
+    fn data(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/carma/model-summaries").join(name)
+    }
+
+    #[test]
+    fn the_papers_torchinfo_tables_parse_with_their_footers() {
+        for (file, batch, params, pass_mb) in [
+            ("UNet.model", 8, 24_439_269, 4932.50),
+            ("maskrcnn.model", 8, 44_454_513, 38090.84),
+            ("dlrm.model", 32768, 909_313, 772.01),
+        ] {
+            let text = crate::input::read_bounded(&data(file)).unwrap();
+            assert!(is_torchinfo(&text), "{file}");
+            let n = parse(&text, file).unwrap();
+            assert_eq!((n.batch_in_file, n.params()), (Some(batch), params), "{file}");
+            let per_sample = n.param_leaf_elems.unwrap() as f64;
+            assert!((per_sample * 8.0 * batch as f64 / 1e6 - pass_mb).abs() < 0.01, "{file}: {per_sample}");
+            assert!(n.layers.len() > 10 && n.layers.iter().any(|l| l.kind == "Conv2d" || l.kind == "Linear"), "{file}");
+        }
+    }
+
+    /// The constant turning torchinfo's count into autograd's retained
+    /// elements must cover every network whose full table we have.
+    #[test]
+    fn the_retention_constant_covers_every_torchsummary_table_of_the_paper() {
+        let dir = data("");
+        let mut worst: (f64, String) = (0.0, String::new());
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let text = crate::input::read_bounded(&e.path()).unwrap();
+            if !text.contains("Layer (type)  ") {
+                continue;
+            }
+            let n = crate::torchsummary::parse(&text, "t").unwrap();
+            let ratio = profile(&n).retained_per_sample / param_leaf_elems(&n) as f64;
+            if ratio > worst.0 {
+                worst = (ratio, e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        println!("highest retained / parametrised-leaf ratio: {:.3} ({})", worst.0, worst.1);
+        assert!(worst.0 > 1.0 && PARAM_LEAF_RETENTION >= worst.0, "{worst:?}");
+    }
+
+    #[test]
+    fn malformed_tables_are_one_line_errors() {
+        let head = "Layer (type:depth-idx)                   Output Shape              Param #\n====\n";
+        for (text, want) in [
+            ("Layer (type:depth-idx)   Kernel Shape\n====\nNet: 1  --\n====\n", "no 'Output Shape'"),
+            (&format!("{head}Net                                      [8, 10]                   x1\n====\n") as &str, "Param #"),
+            (&format!("{head}Net                                      [8, 10]                   10\n====\n"), "Forward/backward"),
+            (&format!("{head}====\n"), "no rows"),
+        ] {
+            let e = parse(text, "m.model").unwrap_err().to_string();
+            assert!(e.contains(want) && !e.contains('\n'), "{e}");
+        }
+    }
+}
