@@ -42,6 +42,10 @@ SIM=/etc/carma/sim-gpus.yaml
 TEST_USER=carmatest
 NODE2=${NODE}b
 N2=/etc/slurm/node2
+TEST_USER2=carmatest2
+# Stand-ins for one MPS control daemon per GPU of the second node: the
+# pipe directory with its `control` pipe, which is what CARMA looks for.
+MPS_PIPE=/run/carma-mps
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it writes /etc/slurm and starts daemons)"
@@ -181,6 +185,9 @@ write_node2() {
         # This node's placement reads carma-monitor's readings (tests/monitor.rs).
         echo "monitor: {published: true, interval: 250ms, stale_after: 2s}"
         echo "monitor_window: 2s"
+        # and its collocated jobs share GPUs as MPS clients (tests/mps.rs).
+        echo "sharing: mps"
+        echo "mps: {pipe_dir: $MPS_PIPE, log_dir: /var/log/carma-mps}"
     } | owned_write "$N2/carma.yaml"
     sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" | owned_write "/etc/carma/sim-gpus-$NODE2.yaml"
     owned_write "$N2/epilog" <<CONF
@@ -202,6 +209,13 @@ install_carma() {
     rm -f /usr/local/bin/carma /usr/local/bin/carma-fakejob /usr/local/sbin/carma-epilog
     rm -rf /usr/local/lib/carma
     id "$TEST_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER"
+    # A second user, for MPS's one-user-per-GPU rule.
+    id "$TEST_USER2" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER2"
+    local g
+    for g in 0 1 2 3; do
+        install -d -m 0755 "$MPS_PIPE/$g"
+        [ -p "$MPS_PIPE/$g/control" ] || mkfifo -m 0600 "$MPS_PIPE/$g/control"
+    done
     # Simulated GPU processes register here (like /tmp: users create, only owners delete).
     install -d -m 1777 /run/carma-sim /run/carma-sim2
     rm -f /run/carma-sim/*.json /run/carma-sim2/*.json

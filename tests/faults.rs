@@ -44,6 +44,16 @@ fn a_hung_state_lock_holder_fails_carma_steps_in_bounded_time_and_spares_others(
     );
 }
 
+/// Waits (at most 60 s) until the test user has no job pending, running
+/// or completing.
+fn wait_user_jobs_gone() {
+    let start = Instant::now();
+    while !root(&["squeue", "-h", "-u", USER, "-t", "PD,R,CG,CF"], 20).stdout.trim().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the test user's jobs did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
     require_cluster();
@@ -52,8 +62,12 @@ fn corrupt_truncated_and_future_state_files_are_set_aside_and_rebuilt() {
             .into_iter()
             .enumerate()
     {
-        // The previous step's slurmstepd must be done with the state first.
+        // The previous step's slurmstepd and its job's epilog (which
+        // releases what the job holds, reading the state) must be done with
+        // the state first: an epilog that set the bad file aside would
+        // leave this case's step nothing to recover.
         wait_released();
+        wait_user_jobs_gone();
         std::fs::write(STATE, bad).unwrap();
         let before = std::fs::read_dir("/run/carma")
             .unwrap()

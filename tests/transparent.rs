@@ -61,18 +61,24 @@ fn output_line(out: &str, prefix: &str) -> String {
         .into()
 }
 
-/// GPU index -> CARMA reservations holding it, from `carma status --json`.
-fn reservations_per_gpu() -> (usize, BTreeMap<u64, usize>) {
+/// GPU index -> CARMA placements on it, from `carma status --json`, and
+/// (job, holding, GPUs) of each reservation for messages. Slurm gives a
+/// shard job's prolog SLURM_JOB_GPUS (measured), so the prolog records it
+/// as holding that GPU whole until its first step shows it shares: those
+/// short-lived records are not placements.
+fn reservations_per_gpu() -> (usize, BTreeMap<u64, usize>, Vec<String>) {
     let r = root(&["carma", "status", "--json"], 20);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
-    let list = v["reservations"].as_array().cloned().unwrap_or_default();
+    let all = v["reservations"].as_array().cloned().unwrap_or_default();
+    let what = all.iter().map(|r| format!("{}:{}:{}", r["job"], r["holding"], r["gpu_indices"])).collect();
+    let list: Vec<_> = all.into_iter().filter(|r| r["holding"] == "carma").collect();
     let mut per = BTreeMap::new();
     for res in &list {
         for g in res["gpu_indices"].as_array().into_iter().flatten() {
             *per.entry(g.as_u64().unwrap()).or_insert(0) += 1;
         }
     }
-    (list.len(), per)
+    (list.len(), per, what)
 }
 
 const TRAIN: &str =
@@ -101,15 +107,15 @@ fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is
     let (big_id, big_out) = submit(&["-p", "shared", "--gres=gpu:1"], &big_name, &big);
     // All eight run at once, two per GPU (14G each, 40G GPUs, 2G headroom).
     let start = Instant::now();
-    let per_gpu = loop {
-        let (n, per_gpu) = reservations_per_gpu();
+    let (per_gpu, what) = loop {
+        let (n, per_gpu, what) = reservations_per_gpu();
         if n == 8 {
-            break per_gpu;
+            break (per_gpu, what);
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "{n} placed: {per_gpu:?}");
+        assert!(start.elapsed() < Duration::from_secs(60), "{n} placed: {per_gpu:?} {what:?}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(per_gpu.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "{per_gpu:?}");
+    assert_eq!(per_gpu.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "{per_gpu:?} {what:?}");
     jobs.push((big_id.clone(), big_out.clone()));
     for (id, _) in &jobs {
         assert_eq!(field(id, "TresPerNode"), "gres:shard:1", "job {id}");

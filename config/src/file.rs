@@ -4,6 +4,7 @@
 use crate::activity::ActivityMetric;
 use crate::policy::Policy;
 use crate::scope::{self, JobScopeFacts, Scope};
+use crate::sharing::Sharing;
 use crate::units::{parse_duration, parse_size_mib};
 use serde::Deserialize;
 use std::fmt;
@@ -89,6 +90,15 @@ pub struct EstimatorConfig {
     pub method: EstimatorMethod,
 }
 
+/// NVIDIA MPS on this node (with `sharing: mps`): one control daemon per
+/// GPU, whose pipe and log directories are `<pipe_dir>/<index>` and
+/// `<log_dir>/<index>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsConfig {
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+}
+
 /// carma-monitor: a root daemon per node that samples the GPUs every
 /// `interval` and publishes windowed readings in `state_dir`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +139,9 @@ pub struct Config {
     /// Averaging window for SM activity.
     pub monitor_window: Duration,
     pub monitor: MonitorConfig,
+    /// How collocated jobs share a GPU on this node.
+    pub sharing: Sharing,
+    pub mps: MpsConfig,
     pub gpu_source: GpuSource,
     /// Root-owned directory for node-local state. Default /run/carma: on
     /// tmpfs, fast to fsync, and empty after a reboot, like the jobs it tracks.
@@ -200,6 +213,11 @@ impl Default for Config {
                 published: false,
                 interval: Duration::from_secs(1),
                 stale_after: Duration::from_secs(10),
+            },
+            sharing: Sharing::Timeslice,
+            mps: MpsConfig {
+                pipe_dir: PathBuf::from("/run/nvidia-mps"),
+                log_dir: PathBuf::from("/var/log/nvidia-mps"),
             },
             gpu_source: GpuSource::Nvml,
             state_dir: PathBuf::from("/run/carma"),
@@ -283,6 +301,13 @@ struct RawEstimator {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawMps {
+    pipe_dir: Option<String>,
+    log_dir: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawMonitor {
     published: Option<bool>,
     interval: Option<Scalar>,
@@ -317,6 +342,8 @@ struct RawConfig {
     headroom: Option<Scalar>,
     monitor_window: Option<Scalar>,
     monitor: Option<RawMonitor>,
+    sharing: Option<String>,
+    mps: Option<RawMps>,
     gpu_source: Option<serde_yaml::Value>,
     state_dir: Option<String>,
     log_file: Option<String>,
@@ -421,6 +448,17 @@ impl RawConfig {
             }
             if c.monitor.stale_after < 2 * c.monitor.interval {
                 return Err(bad("monitor.stale_after", "must be at least twice monitor.interval".into()));
+            }
+        }
+        if let Some(m) = &self.sharing {
+            c.sharing = Sharing::parse(m).map_err(|e| bad("sharing", e))?;
+        }
+        if let Some(m) = self.mps {
+            if let Some(d) = m.pipe_dir {
+                c.mps.pipe_dir = abs_path("mps.pipe_dir", &d)?;
+            }
+            if let Some(d) = m.log_dir {
+                c.mps.log_dir = abs_path("mps.log_dir", &d)?;
             }
         }
         if let Some(v) = self.gpu_source {
@@ -645,6 +683,8 @@ mod tests {
             ("monitor: {interval: 2s, stale_after: 3s}\n", "monitor.stale_after"),
             ("monitor: {interval: 10ms}\n", "monitor.interval"),
             ("monitor: {publish: true}\n", "publish"),
+            ("sharing: spatial\n", "sharing"),
+            ("mps: {pipe_dir: run/mps}\n", "mps.pipe_dir"),
         ];
         for (text, key) in cases {
             let line = parse(text).unwrap_err().to_string();

@@ -11,12 +11,13 @@ mod options;
 mod plugstack;
 mod policy;
 mod scope;
+mod sharing;
 mod units;
 
 pub use activity::ActivityMetric;
 pub use file::{
-    Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, MonitorConfig, NoFitAction,
-    RecoveryMode, Timeouts, UnknownEstimate,
+    Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, MonitorConfig, MpsConfig,
+    NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
 };
 pub use options::{
     ESTIMATE_ENV, JobRequest, OptionError, OptionName, Precision, SubmitEstimate, format_estimate, parse_estimate,
@@ -24,4 +25,5 @@ pub use options::{
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
 pub use scope::{JobScopeFacts, Scope};
+pub use sharing::Sharing;
 pub use units::{parse_duration, parse_size_mib};

@@ -208,9 +208,10 @@ fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), Par
     Err(ParseError {
         file: name.into(),
         line: 0,
-        message: "not a model description: expected an ONNX file, a torchsummary or torchinfo table, a module listing with \
+        message:
+            "not a model description: expected an ONNX file, a torchsummary or torchinfo table, a module listing with \
                   'N params' per line, or a Hugging Face config.json"
-            .into(),
+                .into(),
     })
 }
 

@@ -27,7 +27,8 @@ pub fn is_torchinfo(text: &str) -> bool {
 pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     let err = |line: usize, m: String| ParseError { file: name.to_string(), line, message: m };
     let lines: Vec<&str> = text.lines().collect();
-    let header = lines.iter().position(|l| l.contains(HEADER)).ok_or_else(|| err(0, format!("no '{HEADER}' header")))?;
+    let header =
+        lines.iter().position(|l| l.contains(HEADER)).ok_or_else(|| err(0, format!("no '{HEADER}' header")))?;
     let columns = columns(lines[header]);
     let col = |name: &str| columns.iter().position(|(n, _)| n == name);
     let (Some(out_col), Some(param_col)) = (col("Output Shape"), col("Param #")) else {
@@ -53,7 +54,8 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
             chars[start..end].iter().collect::<String>().trim().to_string()
         };
         let label: String = field(0);
-        let kind = label.trim_start_matches(['│', '├', '└', '─', ' ']).split(':').next().unwrap_or("").trim().to_string();
+        let kind =
+            label.trim_start_matches(['│', '├', '└', '─', ' ']).split(':').next().unwrap_or("").trim().to_string();
         if kind.is_empty() {
             return Err(err(n, "expected a 'Kind: depth-idx' row".into()));
         }
@@ -81,7 +83,9 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
             net.total_params =
                 Some(v.trim().replace(',', "").parse().map_err(|_| err(i + 1, "Total params: not a number".into()))?);
         } else if let Some(v) = t.strip_prefix("Forward/backward pass size (MB):") {
-            pass_mb = Some(v.trim().parse::<f64>().map_err(|_| err(i + 1, "Forward/backward pass size: not a number".into()))?);
+            pass_mb = Some(
+                v.trim().parse::<f64>().map_err(|_| err(i + 1, "Forward/backward pass size: not a number".into()))?,
+            );
         }
     }
     // The most common first dimension: the root row may show a list of
@@ -186,8 +190,14 @@ mod tests {
         let head = "Layer (type:depth-idx)                   Output Shape              Param #\n====\n";
         for (text, want) in [
             ("Layer (type:depth-idx)   Kernel Shape\n====\nNet: 1  --\n====\n", "no 'Output Shape'"),
-            (&format!("{head}Net                                      [8, 10]                   x1\n====\n") as &str, "Param #"),
-            (&format!("{head}Net                                      [8, 10]                   10\n====\n"), "Forward/backward"),
+            (
+                &format!("{head}Net                                      [8, 10]                   x1\n====\n") as &str,
+                "Param #",
+            ),
+            (
+                &format!("{head}Net                                      [8, 10]                   10\n====\n"),
+                "Forward/backward",
+            ),
             (&format!("{head}====\n"), "no rows"),
         ] {
             let e = parse(text, "m.model").unwrap_err().to_string();

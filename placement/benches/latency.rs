@@ -111,6 +111,7 @@ fn child(args: &[String]) {
         shares: true,
         signature: None,
         history_first: false,
+        mps_uid: None,
     };
     let gate = std::fs::File::open(dir.join("gate")).unwrap();
     println!("ready");

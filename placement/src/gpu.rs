@@ -22,6 +22,10 @@ pub struct GpuReading {
     pub processes: Vec<GpuProcess>,
     /// Current power draw, where the source knows it.
     pub power_w: Option<f64>,
+    /// The Unix user the GPU's MPS server serves now, if one runs: MPS
+    /// serves one user at a time per GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_uid: Option<u32>,
 }
 
 impl GpuReading {

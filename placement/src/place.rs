@@ -39,6 +39,9 @@ pub struct Request {
     /// default) or where that is unknown. Otherwise history only raises.
     #[serde(default)]
     pub history_first: bool,
+    /// The job's user when it shares a GPU as an MPS client (`sharing: mps`).
+    #[serde(default)]
+    pub mps_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -381,7 +384,8 @@ impl Placer {
                 activity: vec![],
             });
         }
-        let mut demand = Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib };
+        let mut demand =
+            Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib, mps_uid: req.mps_uid };
         let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib, req.history_first);
         if history_mib.is_some() {
             demand.estimate_mib = history_mib;
@@ -408,6 +412,7 @@ impl Placer {
             holders: vec![step.holder],
             signature: req.signature.clone(),
             observed_mib: 0,
+            mps_uid: req.mps_uid.filter(|_| !choice.exclusive),
         });
         Ok(Decision {
             gpus: choice.gpus,
@@ -477,6 +482,7 @@ impl Placer {
                 holders: vec![],
                 signature: None,
                 observed_mib: 0,
+                mps_uid: None,
             });
         })?;
         Ok(())

@@ -42,6 +42,9 @@ pub struct Demand {
     pub count: u32,
     /// Expected peak per GPU; `None` = unknown, so whole GPUs are needed.
     pub estimate_mib: Option<u64>,
+    /// The job's user, when it will share a GPU as an MPS client: a GPU
+    /// whose MPS server serves another user cannot take it.
+    pub mps_uid: Option<u32>,
 }
 
 /// Why a GPU was passed over. Kept structured and formatted only when
@@ -51,9 +54,22 @@ pub enum Reject {
     SlurmWhole(u32),
     Exclusive(u32),
     NotIdleJob(u32),
-    NotIdleProcesses { count: usize, used_mib: u64 },
-    Activity { metric: ActivityMetric, value: f64, cap: f64 },
-    Memory { free_mib: u64, estimate_mib: u64, headroom_mib: u64 },
+    NotIdleProcesses {
+        count: usize,
+        used_mib: u64,
+    },
+    Activity {
+        metric: ActivityMetric,
+        value: f64,
+        cap: f64,
+    },
+    Memory {
+        free_mib: u64,
+        estimate_mib: u64,
+        headroom_mib: u64,
+    },
+    /// MPS serves one user per GPU at a time.
+    MpsUser(u32),
 }
 
 impl fmt::Display for Reject {
@@ -69,6 +85,7 @@ impl fmt::Display for Reject {
             Reject::Memory { free_mib, estimate_mib, headroom_mib } => {
                 write!(f, "effective free {free_mib} MiB < {estimate_mib} MiB estimate + {headroom_mib} MiB headroom")
             }
+            Reject::MpsUser(uid) => write!(f, "its MPS server serves another user (uid {uid}) until their jobs end"),
         }
     }
 }
@@ -172,6 +189,7 @@ fn reject(
     owners: &HashMap<u32, u32>,
     need_whole: bool,
     est: u64,
+    mps_uid: Option<u32>,
     p: &Params,
 ) -> Option<Reject> {
     let mut on_gpu = state.reservations.iter().filter(|r| r.gpus.contains(&gpu.index));
@@ -193,6 +211,19 @@ fn reject(
             return Some(Reject::NotIdleProcesses { count: gpu.processes.len(), used_mib: gpu.used_mib });
         }
         return None;
+    }
+    if let Some(me) = mps_uid {
+        // The server running now, or one a placed MPS job will start.
+        let other = gpu.mps_uid.filter(|u| *u != me).or_else(|| {
+            state
+                .reservations
+                .iter()
+                .filter(|r| r.gpus.contains(&gpu.index))
+                .find_map(|r| r.mps_uid.filter(|u| *u != me))
+        });
+        if let Some(uid) = other {
+            return Some(Reject::MpsUser(uid));
+        }
     }
     let value = gpu.activity(p.metric);
     if value > p.cap() {
@@ -273,7 +304,8 @@ pub fn assess(
         Some(est) => demand.policy == Policy::Exclusive || est + params.headroom_mib > smallest,
     };
     let est = demand.estimate_mib.unwrap_or(smallest);
-    let reasons = gpus.iter().map(|g| (g.index, reject(g, state, owners, need_whole, est, params))).collect();
+    let reasons =
+        gpus.iter().map(|g| (g.index, reject(g, state, owners, need_whole, est, demand.mps_uid, params))).collect();
     (need_whole, est, reasons)
 }
 

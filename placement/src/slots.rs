@@ -398,6 +398,7 @@ mod tests {
             shares: true,
             signature: sig,
             history_first: false,
+            mps_uid: None,
         }
     }
 

@@ -59,6 +59,10 @@ pub struct Reservation {
     /// decisions on this node): a lower bound of its peak.
     #[serde(default)]
     pub observed_mib: u64,
+    /// Set for a job placed as an MPS client: its user, whom the GPU's MPS
+    /// server will serve (no other user's MPS job may join until it ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -516,6 +520,7 @@ mod tests {
             holders: vec![holder],
             signature: None,
             observed_mib: 0,
+            mps_uid: None,
         }
     }
 

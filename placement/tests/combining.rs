@@ -48,6 +48,7 @@ fn request(policy: Policy, mib: u64) -> Request {
         shares: true,
         signature: None,
         history_first: false,
+        mps_uid: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn writer_loop() {
                         holders: vec![std::process::id()],
                         signature: None,
                         observed_mib: 0,
+                        mps_uid: None,
                     })
                     .collect();
             })

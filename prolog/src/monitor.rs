@@ -141,6 +141,7 @@ mod tests {
             busy,
             processes: vec![],
             power_w: None,
+            mps_uid: None,
         }
     }
 

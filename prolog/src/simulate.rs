@@ -346,7 +346,8 @@ pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
         ratios.get(ratios.len() / 2).copied().unwrap_or(0.0),
         if whole.is_empty() {
             "Every workload has an estimate (torchinfo tables included since #14; dlrm's table is for batch 32768, \
-             its rows for batch 8, and mnist_train's is defective: data/README.md).".to_string()
+             its rows for batch 8, and mnist_train's is defective: data/README.md)."
+                .to_string()
         } else {
             format!("Given whole GPUs (a model file the estimator refuses): {}.", whole.join(", "))
         }

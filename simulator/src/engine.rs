@@ -11,31 +11,7 @@ use carma_placement::state::{Holding, NodeState, Reservation};
 use carma_placement::{GpuProcess, GpuReading, GpuSource, Params, SourceError, choose};
 use std::collections::{HashMap, VecDeque};
 
-/// How jobs on one GPU share it (the plugin's `sharing` mode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sharing {
-    /// Plain processes: the GPU time-slices, kernels of different jobs never overlap.
-    Timeslice,
-    /// NVIDIA MPS: kernels of different jobs run at once, up to the SMs' capacity.
-    Mps,
-}
-
-impl Sharing {
-    pub fn name(self) -> &'static str {
-        match self {
-            Sharing::Timeslice => "timeslice",
-            Sharing::Mps => "mps",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Sharing, String> {
-        match s {
-            "timeslice" => Ok(Sharing::Timeslice),
-            "mps" => Ok(Sharing::Mps),
-            _ => Err(format!("sharing '{s}': expected timeslice or mps")),
-        }
-    }
-}
+pub use carma_config::Sharing;
 
 /// GPU power: `idle_w` always, `active_w` while any job runs on the GPU,
 /// and `sm_w` × SM activity. Fitted on an H100 (see [`crate::calibration`]).
@@ -304,6 +280,7 @@ impl GpuSource for NodeView<'_> {
                     busy: busy.min(1.0),
                     processes,
                     power_w: None,
+                    mps_uid: None,
                 }
             })
             .collect())
@@ -396,7 +373,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 }
             };
             let policy = if from_recovery { Policy::Exclusive } else { cfg.policy };
-            let demand = Demand { policy, count: w.gpus, estimate_mib: estimate };
+            let demand = Demand { policy, count: w.gpus, estimate_mib: estimate, mps_uid: None };
             let mut placed = None;
             for node in 0..cl.nodes as usize {
                 let owners: HashMap<u32, u32> = by_node[node].iter().map(|&i| (runs[i].pid, runs[i].pid)).collect();
@@ -431,6 +408,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 holders: vec![pid],
                 signature: None,
                 observed_mib: 0,
+                mps_uid: None,
             });
             results[job].start_s.get_or_insert(t);
             by_node[node].push(runs.len());

@@ -16,11 +16,12 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
         busy: sm,
         processes: if used > 0 { vec![GpuProcess { pid: 1000 + index, used_mib: used }] } else { vec![] },
         power_w: None,
+        mps_uid: None,
     }
 }
 
 fn demand(policy: Policy, est: u64) -> Demand {
-    Demand { policy, count: 1, estimate_mib: Some(est) }
+    Demand { policy, count: 1, estimate_mib: Some(est), mps_uid: None }
 }
 
 fn pick(gpus: &[GpuReading], state: &mut NodeState, d: Demand) -> Result<Vec<u32>, NoFit> {
@@ -40,6 +41,7 @@ fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
         holders: vec![holder],
         signature: None,
         observed_mib: 0,
+        mps_uid: None,
     }
 }
 
@@ -97,7 +99,7 @@ fn round_robin_cycles_and_skips_ineligible() {
 fn multi_gpu_jobs_get_distinct_gpus_or_none() {
     let mut st = NodeState::default();
     let g = node();
-    let d = Demand { policy: Policy::Magm, count: 2, estimate_mib: Some(4096) };
+    let d = Demand { policy: Policy::Magm, count: 2, estimate_mib: Some(4096), mps_uid: None };
     assert_eq!(choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap().gpus, vec![1, 0]);
     let d = Demand { count: 4, ..d };
     let e = choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap_err();
@@ -137,6 +139,25 @@ fn exclusive_and_slurm_whole_gpus_are_never_targets() {
 }
 
 #[test]
+fn an_mps_gpu_serves_one_user_at_a_time() {
+    let mut g = vec![gpu(0, 0, 0.0), gpu(1, 0, 0.0), gpu(2, 0, 0.0)];
+    let mut st = NodeState::default();
+    // User 1001's MPS job placed on GPU0 (its server may not run yet).
+    st.reservations.push(Reservation { mps_uid: Some(1001), ..carma(1, vec![0], 1000, 9) });
+    // A server for user 7 runs on GPU1 without a CARMA job.
+    g[1].mps_uid = Some(7);
+    let mps = |uid| Demand { mps_uid: Some(uid), ..demand(Policy::FirstFit, 1000) };
+    let (_, _, why) = assess(&g, &st, &mps(1002), &P, &HashMap::new());
+    assert_eq!(why[0].1, Some(Reject::MpsUser(1001)));
+    assert_eq!(why[1].1, Some(Reject::MpsUser(7)));
+    assert_eq!(why[2].1, None);
+    assert!(why[0].1.as_ref().unwrap().to_string().contains("serves another user (uid 1001)"));
+    // The same user joins its own server; a job outside MPS is not bound.
+    assert_eq!(choose(&g, &mut st, &mps(1001), &P, &HashMap::new()).unwrap().gpus, vec![0]);
+    assert_eq!(choose(&g, &mut st, &demand(Policy::FirstFit, 1000), &P, &HashMap::new()).unwrap().gpus, vec![0]);
+}
+
+#[test]
 fn exclusive_policy_never_shares_and_is_not_shared() {
     let g = vec![gpu(0, 0, 0.0), gpu(1, 0, 0.0)];
     let mut st = NodeState::default();
@@ -151,7 +172,7 @@ fn exclusive_policy_never_shares_and_is_not_shared() {
 fn unknown_or_oversized_estimate_needs_whole_gpus() {
     let g = vec![gpu(0, 100, 0.0), gpu(1, 0, 0.0)];
     let mut st = NodeState::default();
-    let d = Demand { policy: Policy::Magm, count: 1, estimate_mib: None };
+    let d = Demand { policy: Policy::Magm, count: 1, estimate_mib: None, mps_uid: None };
     let c = choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap();
     assert_eq!((c.gpus, c.exclusive), (vec![1], true));
     let c = choose(&g, &mut st, &demand(Policy::Magm, 39000), &P, &HashMap::new()).unwrap();
@@ -196,7 +217,7 @@ proptest! {
             match op {
                 Op::Place { policy, est, count } => {
                     let g = readings(&jobs);
-                    let d = Demand { policy: Policy::ALL[policy], count, estimate_mib: Some(est) };
+                    let d = Demand { policy: Policy::ALL[policy], count, estimate_mib: Some(est), mps_uid: None };
                     if let Ok(c) = choose(&g, &mut st, &d, &P, &owners) {
                         let job = next; next += 1;
                         prop_assert_eq!(c.gpus.len(), count as usize);

@@ -85,6 +85,7 @@ impl GpuSource for NvmlSource {
                 busy,
                 processes,
                 power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                mps_uid: None,
             });
         }
         Ok(out)

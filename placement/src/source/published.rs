@@ -166,6 +166,7 @@ mod tests {
             busy: sm,
             processes: vec![],
             power_w: None,
+            mps_uid: None,
         }
     }
 

@@ -62,6 +62,13 @@ struct SimGpu {
 pub struct SimProcess {
     pub pid: u32,
     pub gpus: Vec<SimUse>,
+    /// A client of the GPUs' MPS servers (it ran with CUDA_MPS_PIPE_DIRECTORY).
+    #[serde(default)]
+    pub mps: bool,
+    /// The registration file's owner: the process's Unix user (never taken
+    /// from the file's content, which its user writes).
+    #[serde(skip)]
+    pub uid: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -170,8 +177,9 @@ impl SimulatedGpus {
             let Ok(bytes) = read_bounded(&entry.path()) else {
                 continue;
             };
+            let Ok(meta) = entry.metadata() else { continue };
             match serde_json::from_slice::<SimProcess>(&bytes) {
-                Ok(p) if p.pid == pid => out.push(p),
+                Ok(p) if p.pid == pid => out.push(SimProcess { uid: std::os::unix::fs::MetadataExt::uid(&meta), ..p }),
                 _ => continue,
             }
         }
@@ -186,6 +194,8 @@ impl SimulatedGpus {
                     .iter()
                     .flat_map(|p| p.gpus.iter().filter(|u| u.index == g.index).map(move |u| (p.pid, u)))
                     .collect();
+                // MPS runs one server per GPU for one user: its clients' user.
+                let mps_uid = procs.iter().find(|p| p.mps && p.gpus.iter().any(|u| u.index == g.index)).map(|p| p.uid);
                 GpuReading {
                     index: g.index,
                     uuid: g.uuid.clone(),
@@ -195,6 +205,7 @@ impl SimulatedGpus {
                     busy: (g.base_busy + mine.iter().map(|(_, u)| u.busy.unwrap_or(u.sm)).sum::<f64>()).min(1.0),
                     processes: mine.iter().map(|(pid, u)| GpuProcess { pid: *pid, used_mib: u.used_mib }).collect(),
                     power_w: g.power_w,
+                    mps_uid,
                 }
             })
             .collect()
@@ -227,6 +238,7 @@ impl SimulatedGpus {
         used_mib: u64,
         sm: f64,
         busy: f64,
+        mps: bool,
     ) -> Result<Result<(), SimOom>, SourceError> {
         let ioerr = |e: std::io::Error| SourceError(format!("simulated GPUs {}: {e}", self.process_dir.display()));
         let _lock = self.lock().map_err(ioerr)?;
@@ -243,6 +255,8 @@ impl SimulatedGpus {
         let entry = SimProcess {
             pid,
             gpus: gpus.iter().map(|&index| SimUse { index, used_mib, sm, busy: Some(busy) }).collect(),
+            mps,
+            uid: 0,
         };
         let path = self.process_dir.join(format!("{pid}.json"));
         let tmp = self.process_dir.join(format!(".{pid}.tmp"));
@@ -291,7 +305,7 @@ mod tests {
         let d = TempDir::new();
         let mut s = sim(&d.0, "");
         let me = std::process::id();
-        assert_eq!(s.allocate(me, &[1], 4096, 0.5, 0.6).unwrap(), Ok(()));
+        assert_eq!(s.allocate(me, &[1], 4096, 0.5, 0.6, true).unwrap(), Ok(()));
         let r = s.read().unwrap();
         assert_eq!(r[0].used_mib, 0);
         assert_eq!(r[1].used_mib, 1024 + 4096);
@@ -300,11 +314,15 @@ mod tests {
         assert_eq!(r[1].busy, 0.3 + 0.6);
         assert_eq!((r[0].sm_activity, r[0].busy), (0.0, 0.0));
         assert_eq!(r[1].processes, vec![GpuProcess { pid: me, used_mib: 4096 }]);
+        // An MPS client: the GPU's server serves its user (the file owner's).
+        let mine = std::os::unix::fs::MetadataExt::uid(&fs::metadata(&d.0).unwrap());
+        assert_eq!((r[0].mps_uid, r[1].mps_uid), (None, Some(mine)));
         // Re-registering replaces; an allocation that does not fit is an OOM.
-        assert_eq!(s.allocate(me, &[1], 8192, 0.5, 0.9).unwrap(), Ok(()));
+        assert_eq!(s.allocate(me, &[1], 8192, 0.5, 0.9, false).unwrap(), Ok(()));
         assert_eq!(s.read().unwrap()[1].used_mib, 1024 + 8192);
+        assert_eq!(s.read().unwrap()[1].mps_uid, None, "no MPS client left");
         assert_eq!(s.read().unwrap()[1].busy, 1.0);
-        let oom = s.allocate(me, &[1], 16000, 0.5, 0.5).unwrap().unwrap_err();
+        let oom = s.allocate(me, &[1], 16000, 0.5, 0.5, false).unwrap().unwrap_err();
         assert_eq!((oom.gpu, oom.used_mib, oom.asked_mib), (1, 1024, 16000));
         s.release(me);
         assert_eq!(s.read().unwrap()[1].used_mib, 1024);

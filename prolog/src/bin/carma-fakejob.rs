@@ -2,7 +2,9 @@
 //! memory and SM use on the simulated GPUs in its CUDA_VISIBLE_DEVICES while
 //! it runs and removes them when it ends. Like PyTorch, it prints
 //! `torch.OutOfMemoryError: CUDA out of memory. ...` and exits 1 when a GPU
-//! lacks the memory.
+//! lacks the memory. Run as an MPS client (CUDA_MPS_PIPE_DIRECTORY set) it
+//! registers as one, and like CUDA under MPS it fails an allocation beyond
+//! its fence (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, e.g. `0=12288M`) the same way.
 //!
 //! carma-fakejob --mem 8G [--sm 0.6] [--busy 0.9] [--seconds 30] [--ramp 2]
 //!               [--grow-to 30G --grow-after 5] [--config /etc/slurm/carma.yaml]
@@ -72,6 +74,11 @@ fn run() -> Result<i32, String> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
+    let mps = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_some();
+    let fence = match std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
+        Ok(v) => fence_mib(&v)?,
+        Err(_) => None,
+    };
     let pid = std::process::id();
     let start = Instant::now();
     println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {seconds} s");
@@ -85,7 +92,15 @@ fn run() -> Result<i32, String> {
         if let Some(g) = grow_to.filter(|_| t >= grow_after) {
             want = want.max(g);
         }
-        match sim.allocate(pid, &gpus, want.max(1), sm, busy).map_err(|e| e.to_string())? {
+        if let Some(limit) = fence.filter(|l| want > *l) {
+            println!("carma-fakejob: allocation past the MPS fence after {t:.1} s");
+            eprintln!(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {want} MiB. GPU 0 has a total capacity of {:.2} GiB of which 0 bytes is free.",
+                limit as f64 / 1024.0
+            );
+            break 1;
+        }
+        match sim.allocate(pid, &gpus, want.max(1), sm, busy, mps).map_err(|e| e.to_string())? {
             Ok(()) => {}
             Err(oom) => {
                 let free = oom.total_mib.saturating_sub(oom.used_mib);
@@ -107,4 +122,14 @@ fn run() -> Result<i32, String> {
         println!("carma-fakejob: done");
     }
     Ok(code)
+}
+
+/// The fence of the process's first device (`0=12288M`, `0=12G,1=12G`).
+fn fence_mib(v: &str) -> Result<Option<u64>, String> {
+    for part in v.split(',') {
+        if let Some(size) = part.trim().strip_prefix("0=") {
+            return parse_size_mib(size).map(Some).map_err(|e| format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v}: {e}"));
+        }
+    }
+    Ok(None)
 }

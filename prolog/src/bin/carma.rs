@@ -163,7 +163,7 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     let p = placer.params();
-    let demand = Demand { policy, count, estimate_mib: mem };
+    let demand = Demand { policy, count, estimate_mib: mem, mps_uid: None };
     let (decision, verdicts) = status::dry_run(&gpus, &state, &demand, &p);
     let est = mem.map_or_else(|| "unknown (whole GPUs)".to_string(), |m| format!("{m} MiB"));
     println!("a job of {est} per GPU on {count} GPU(s), policy {policy}; {}", status::precondition(&p));

@@ -10,7 +10,7 @@ use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::{Item, Spank};
-use carma_config::{Config, JobRequest, NoFitAction, Policy, RecoveryMode, UnknownEstimate};
+use carma_config::{Config, JobRequest, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate};
 use carma_placement::{Placer, Request, StepRef, jobfiles};
 use once_cell::sync::OnceCell;
 use std::time::Duration;
@@ -19,6 +19,8 @@ use std::time::Duration;
 struct Decision {
     gpus: String,
     summary: String,
+    /// More of the task's environment (an MPS client's pipe and fence).
+    env: Vec<(&'static str, String)>,
     step: StepRef,
     /// As Slurm names it: `batch`, `extern`, `interactive` or the number.
     step_name: String,
@@ -187,6 +189,9 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     // user's estimates by claiming the same signature.
     let uid = sp.item_u32(Item::JobUid)?;
     let signature = signature.map(|s| format!("{uid}:{s}"));
+    // sharing: mps: a step that shares one GPU becomes a client of that
+    // GPU's MPS server, which serves one user at a time.
+    let mps_uid = (cfg.sharing == Sharing::Mps && count == 1 && policy != Policy::Exclusive).then_some(uid);
     let request = Request {
         policy,
         count,
@@ -196,6 +201,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         signature,
         // A recovering rerun keeps what recovery decided.
         history_first: transparent.is_some() && recovery.is_empty(),
+        mps_uid,
     };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
@@ -214,11 +220,37 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
             log::error(&format!("job {job}: cannot mark it transparent in {}: {e}", cfg.state_dir.display()));
         }
     }
-    let summary = format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}{}", asked.note);
+    let (env, sharing) = match (mps_uid, decision.gpus.as_slice()) {
+        (Some(_), [gpu]) if !decision.exclusive => mps_client(cfg, *gpu, decision.reserve_mib, job),
+        _ => (Vec::new(), String::new()),
+    };
+    let summary =
+        format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}{}{sharing}", asked.note);
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let gpus = carma_placement::index_list(&decision.gpus);
-    let _ = DECISION.set(Ok(Decision { gpus, summary, step, step_name }));
+    let _ = DECISION.set(Ok(Decision { gpus, summary, env, step, step_name }));
     Ok(())
+}
+
+/// The environment of an MPS client of `gpu`'s control daemon, fenced to
+/// `fence_mib` (the device is 0 as the job sees it), and the decision's
+/// note. Without a running daemon the step shares by time-slicing, and
+/// the log says so.
+fn mps_client(cfg: &Config, gpu: u32, fence_mib: u64, job: u32) -> (Vec<(&'static str, String)>, String) {
+    let pipe = cfg.mps.pipe_dir.join(gpu.to_string());
+    if !pipe.join("control").exists() {
+        log::event(&format!(
+            "job {job}: no MPS control daemon for GPU {gpu} ({} missing): the job shares the GPU by time-slicing, without a memory fence",
+            pipe.join("control").display()
+        ));
+        return (Vec::new(), " sharing=timeslice (no MPS daemon)".into());
+    }
+    let env = vec![
+        ("CUDA_MPS_PIPE_DIRECTORY", pipe.display().to_string()),
+        ("CUDA_MPS_LOG_DIRECTORY", cfg.mps.log_dir.join(gpu.to_string()).display().to_string()),
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", format!("0={fence_mib}M")),
+    ];
+    (env, format!(" sharing=mps fence=0={fence_mib}M"))
 }
 
 /// What the step asks of placement, from its options or its scope.
@@ -265,6 +297,9 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
         Some(Ok(d)) => {
             for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"] {
                 sp.setenv(var, &d.gpus)?;
+            }
+            for (var, value) in &d.env {
+                sp.setenv(var, value)?;
             }
             sp.setenv("CARMA_DECISION", &d.summary)
         }
