@@ -12,6 +12,17 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The user of `pid` if it is an MPS server (`nvidia-cuda-mps-server`,
+/// whose command name the kernel keeps as `nvidia-cuda-mps`).
+pub fn mps_server_uid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let name = comm.trim_end();
+    (name == "nvidia-cuda-mps" || name.starts_with("nvidia-cuda-mps-s"))
+        .then(|| std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid()))
+        .flatten()
+}
+
 /// A process that exists and is not a zombie: a slurmstepd killed with
 /// SIGKILL stays a zombie until slurmd reaps it, and holds nothing.
 pub fn alive(pid: u32) -> bool {
@@ -72,6 +83,7 @@ mod tests {
         assert_eq!(map.get(&me), Some(&parent));
         assert!(owners([me], &[999_999_999]).is_empty());
         assert!(alive(me));
+        assert_eq!(mps_server_uid(me), None, "the test is no MPS server");
         assert!(!alive(0));
         // A zombie (exited, not yet reaped) holds nothing.
         let child = std::process::Command::new("true").spawn().unwrap();

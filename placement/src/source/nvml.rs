@@ -50,7 +50,7 @@ impl GpuSource for NvmlSource {
         for index in 0..count {
             let dev = self.nvml.device_by_index(index).map_err(|e| err("device", e))?;
             let mem = dev.memory_info().map_err(|e| err("memory info", e))?;
-            let processes = dev
+            let processes: Vec<GpuProcess> = dev
                 .running_compute_processes()
                 .map_err(|e| err("processes", e))?
                 .into_iter()
@@ -76,6 +76,9 @@ impl GpuSource for NvmlSource {
             // stands in. It is never below SM activity (an H100 read busy
             // 0.92 at SM activity 0.01), so the SM cap errs on the safe side.
             let sm_activity = busy;
+            // An MPS server runs as a compute process of its GPU, as the
+            // user it serves.
+            let mps_uid = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid));
             out.push(GpuReading {
                 index,
                 uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
@@ -85,7 +88,7 @@ impl GpuSource for NvmlSource {
                 busy,
                 processes,
                 power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-                mps_uid: None,
+                mps_uid,
             });
         }
         Ok(out)
