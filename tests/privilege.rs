@@ -60,7 +60,13 @@ fn the_epilog_reads_job_output_with_the_users_rights() {
     let start = Instant::now();
     let log = loop {
         let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap_or_default();
-        if log.contains(&format!("job {job}: ")) || log.contains(&format!("job {job} ")) && log.contains("unreadable") {
+        // The epilog's verdict on this job (the plugin's placement line
+        // comes first and is not it).
+        let epilog_said = log.lines().any(|l| {
+            l.contains(&format!("job {job}"))
+                && ["cannot scan", "requeued", "ran out", "without a GPU OOM"].iter().any(|w| l.contains(w))
+        });
+        if epilog_said {
             break log;
         }
         assert!(start.elapsed() < Duration::from_secs(60), "no epilog line for job {job}");

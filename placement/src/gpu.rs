@@ -26,6 +26,10 @@ pub struct GpuReading {
     /// serves one user at a time per GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_uid: Option<u32>,
+    /// Warps resident vs the SMs' maximum, 0.0–1.0, where the source
+    /// measures it (NVML GPM in carma-monitor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_occupancy: Option<f64>,
 }
 
 impl GpuReading {

@@ -70,7 +70,7 @@ impl Window {
 pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result<(), String> {
     // Checks (and creates) the root-owned state directory.
     carma_placement::StateStore::open(&cfg.state_dir, cfg.timeouts.lock, Box::new(log)).map_err(|e| e.to_string())?;
-    let mut source = carma_placement::open_direct(&cfg.gpu_source, cfg.monitor_window).map_err(|e| e.to_string())?;
+    let mut source = carma_placement::open_sampling(&cfg.gpu_source, cfg.monitor_window).map_err(|e| e.to_string())?;
     let interval = cfg.monitor.interval;
     log(&format!(
         "carma-monitor: sampling {} every {} ms, window {} s, publishing {}",
@@ -142,6 +142,7 @@ mod tests {
             processes: vec![],
             power_w: None,
             mps_uid: None,
+            sm_occupancy: None,
         }
     }
 

@@ -13,6 +13,22 @@ fn owners(gpus: &[GpuReading], state: &NodeState) -> HashMap<u32, u32> {
     LinuxProcesses.owners(&pids, &holders)
 }
 
+/// Drops from the readings processes that ended between the reading and
+/// the /proc walk that attributes them (their memory is freed as a process
+/// exits): shown, they would count once as used and once more inside their
+/// job's promise. Placement keeps them, erring on the safe side.
+pub fn settle(mut gpus: Vec<GpuReading>, state: &NodeState) -> Vec<GpuReading> {
+    let owners = owners(&gpus, state);
+    for g in &mut gpus {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut g.processes)
+            .into_iter()
+            .partition(|p| !owners.contains_key(&p.pid) && !carma_placement::procs::alive(p.pid));
+        g.used_mib = g.used_mib.saturating_sub(gone.iter().map(|p| p.used_mib).sum());
+        g.processes = kept;
+    }
+    gpus
+}
+
 pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
     let owners = owners(gpus, state);
     let mut out = format!(
@@ -58,6 +74,9 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
             "effective_free_mib": effective_free_mib(g, state, &owners),
             "sm_activity": g.sm_activity,
             "busy": g.busy,
+            "sm_occupancy": g.sm_occupancy,
+            "mps_uid": g.mps_uid,
+            "power_w": g.power_w,
             "processes": g.processes,
             "jobs": state.reservations.iter().filter(|r| r.gpus.contains(&g.index)).map(|r| r.job).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -94,4 +113,32 @@ pub fn dry_run(gpus: &[GpuReading], state: &NodeState, demand: &Demand, p: &Para
         out.push_str(&format!("GPU{index}: {verdict}\n"));
     }
     (decision, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carma_placement::GpuProcess;
+
+    #[test]
+    fn processes_gone_since_the_reading_are_not_shown_as_using_memory() {
+        let me = std::process::id();
+        // Beyond any pid_max: no such process.
+        let gone = 4_000_000;
+        let g = GpuReading {
+            index: 0,
+            uuid: "GPU-0".into(),
+            total_mib: 40960,
+            used_mib: 3000,
+            sm_activity: 0.0,
+            busy: 0.0,
+            processes: vec![GpuProcess { pid: me, used_mib: 1000 }, GpuProcess { pid: gone, used_mib: 2000 }],
+            power_w: None,
+            mps_uid: None,
+            sm_occupancy: None,
+        };
+        let s = settle(vec![g], &NodeState::default());
+        assert_eq!(s[0].used_mib, 1000);
+        assert_eq!(s[0].processes, vec![GpuProcess { pid: me, used_mib: 1000 }], "a live process stays");
+    }
 }

@@ -281,6 +281,7 @@ impl GpuSource for NodeView<'_> {
                     processes,
                     power_w: None,
                     mps_uid: None,
+                    sm_occupancy: None,
                 }
             })
             .collect())

@@ -17,6 +17,7 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
         processes: if used > 0 { vec![GpuProcess { pid: 1000 + index, used_mib: used }] } else { vec![] },
         power_w: None,
         mps_uid: None,
+        sm_occupancy: None,
     }
 }
 

@@ -40,6 +40,15 @@ pub fn open_source(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, So
     open_direct(&cfg.gpu_source, cfg.monitor_window)
 }
 
+/// The configured GPUs for a reader that samples at intervals (carma-monitor):
+/// NVML then measures SM activity between samples with GPM, where supported.
+pub fn open_sampling(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {
+    match cfg {
+        SourceConfig::Nvml => Ok(Box::new(NvmlSource::init_sampling(window)?)),
+        other => open_direct(other, window),
+    }
+}
+
 /// Opens the configured GPUs themselves. NVML is loaded at run time: on a
 /// node without a driver this returns an error in well under a millisecond.
 pub fn open_direct(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {

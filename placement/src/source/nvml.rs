@@ -1,24 +1,65 @@
 //! Live readings from NVIDIA's NVML (libnvidia-ml, loaded at run time).
+//!
+//! SM activity as CARMA means it (DCGM's SM_ACTIVE: the share of time an SM
+//! has at least one warp, averaged over SMs) comes from NVML GPM's SmUtil,
+//! between two samples, on Hopper and newer; carma-monitor keeps the last
+//! sample of each GPU for that ([`NvmlSource::init_sampling`]). Without GPM
+//! (older GPUs, or a one-off read in slurmstepd) busy time stands in.
 
 use super::{GpuSource, SourceError};
 use crate::gpu::{GpuProcess, GpuReading};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Sampling;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MIB: u64 = 1024 * 1024;
 
 pub struct NvmlSource {
-    nvml: Nvml,
+    /// One per process, never shut down: GPM samples borrow it.
+    nvml: &'static Nvml,
     window: Duration,
+    /// The last GPM sample of each device (sampling sources only).
+    gpm: Option<Vec<Option<GpmSample<'static>>>>,
 }
 
 impl NvmlSource {
+    /// A source for one-off reads (slurmstepd, `carma status`).
     pub fn init(window: Duration) -> Result<NvmlSource, SourceError> {
-        let nvml = Nvml::init()
-            .map_err(|e| SourceError(format!("NVML unavailable ({e}); is the NVIDIA driver installed?")))?;
-        Ok(NvmlSource { nvml, window })
+        static NVML: std::sync::OnceLock<Nvml> = std::sync::OnceLock::new();
+        let nvml = match NVML.get() {
+            Some(n) => n,
+            None => {
+                let n = Nvml::init()
+                    .map_err(|e| SourceError(format!("NVML unavailable ({e}); is the NVIDIA driver installed?")))?;
+                NVML.get_or_init(|| n)
+            }
+        };
+        Ok(NvmlSource { nvml, window, gpm: None })
+    }
+
+    /// A source read at intervals (carma-monitor): SM activity and
+    /// occupancy from GPM between consecutive reads, where supported.
+    pub fn init_sampling(window: Duration) -> Result<NvmlSource, SourceError> {
+        Ok(NvmlSource { gpm: Some(Vec::new()), ..NvmlSource::init(window)? })
+    }
+
+    /// SM activity and occupancy of device `index` since its last sample,
+    /// as fractions; `None` without GPM or on the first read.
+    fn gpm_since_last(&mut self, index: u32, dev: &nvml_wrapper::Device<'static>) -> Option<(f64, f64)> {
+        let slots = self.gpm.as_mut()?;
+        if slots.len() <= index as usize {
+            slots.resize_with(index as usize + 1, || None);
+        }
+        let now = dev.gpm_sample().ok()?;
+        let before = slots[index as usize].replace(now)?;
+        let after = slots[index as usize].as_ref()?;
+        let ids = [GpmMetricId::SmUtil, GpmMetricId::SmOccupancy];
+        let got = gpm_metrics_get(self.nvml, &before, after, &ids).ok()?;
+        let value = |i: usize| got.get(i)?.as_ref().ok().map(|m| (m.value / 100.0).clamp(0.0, 1.0));
+        Some((value(0)?, value(1).unwrap_or(0.0)))
     }
 }
 
@@ -71,11 +112,13 @@ impl GpuSource for NvmlSource {
                 .and_then(|s| mean_sample(&s))
                 .or_else(|| dev.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0))
                 .unwrap_or(1.0);
-            // NVML reads no SM activity without GPM (Hopper+) or DCGM,
-            // which the node monitor is to read; until then busy time
-            // stands in. It is never below SM activity (an H100 read busy
-            // 0.92 at SM activity 0.01), so the SM cap errs on the safe side.
-            let sm_activity = busy;
+            // Without GPM busy time stands in for SM activity: it is never
+            // below it (an H100 read busy 0.92 at SM activity 0.01), so the
+            // SM cap errs on the safe side.
+            let (sm_activity, sm_occupancy) = match self.gpm_since_last(index, &dev) {
+                Some((sm, occ)) => (sm, Some(occ)),
+                None => (busy, None),
+            };
             // An MPS server runs as a compute process of its GPU, as the
             // user it serves.
             let mps_uid = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid));
@@ -89,6 +132,7 @@ impl GpuSource for NvmlSource {
                 processes,
                 power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
                 mps_uid,
+                sm_occupancy,
             });
         }
         Ok(out)

@@ -167,6 +167,7 @@ mod tests {
             processes: vec![],
             power_w: None,
             mps_uid: None,
+            sm_occupancy: None,
         }
     }
 

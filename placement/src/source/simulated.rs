@@ -206,6 +206,7 @@ impl SimulatedGpus {
                     processes: mine.iter().map(|(pid, u)| GpuProcess { pid: *pid, used_mib: u.used_mib }).collect(),
                     power_w: g.power_w,
                     mps_uid,
+                    sm_occupancy: None,
                 }
             })
             .collect()

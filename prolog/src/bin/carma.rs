@@ -78,6 +78,7 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     let cfg = config(&a)?;
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
+    let gpus = status::settle(gpus, &state);
     let monitor = monitor_state(&cfg);
     if a.has("json") {
         let mut v = status::to_json(&gpus, &state);
