@@ -2,7 +2,8 @@
 //! second node, whose carma.yaml says `monitor: {published: true,
 //! interval: 250ms, stale_after: 2s}` and `monitor_window: 2s`: placement
 //! there reads the published readings, and falls back to reading the
-//! (simulated) GPUs itself when they go stale.
+//! (simulated) GPUs itself when they go stale. The monitor also records
+//! placed jobs' peaks, which their history learns from.
 
 mod common;
 use common::*;
@@ -74,6 +75,31 @@ fn published_readings_are_window_means_and_placement_uses_them() {
     let dry = root(&["carma", "place", "--dry-run", "--config", N2_CONFIG, "--mem", "1G", "--policy", "ff"], 20).ok();
     assert!(dry.stdout.contains(&format!("GPU{gpu}: no: SM activity 0.9")), "{}", dry.stdout);
     wait_completed(&job);
+}
+
+#[test]
+fn the_monitor_records_peaks_that_a_jobs_next_run_learns_from() {
+    require_cluster();
+    // A transparent job (partition multi is a scope; its default is 4G)
+    // using 3G, alone on the second node: no other placement there samples
+    // its use, so only the monitor can see its peak.
+    let node = node2();
+    let name = unique("peak");
+    let body = format!("echo \"DECISION $CARMA_DECISION\"\ncarma-fakejob --config {N2_CONFIG} --mem 3G --seconds 3");
+    let path = script(&name, &body);
+    let run = || {
+        let out = work_dir().join(format!("{}.out", unique("peak"))).to_string_lossy().into_owned();
+        let args = ["sbatch", "--parsable", "-J", &name, "-p", "multi", "-w", &node, "--gres=gpu:1", "-o", &out, &path];
+        let job = user(&args, 30).ok().stdout.trim().to_string();
+        wait_completed(&job);
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix("DECISION ")).unwrap_or_default().to_string()
+    };
+    let first = run();
+    assert!(first.contains("estimate=4096M source=scope_default"), "{first}");
+    // The same job again: its observed peak (3072 MiB) + 10 % is its estimate.
+    let second = run();
+    assert!(second.contains(&format!("estimate={}M source=history", 3072 + 307)), "{second}");
 }
 
 #[test]

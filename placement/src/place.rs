@@ -499,6 +499,37 @@ impl Placer {
         Ok(self.store.update(|st| st.release_holder(step.job, step.holder))?)
     }
 
+    /// Raises placed jobs' observed peaks to what their processes use in
+    /// `readings` (carma-monitor, every interval), so that a job's history
+    /// does not depend on other jobs being placed while it runs. Takes the
+    /// exclusive lock and writes only when some peak rose; returns how many.
+    pub fn observe_peaks(&self, readings: &[GpuReading]) -> Result<usize, PlaceError> {
+        let rises = |st: &NodeState| -> (usize, NodeState) {
+            let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
+            let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
+            let owners = self.processes.owners(&pids, &holders);
+            let mut after = st.clone();
+            observe(&mut after, readings, &owners);
+            let n = st
+                .reservations
+                .iter()
+                .zip(&after.reservations)
+                .filter(|(a, b)| b.observed_mib > a.observed_mib)
+                .count();
+            (n, after)
+        };
+        if rises(&self.store.snapshot()?).0 == 0 {
+            return Ok(0);
+        }
+        let mut lock = self.store.exclusive()?;
+        let st = lock.load();
+        let (n, after) = rises(&st);
+        if n > 0 {
+            lock.store(&after)?;
+        }
+        Ok(n)
+    }
+
     /// What a job needed when it ran out of GPU memory (carma-epilog): a
     /// lower bound of its peak, remembered like an observed one.
     pub fn remember_peak(&self, signature: &str, mib: u64) -> Result<(), PlaceError> {

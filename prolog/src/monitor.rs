@@ -1,7 +1,9 @@
 //! carma-monitor's work: sample every GPU each `monitor.interval`, keep the
 //! samples of the last `monitor_window`, and publish their means (SM
 //! activity, busy time) with the latest memory, processes and power in
-//! `state_dir/readings.json` for placement and `carma status`.
+//! `state_dir/readings.json` for placement and `carma status`. It also
+//! raises placed jobs' observed peaks in the node state as it sees them,
+//! which is what their history (`source=history`) remembers.
 
 use carma_config::Config;
 use carma_placement::GpuReading;
@@ -68,8 +70,9 @@ impl Window {
 /// publication ages, and placement falls back to direct reads once it is
 /// stale. Fails only when the GPU source cannot be opened at all.
 pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result<(), String> {
-    // Checks (and creates) the root-owned state directory.
-    carma_placement::StateStore::open(&cfg.state_dir, cfg.timeouts.lock, Box::new(log)).map_err(|e| e.to_string())?;
+    // Checks (and creates) the root-owned state directory; the placer
+    // records placed jobs' peaks as the monitor sees them.
+    let placer = carma_placement::Placer::from_config(cfg, log).map_err(|e| e.to_string())?;
     let mut source = carma_placement::open_sampling(&cfg.gpu_source, cfg.monitor_window).map_err(|e| e.to_string())?;
     let interval = cfg.monitor.interval;
     log(&format!(
@@ -95,7 +98,9 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
                     samples: window.len() as u32,
                     gpus: window.means(&gpus),
                 };
-                let result = published::publish(&cfg.state_dir, &p).map_err(|e| format!("cannot publish: {e}"));
+                let result = published::publish(&cfg.state_dir, &p)
+                    .map_err(|e| format!("cannot publish: {e}"))
+                    .and_then(|()| placer.observe_peaks(&gpus).map_err(|e| format!("cannot record peaks: {e}")));
                 note(&mut last_error, result.err(), log);
             }
             Err(e) => note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log),
