@@ -51,6 +51,7 @@ install -D -m 0755 "$bin/carma-monitor" "$p/usr/sbin/carma-monitor"
 strip --strip-unneeded "$p/usr/lib/carma/carma_spank.so" "$p/usr/bin/carma" "$p/usr/sbin/carma-epilog" "$p/usr/sbin/carma-monitor"
 # Installed, not enabled (the package enables nothing by itself).
 install -D -m 0644 "$repo/slurm-conf-examples/carma-monitor.service" "$p/usr/lib/systemd/system/carma-monitor.service"
+install -D -m 0644 "$repo/slurm-conf-examples/carma-mps@.service" "$p/usr/lib/systemd/system/carma-mps@.service"
 install -d "$doc/examples"
 install -m 0644 "$repo/README.md" "$repo/packaging/README.Debian" "$doc/"
 install -m 0644 "$repo"/slurm-conf-examples/* "$doc/examples/"

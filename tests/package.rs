@@ -35,6 +35,7 @@ fn the_cluster_runs_the_packaged_plugin_built_for_its_slurm_series() {
     assert_eq!(owner("/usr/bin/carma"), "carma-slurm");
     assert_eq!(owner("/usr/sbin/carma-monitor"), "carma-slurm");
     assert_eq!(owner("/usr/lib/systemd/system/carma-monitor.service"), "carma-slurm");
+    assert_eq!(owner("/usr/lib/systemd/system/carma-mps@.service"), "carma-slurm");
     for lua in ["carma_slurm.lua", "job_submit.lua", "cli_filter.lua"] {
         assert_eq!(owner(&format!("/usr/share/carma-slurm/{lua}")), "carma-slurm", "{lua}");
     }
