@@ -31,6 +31,13 @@ submit vgg16      --carma-policy=bf   --carma-mem=10G -- --mem 9G  --sm 0.3 --se
 submit mobilenet  --carma-policy=ff   --carma-mem=4G  -- --mem 3G  --sm 0.2 --seconds 12 --ramp 2
 submit big-model  --carma-policy=exclusive --carma-mem=36G -- --mem 34G --sm 0.7 --seconds 12 --ramp 2
 submit two-gpus   --carma-policy=lug  --carma-mem=8G --carma-gpus=2 -- --mem 7G --sm 0.3 --seconds 12 --ramp 2
+# Jobs of a user who never heard of CARMA, in partition `shared`, which
+# carma.yaml makes a transparent-collocation scope: slurmctld's
+# job_submit.lua turns their --gres=gpu:1 into a shard, CARMA places them.
+echo "== submitting 3 plain --gres=gpu:1 jobs to partition shared"
+for i in 1 2 3; do
+    submit "plain-$i" -p shared --gres=gpu:1 -- --mem 6G --sm 0.2 --seconds 12 --ramp 2
+done
 sleep 5
 echo "== carma status while the jobs run"
 carma status
@@ -40,5 +47,9 @@ echo "== where each job ran (CARMA_DECISION in its output)"
 for f in "$out"/*.out; do
     printf '%-12s %s\n' "$(basename "$f" .out)" "$(head -1 "$f")"
     grep -h -E 'OutOfMemory|error' "$f" || true
+done
+echo "== what slurmctld recorded for the plain jobs (scontrol show job: Comment)"
+for i in 1 2 3; do
+    squeue -h -t all -n "plain-$i" -o '%i' | while read -r id; do scontrol show job "$id" | grep -o 'Comment=.*'; done
 done
 echo "== CARMA's log: /var/log/carma/carma.log; stop the cluster with: sudo tests/cluster.sh stop"
