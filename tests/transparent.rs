@@ -240,6 +240,29 @@ fn multi_gpu_multi_node_and_srun_jobs_get_a_decision_on_every_node() {
 }
 
 #[test]
+fn the_batch_steps_signature_stays_the_jobs_while_its_steps_run() {
+    require_cluster();
+    // carma-epilog remembers an OOM's need under the signature in the
+    // job's mark; a step with its own command line must not re-key it.
+    let s = script(&unique("mark"), "sleep 2\nsrun true\nsrun printenv CARMA_DECISION\nsleep 2");
+    let (id, _) = submit(&["-p", "shared", "--gres=gpu:1"], "mark", &s);
+    let mark = format!("/run/carma/transparent-{id}");
+    let start = Instant::now();
+    let first = loop {
+        if let Ok(t) = std::fs::read_to_string(&mark) {
+            break t;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no {mark}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(first.starts_with("partition:shared ") && first.contains(":job:"), "{first}");
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(std::fs::read_to_string(&mark).unwrap_or_default(), first, "re-keyed by a step");
+    wait_final(&id, 60);
+    assert!(!std::path::Path::new(&mark).exists(), "the epilog removes the mark");
+}
+
+#[test]
 fn requests_the_rewrite_cannot_keep_are_left_whole() {
     require_cluster();
     // --cpus-per-gpu refers to GPUs: shards would break it.

@@ -212,9 +212,11 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         est = format!("{mib}M");
         estimate_source = "history".into();
     }
-    if let Some(t) = &transparent {
+    if let Some(t) = transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
-        // and under which signature to remember what an OOM needed.
+        // and under which signature to remember what an OOM needed. The
+        // step that decided writes it (a batch job's batch step): later
+        // steps, with their own command lines, must not re-key it.
         let mark = jobfiles::Transparent { scope: t.scope.clone(), signature: request.signature.clone() };
         if let Err(e) = jobfiles::write_transparent(&cfg.state_dir, job, &mark) {
             log::error(&format!("job {job}: cannot mark it transparent in {}: {e}", cfg.state_dir.display()));
