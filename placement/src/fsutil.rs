@@ -51,3 +51,12 @@ pub fn open_for_write(path: &Path, truncate: bool) -> std::io::Result<File> {
 pub fn open_existing_rw(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
 }
+
+/// True at most once per `every` across processes: the first caller after
+/// that long (by the stamp file's time) touches `stamp` and gets true.
+/// Used to rate-limit work and log lines per node, not for exclusion.
+pub fn stamp_due(stamp: &Path, every: std::time::Duration) -> bool {
+    let recent =
+        std::fs::metadata(stamp).and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|e| e < every));
+    !recent && std::fs::write(stamp, b"").is_ok()
+}

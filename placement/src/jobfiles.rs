@@ -127,10 +127,7 @@ pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> 
 /// True at most once per `every` per state directory (a stamp file's
 /// time), so that a busy node's epilogs do not all ask Slurm.
 pub fn sweep_due(dir: &Path, every: std::time::Duration) -> bool {
-    let stamp = dir.join("jobfiles.swept");
-    let recent =
-        std::fs::metadata(&stamp).and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|e| e < every));
-    !recent && std::fs::write(&stamp, b"").is_ok()
+    crate::fsutil::stamp_due(&dir.join("jobfiles.swept"), every)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
 
 pub mod args;
+pub mod cli_log;
 pub mod monitor;
 pub mod recovery;
 pub mod simulate;

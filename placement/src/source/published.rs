@@ -95,8 +95,7 @@ pub fn fresh(state_dir: &Path, stale_after: Duration) -> Result<Published, Strin
 }
 
 pub struct PublishedSource {
-    state_dir: PathBuf,
-    stale_after: Duration,
+    /// state_dir, monitor.stale_after, and the direct source to fall back to.
     cfg: Config,
     direct: Option<Box<dyn GpuSource>>,
     log: fn(&str),
@@ -106,23 +105,12 @@ pub struct PublishedSource {
 
 impl PublishedSource {
     pub fn new(cfg: &Config, log: fn(&str)) -> PublishedSource {
-        PublishedSource {
-            state_dir: cfg.state_dir.clone(),
-            stale_after: cfg.monitor.stale_after,
-            cfg: cfg.clone(),
-            direct: None,
-            log,
-            fallback: None,
-        }
+        PublishedSource { cfg: cfg.clone(), direct: None, log, fallback: None }
     }
 
     fn note_fallback(&mut self, why: String) {
         // One line a minute per node, whichever process sees it first.
-        let stamp = self.state_dir.join(FALLBACK_STAMP);
-        let recent = std::fs::metadata(&stamp)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e < FALLBACK_LOG_EVERY));
-        if !recent && std::fs::write(&stamp, b"").is_ok() {
+        if fsutil::stamp_due(&self.cfg.state_dir.join(FALLBACK_STAMP), FALLBACK_LOG_EVERY) {
             (self.log)(&format!("monitor readings not used: {why}; reading the GPUs directly"));
         }
         self.fallback = Some(why);
@@ -131,7 +119,7 @@ impl PublishedSource {
 
 impl GpuSource for PublishedSource {
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
-        match fresh(&self.state_dir, self.stale_after) {
+        match fresh(&self.cfg.state_dir, self.cfg.monitor.stale_after) {
             Ok(p) => {
                 self.fallback = None;
                 Ok(p.gpus)

@@ -6,22 +6,15 @@
 //!   carma-monitor [--config /etc/slurm/carma.yaml] [--once]
 
 use carma_config::Config;
-use carma_placement::eventlog;
 use carma_tools::args::Args;
+use carma_tools::cli_log::log;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static STOP: AtomicBool = AtomicBool::new(false);
-static LOG_FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
 
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
-}
-
-/// stderr (the journal under systemd) and carma.yaml's log_file.
-fn log(msg: &str) {
-    eprintln!("{msg}");
-    eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
 }
 
 fn main() {
@@ -29,7 +22,7 @@ fn main() {
         let a = Args::parse(std::env::args().skip(1), &["config"], &["once"])?;
         let cfg = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
             .map_err(|e| e.to_string())?;
-        let _ = LOG_FILE.set(cfg.log_file.clone());
+        carma_tools::cli_log::set_file(cfg.log_file.clone());
         // SAFETY: the handler only stores to an atomic.
         unsafe {
             libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);

@@ -59,18 +59,16 @@ fn request(a: &Args, flags: &[(&str, OptionName)]) -> Result<JobRequest, String>
 fn config(a: &Args) -> Result<Config, String> {
     let cfg = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
         .map_err(|e| e.to_string())?;
-    let _ = LOG_FILE.set(cfg.log_file.clone());
+    carma_tools::cli_log::set_file(cfg.log_file.clone());
     Ok(cfg)
 }
-
-static LOG_FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
 
 /// What placement reports (a corrupt state file recovered, monitor readings
 /// not used) goes to the admin's terminal and, as for any other process
 /// that opens the node's state, to carma.log (where the caller may write it).
 fn placer_log(msg: &str) {
     eprintln!("carma: {msg}");
-    carma_placement::eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
+    carma_tools::cli_log::record(msg);
 }
 
 fn cmd_status(argv: Vec<String>) -> Result<(), String> {
