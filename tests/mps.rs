@@ -114,7 +114,18 @@ fn a_gpu_serving_one_users_mps_jobs_takes_no_other_users_job() {
     let same = user(&ff, 60).ok();
     assert!(same.stdout.contains("gpu_indices=0 "), "{}", same.stdout);
     wait_completed(&a);
-    // Once carmatest's jobs are gone, GPU0 serves whoever comes.
+    // Once carmatest's jobs are gone, and the monitor's readings (up to one
+    // interval old) show no MPS user on GPU0, it serves whoever comes.
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string("/run/carma2/readings.json").unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        if v["gpus"][0].get("mps_uid").is_none_or(|u| u.is_null()) && !text.is_empty() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "GPU0 still serves: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let later = user2(&ff, 60);
     assert!(later.stdout.contains("gpu_indices=0 "), "{}", later.stdout);
     report("mps", "a GPU serving one user's MPS jobs took no other user's job until they ended");
