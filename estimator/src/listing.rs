@@ -51,6 +51,13 @@ fn leaf(t: &str) -> Option<(&str, &str, &str, u64)> {
     Some((name, &module[..open], args, n))
 }
 
+fn widen(widening: &mut Vec<(u64, u32)>, width: u64) {
+    match widening.iter_mut().find(|(w, _)| *w == width) {
+        Some((_, n)) => *n += 1,
+        None => widening.push((width, 1)),
+    }
+}
+
 fn first_ints(args: &str) -> Vec<u64> {
     args.split(',').map_while(|a| a.trim().parse::<u64>().ok()).collect()
 }
@@ -99,10 +106,17 @@ pub fn parse(text: &str, name: &str) -> Result<Listing, ParseError> {
                 "Linear" => {
                     if let (Some(inp), Some(outf)) = (named(args, "in_features"), named(args, "out_features")) {
                         if outf > inp {
-                            match widening.iter_mut().find(|(w, _)| *w == outf) {
-                                Some((_, n)) => *n += 1,
-                                None => widening.push((outf, 1)),
-                            }
+                            widen(&mut widening, outf);
+                        }
+                    }
+                }
+                // GPT-2's MLP up-projection prints as a bare `Conv1D()`: its
+                // width comes from its count, hidden × width weights + width
+                // biases. (Its `c_attn` is 3 × hidden wide: not the MLP.)
+                "Conv1D" if lname == "c_fc" => {
+                    if let Some(h) = out.hidden {
+                        if n % (h + 1) == 0 && n / (h + 1) > h {
+                            widen(&mut widening, n / (h + 1));
                         }
                     }
                 }
@@ -152,6 +166,9 @@ mod tests {
             ("DataParallel", 838_359_040, Some(3_504_431_104))
         );
         assert_eq!((g.blocks, g.hidden, g.vocab, g.max_positions), (36, Some(1280), Some(50257), Some(1024)));
+        // Not the vocabulary decoder (the only widening Linear in the file):
+        // the MLP's `Conv1D` c_fc, 6,558,720 = (1280 + 1) × 5120.
+        assert_eq!(g.intermediate, Some(5120));
         let x = shared("xlnet_base_cased.model");
         assert_eq!((x.root_params, x.footer_params), (117_310_466, Some(81_874_178)), "root count, not the footer");
         assert_eq!((x.blocks, x.hidden), (12, Some(768)));
