@@ -146,6 +146,10 @@ gpu_source: {simulated: $SIM}
 state_dir: /run/carma
 log_file: /var/log/carma/carma.log
 timeouts: {lock: 5s, wait: 60s, poll: 250ms}
+# This node does not learn its fixed memory: the tests' fakejobs outgrow
+# their estimates on purpose, and estimates must not depend on test order.
+# The second node learns from the last 3 jobs (tests/estimator.rs).
+estimator: {learn_runtime: {min_jobs: 0}}
 # Jobs asking for whole GPUs are collocated here (tests/transparent.rs).
 transparent:
   - {partition: shared, default_mem: 14G}
@@ -181,7 +185,8 @@ write_node2() {
     sed "s#/etc/slurm/carma.yaml#$N2/carma.yaml#" /etc/slurm/plugstack.conf | owned_write "$N2/plugstack.conf"
     {
         sed -e "s#$SIM#/etc/carma/sim-gpus-$NODE2.yaml#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \
-            -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" /etc/slurm/carma.yaml
+            -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" \
+            -e "s#^estimator: .*#estimator: {learn_runtime: {min_jobs: 3, window: 3}}#" /etc/slurm/carma.yaml
         # This node's placement reads carma-monitor's readings (tests/monitor.rs).
         echo "monitor: {published: true, interval: 250ms, stale_after: 2s}"
         echo "monitor_window: 2s"

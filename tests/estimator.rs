@@ -90,6 +90,61 @@ fn srun_estimates_too_and_declared_memory_wins() {
     assert!(r.stdout.contains("estimate=3072M source=declared"), "{}", r.stdout);
 }
 
+/// The second node (tests/cluster.sh) learns its fixed memory from its last
+/// 3 jobs. Three jobs whose estimates carry carma.yaml's 700 MiB but which
+/// peak at their model part + 1700 MiB (a bigger software stack) teach it
+/// 1700; the next model-based job there gets its model part + 1700. The
+/// node's carma-monitor records the peaks. Exclusive, so that no MPS fence
+/// (that node's sharing mode) stops the jobs at their estimates.
+#[test]
+fn a_node_learns_its_fixed_memory_from_finished_jobs() {
+    require_cluster();
+    const N2: &str = "/etc/slurm/node2/carma.yaml";
+    let node = format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim());
+    let model = user_copy("carma/model-summaries/resnet18_cifar100.model");
+    let m = format!("--carma-model={model}");
+    let on_node2 = ["-p", "multi", "-w", node.as_str(), "--gres=shard:1", "--carma-policy=exclusive", m.as_str()];
+    // Three batch sizes: three signatures, so that no job's history decides.
+    for batch in ["32", "64", "128"] {
+        let (mib, _) = cli_estimate(&model, batch);
+        let body =
+            format!("echo \"DECISION $CARMA_DECISION\"\ncarma-fakejob --config {N2} --mem {}M --seconds 3", mib + 1000);
+        let b = format!("--carma-batch-size={batch}");
+        let mut opts = on_node2.to_vec();
+        opts.push(&b);
+        let (r, out) = sbatch_wait(&opts, &[], &body, 90);
+        assert_eq!(r.code, 0, "{} {}\n{out}", r.stdout, r.stderr);
+        assert!(!field(&out, "DECISION ").contains("runtime=learned"), "learned before 3 jobs ended: {out}");
+    }
+    // Each job's release (its step's end, or the epilog) adds its observation.
+    let start = std::time::Instant::now();
+    let runtime = loop {
+        let status = root(&["carma", "status", "--config", N2, "--json"], 20).ok().stdout;
+        let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+        if v["runtime"]["observed_jobs"].as_u64() == Some(3) || start.elapsed().as_secs() > 30 {
+            break v["runtime"].clone();
+        }
+        thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        (runtime["learned_mib"].as_u64(), runtime["configured_mib"].as_u64()),
+        (Some(1700), Some(700)),
+        "{runtime}"
+    );
+    let line = root(&["carma", "status", "--config", N2], 20).ok().stdout;
+    assert!(line.contains("runtime: 1700 MiB learned from 3 jobs"), "{line}");
+    // The next model-based job on that node: model part + the learned 1700.
+    let (mib, _) = cli_estimate(&model, "96");
+    let mut args = vec!["srun"];
+    args.extend_from_slice(&on_node2);
+    args.extend_from_slice(&["--carma-batch-size=96", "printenv", "CARMA_DECISION"]);
+    let d = user(&args, 60).ok().stdout;
+    assert!(d.contains(&format!("estimate={}M source=layers runtime=learned:1700M ", mib + 1000)), "{d}");
+    // The first node does not learn (min_jobs: 0): the same job keeps its estimate.
+    let d = user(&["srun", &m, "--carma-batch-size=96", "printenv", "CARMA_DECISION"], 60).ok().stdout;
+    assert!(d.contains(&format!("estimate={mib}M source=layers ")), "{d}");
+}
+
 /// One error line naming the option and the file; nothing submitted; the
 /// file's content never echoed.
 fn refused(model: &str, expect: &str) {

@@ -83,11 +83,33 @@ pub enum EstimatorMethod {
     Gpumemnet,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EstimatorConfig {
     /// The software stack's fixed memory (CUDA context, libraries).
     pub runtime_mib: u64,
     pub method: EstimatorMethod,
+    pub learn_runtime: LearnRuntime,
+}
+
+/// How a node learns its stack's fixed memory from finished jobs (each
+/// one's observed peak minus the model part of its estimate). The learned
+/// value replaces a job's fixed part only where it is larger.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearnRuntime {
+    /// Observations needed before the learned value is used; 0 = never.
+    pub min_jobs: u32,
+    /// How many of the node's latest observations count.
+    pub window: u32,
+    /// Which quantile of them is the learned value (0.5–1).
+    pub quantile: f64,
+    /// The learned value never exceeds this.
+    pub max_mib: u64,
+}
+
+impl Default for LearnRuntime {
+    fn default() -> LearnRuntime {
+        LearnRuntime { min_jobs: 8, window: 64, quantile: 0.75, max_mib: 4096 }
+    }
 }
 
 /// NVIDIA MPS on this node (with `sharing: mps`): one control daemon per
@@ -236,7 +258,11 @@ impl Default for Config {
             // The CUDA context, cuBLAS/cuDNN handles and the framework's own
             // allocations of a PyTorch job on an A100: a property of the
             // software stack, not of the model (docs/estimator.md).
-            estimator: EstimatorConfig { runtime_mib: 700, method: EstimatorMethod::Continuous },
+            estimator: EstimatorConfig {
+                runtime_mib: 700,
+                method: EstimatorMethod::Continuous,
+                learn_runtime: LearnRuntime::default(),
+            },
             transparent: Vec::new(),
         }
     }
@@ -297,6 +323,16 @@ struct RawRecovery {
 struct RawEstimator {
     runtime: Option<Scalar>,
     method: Option<String>,
+    learn_runtime: Option<RawLearnRuntime>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLearnRuntime {
+    min_jobs: Option<u32>,
+    window: Option<u32>,
+    quantile: Option<f64>,
+    max: Option<Scalar>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -544,6 +580,34 @@ impl RawConfig {
                     _ => return Err(bad("estimator.method", format!("'{m}' is unknown; use continuous or gpumemnet"))),
                 };
             }
+            if let Some(l) = e.learn_runtime {
+                let d = &mut c.estimator.learn_runtime;
+                let key = |f: &str| format!("estimator.learn_runtime.{f}");
+                d.min_jobs = l.min_jobs.unwrap_or(d.min_jobs);
+                d.window = l.window.unwrap_or(d.window);
+                if !(1..=256).contains(&d.window) {
+                    return Err(bad(&key("window"), format!("{} is out of range; use 1 to 256 jobs", d.window)));
+                }
+                if d.min_jobs > d.window {
+                    let m = format!("{} is more than window ({}); use at most the window", d.min_jobs, d.window);
+                    return Err(bad(&key("min_jobs"), m));
+                }
+                if let Some(q) = l.quantile {
+                    if !(0.5..=1.0).contains(&q) {
+                        return Err(bad(
+                            &key("quantile"),
+                            format!("{q} is out of range; use 0.5 to 1 (0.75: the upper quartile)"),
+                        ));
+                    }
+                    d.quantile = q;
+                }
+                if let Some(v) = &l.max {
+                    d.max_mib = size(&key("max"), v)?;
+                    if d.max_mib > 64 * 1024 {
+                        return Err(bad(&key("max"), "more than 64G is not a runtime overhead".into()));
+                    }
+                }
+            }
         }
         for (i, raw) in self.transparent.into_iter().flatten().enumerate() {
             let key = |field: &str| format!("transparent[{i}].{field}");
@@ -610,7 +674,28 @@ mod tests {
     #[test]
     fn estimator_section() {
         let c = parse("estimator:\n  runtime: 1G\n  method: gpumemnet\n").unwrap();
-        assert_eq!(c.estimator, EstimatorConfig { runtime_mib: 1024, method: EstimatorMethod::Gpumemnet });
+        assert_eq!(
+            c.estimator,
+            EstimatorConfig {
+                runtime_mib: 1024,
+                method: EstimatorMethod::Gpumemnet,
+                learn_runtime: LearnRuntime::default()
+            }
+        );
+        let c = parse("estimator:\n  learn_runtime: {min_jobs: 3, window: 3, quantile: 1, max: 2G}\n").unwrap();
+        let l = c.estimator.learn_runtime;
+        assert_eq!((l.min_jobs, l.window, l.quantile, l.max_mib), (3, 3, 1.0, 2048));
+        for (yaml, key) in [
+            ("{window: 0}", "learn_runtime.window: 0 is out of range"),
+            ("{min_jobs: 9, window: 4}", "learn_runtime.min_jobs: 9 is more than window"),
+            ("{quantile: 0.2}", "learn_runtime.quantile: 0.2 is out of range"),
+            ("{max: 100G}", "learn_runtime.max: more than 64G"),
+            ("{max: lots}", "learn_runtime.max"),
+        ] {
+            let e = parse(&format!("estimator:\n  learn_runtime: {yaml}\n")).unwrap_err().to_string();
+            assert!(e.contains(key) && !e.contains('\n'), "{yaml}: {e}");
+        }
+        assert!(parse("estimator:\n  learn_runtime: {minjobs: 3}\n").is_err());
         let e = parse("estimator:\n  method: magic\n").unwrap_err().to_string();
         assert!(e.contains("estimator.method: 'magic' is unknown"), "{e}");
         let e = parse("estimator:\n  runtime: lots\n").unwrap_err().to_string();

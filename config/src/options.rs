@@ -396,10 +396,12 @@ mod tests {
 }
 
 /// The estimate made at submit time (from `--carma-model`, as the user)
-/// travels to slurmstepd in this variable as `<MiB>M:<source>:<signature>`,
-/// the signature being 16 hex digits naming the model file and batch size
-/// (for the node's history of observed peaks). Like `--carma-mem` it is the
-/// user's own statement about the job.
+/// travels to slurmstepd in this variable as
+/// `<MiB>M:<source>:<signature>[:<fixed>M]`, the signature being 16 hex
+/// digits naming the model file and batch size (for the node's history of
+/// observed peaks), `<fixed>` the part of the estimate that is the software
+/// stack's, not the model's (`estimator.runtime`; a node may have learned a
+/// larger one). Like `--carma-mem` it is the user's own statement about the job.
 pub const ESTIMATE_ENV: &str = "CARMA_ESTIMATE";
 const ESTIMATE_SOURCES: [&str; 3] = ["layers", "analytic", "gpumemnet"];
 
@@ -408,26 +410,36 @@ pub struct SubmitEstimate {
     pub mib: u64,
     pub source: &'static str,
     pub signature: Option<String>,
+    /// The stack's fixed part included in `mib` (absent from older submissions).
+    pub runtime_mib: Option<u64>,
 }
 
-pub fn format_estimate(mib: u64, source: &str, signature: u64) -> String {
-    format!("{mib}M:{source}:{signature:016x}")
+impl SubmitEstimate {
+    /// What the model itself needs: the estimate less its fixed part.
+    pub fn model_mib(&self) -> Option<u64> {
+        self.runtime_mib.map(|r| self.mib - r)
+    }
+}
+
+pub fn format_estimate(mib: u64, source: &str, signature: u64, runtime_mib: Option<u64>) -> String {
+    match runtime_mib {
+        Some(r) => format!("{mib}M:{source}:{signature:016x}:{r}M"),
+        None => format!("{mib}M:{source}:{signature:016x}"),
+    }
 }
 
 /// Parses a `CARMA_ESTIMATE` value.
 pub fn parse_estimate(raw: &[u8]) -> Result<SubmitEstimate, String> {
-    let bad = || format!("'{}' is not <MiB>M:<source>:<signature>", shown(raw));
+    let bad = || format!("'{}' is not <MiB>M:<source>:<signature>[:<fixed>M]", shown(raw));
     let text = std::str::from_utf8(raw).map_err(|_| bad())?;
     let mut parts = text.split(':');
-    let (size, source, signature) = (parts.next().unwrap_or(""), parts.next().ok_or_else(bad)?, parts.next());
+    let (size, source, signature, runtime) =
+        (parts.next().unwrap_or(""), parts.next().ok_or_else(bad)?, parts.next(), parts.next());
     if parts.next().is_some() {
         return Err(bad());
     }
-    let mib = size
-        .strip_suffix('M')
-        .and_then(|n| n.parse::<u64>().ok())
-        .filter(|n| (1..=1 << 24).contains(n))
-        .ok_or_else(bad)?;
+    let mib_of = |s: &str| s.strip_suffix('M').and_then(|n| n.parse::<u64>().ok());
+    let mib = mib_of(size).filter(|n| (1..=1 << 24).contains(n)).ok_or_else(bad)?;
     let source =
         ESTIMATE_SOURCES.iter().find(|s| **s == source).ok_or_else(|| format!("unknown source in '{}'", shown(raw)))?;
     let signature = match signature {
@@ -435,7 +447,12 @@ pub fn parse_estimate(raw: &[u8]) -> Result<SubmitEstimate, String> {
         Some(_) => return Err(bad()),
         None => None,
     };
-    Ok(SubmitEstimate { mib, source, signature })
+    // The fixed part is a part: never more than the whole.
+    let runtime_mib = match runtime {
+        Some(r) => Some(mib_of(r).filter(|r| *r <= mib).ok_or_else(bad)?),
+        None => None,
+    };
+    Ok(SubmitEstimate { mib, source, signature, runtime_mib })
 }
 
 #[cfg(test)]
@@ -444,11 +461,16 @@ mod estimate_tests {
 
     #[test]
     fn round_trip_and_refusals() {
-        let e = parse_estimate(format_estimate(5230, "layers", 0xabc).as_bytes()).unwrap();
+        let e = parse_estimate(format_estimate(5230, "layers", 0xabc, None).as_bytes()).unwrap();
         assert_eq!((e.mib, e.source, e.signature.as_deref()), (5230, "layers", Some("0000000000000abc")));
+        assert_eq!((e.runtime_mib, e.model_mib()), (None, None));
+        let e = parse_estimate(format_estimate(5230, "analytic", 0xabc, Some(700)).as_bytes()).unwrap();
+        assert_eq!((e.mib, e.runtime_mib, e.model_mib()), (5230, Some(700), Some(4530)));
+        assert!(parse_estimate(b"12M:analytic:0000000000000abc:13M").is_err(), "a part above the whole");
+        assert!(parse_estimate(b"12M:analytic:0000000000000abc:7").is_err());
+        assert!(parse_estimate(b"12M:analytic:0000000000000abc:7M:1").is_err());
         assert_eq!(parse_estimate(b"12M:analytic").unwrap().signature, None);
         assert!(parse_estimate(b"12M:analytic:xyz").is_err());
-        assert!(parse_estimate(b"12M:analytic:0000000000000abc:1").is_err());
         assert!(parse_estimate(b"5230M").is_err());
         assert!(parse_estimate(b"0M:layers").is_err());
         assert!(parse_estimate(b"99999999999M:layers").is_err());

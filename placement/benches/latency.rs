@@ -112,6 +112,7 @@ fn child(args: &[String]) {
         signature: None,
         history_first: false,
         mps_uid: None,
+        runtime_mib: None,
     };
     let gate = std::fs::File::open(dir.join("gate")).unwrap();
     println!("ready");

@@ -3,6 +3,7 @@
 //!
 //! - [`gpu`]: what a GPU source reports; [`source`]: NVML and simulated GPUs.
 //! - [`state`]: the node-local, file-locked record of what CARMA promised.
+//! - [`learned`]: the node's fixed memory, learned from finished jobs.
 //! - [`policy`]: preconditions and the six policies, as pure functions.
 //! - [`place`]: lock → read → garbage-collect → decide → write → unlock;
 //!   [`slots`]: requests waiting for the lock, decided together by its holder.
@@ -11,6 +12,7 @@ pub mod eventlog;
 pub mod fsutil;
 pub mod gpu;
 pub mod jobfiles;
+pub mod learned;
 pub mod place;
 pub mod policy;
 pub mod procs;

@@ -2,12 +2,13 @@
 //! reuse the job's GPUs or choose new ones, and record the reservation.
 
 use crate::gpu::GpuReading;
+use crate::learned;
 use crate::policy::{Demand, NoFit, Params, choose, history_estimate, observe};
 use crate::procs;
 use crate::slots::{SlotRef, Slots};
 use crate::source::{GpuSource, SourceError, open_source};
 use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
-use carma_config::{Config, Policy};
+use carma_config::{Config, LearnRuntime, Policy};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -42,6 +43,11 @@ pub struct Request {
     /// The job's user when it shares a GPU as an MPS client (`sharing: mps`).
     #[serde(default)]
     pub mps_uid: Option<u32>,
+    /// The software stack's fixed part included in `estimate_mib`, where the
+    /// estimate came from a model (the rest is the model's): the node's
+    /// learned fixed memory replaces it where larger.
+    #[serde(default)]
+    pub runtime_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -59,6 +65,10 @@ pub struct Decision {
     /// The capped reading (`metric`) of each chosen GPU when chosen (empty if reused).
     pub metric: carma_config::ActivityMetric,
     pub activity: Vec<f64>,
+    /// Set when the node's learned fixed memory replaced the estimate's
+    /// (and history did not decide instead).
+    #[serde(default)]
+    pub learned_runtime_mib: Option<u64>,
 }
 
 impl fmt::Display for Decision {
@@ -148,6 +158,7 @@ pub struct Placer {
     source: Option<Box<dyn GpuSource>>,
     source_config: Option<(Config, fn(&str))>,
     params: Params,
+    learn: LearnRuntime,
     processes: Box<dyn Processes>,
     log: Logger,
 }
@@ -160,7 +171,8 @@ impl Placer {
         processes: Box<dyn Processes>,
         log: Logger,
     ) -> Placer {
-        Placer { store, source: Some(source), source_config: None, params, processes, log }
+        let learn = LearnRuntime::default();
+        Placer { store, source: Some(source), source_config: None, params, learn, processes, log }
     }
 
     fn source(&mut self) -> Result<&mut Box<dyn GpuSource>, PlaceError> {
@@ -192,6 +204,7 @@ impl Placer {
             source: None,
             source_config: Some((cfg.clone(), log)),
             params,
+            learn: cfg.estimator.learn_runtime,
             processes: Box::new(LinuxProcesses),
             log: Box::new(log),
         })
@@ -199,6 +212,12 @@ impl Placer {
 
     pub fn params(&self) -> Params {
         self.params
+    }
+
+    /// How this node learns its fixed memory (carma.yaml's defaults unless
+    /// set).
+    pub fn set_learn_runtime(&mut self, learn: LearnRuntime) {
+        self.learn = learn;
     }
 
     pub fn source_name(&mut self) -> Result<&'static str, PlaceError> {
@@ -382,13 +401,22 @@ impl Placer {
                 free_mib: vec![],
                 metric: self.params.metric,
                 activity: vec![],
+                learned_runtime_mib: None,
             });
         }
         let mut demand =
             Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib, mps_uid: req.mps_uid };
+        // The model's part, and the node's own fixed part where it learned
+        // a larger one than the estimate carries.
+        let model_mib = req.runtime_mib.zip(req.estimate_mib).map(|(r, e)| e.saturating_sub(r));
+        let mut learned_runtime_mib = req.runtime_mib.and_then(|r| learned::raise(&st.runtime_samples, &self.learn, r));
+        if let (Some(m), Some(l)) = (model_mib, learned_runtime_mib) {
+            demand.estimate_mib = Some(m + l);
+        }
         let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib, req.history_first);
         if history_mib.is_some() {
             demand.estimate_mib = history_mib;
+            learned_runtime_mib = None;
         }
         let choice = match choose(readings, st, &demand, &self.params, owners) {
             Ok(c) => c,
@@ -413,6 +441,7 @@ impl Placer {
             signature: req.signature.clone(),
             observed_mib: 0,
             mps_uid: req.mps_uid.filter(|_| !choice.exclusive),
+            model_mib,
         });
         Ok(Decision {
             gpus: choice.gpus,
@@ -423,6 +452,7 @@ impl Placer {
             free_mib: choice.free_mib,
             metric: self.params.metric,
             activity: choice.activity,
+            learned_runtime_mib,
         })
     }
 
@@ -483,6 +513,7 @@ impl Placer {
                 signature: None,
                 observed_mib: 0,
                 mps_uid: None,
+                model_mib: None,
             });
         })?;
         Ok(())

@@ -399,6 +399,7 @@ mod tests {
             signature: sig,
             history_first: false,
             mps_uid: None,
+            runtime_mib: None,
         }
     }
 
@@ -411,6 +412,7 @@ mod tests {
             history_mib: None,
             free_mib: vec![9],
             metric: carma_config::ActivityMetric::Sm,
+            learned_runtime_mib: None,
             activity: vec![0.25],
         }
     }

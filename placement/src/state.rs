@@ -63,6 +63,11 @@ pub struct Reservation {
     /// server will serve (no other user's MPS job may join until it ends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_uid: Option<u32>,
+    /// The model's part of the estimate it came with (the estimate less the
+    /// stack's fixed part), where srun/sbatch estimated it from a model:
+    /// with its observed peak, an observation of the node's fixed part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +83,10 @@ pub struct NodeState {
     /// estimate). At most HISTORY_MAX entries.
     #[serde(default)]
     pub history: BTreeMap<String, u64>,
+    /// Ended jobs' observed peaks less their model parts, oldest first, at
+    /// most `learned::KEPT` (the node's learned fixed memory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_samples: Vec<u64>,
 }
 
 /// Bounds the state file: beyond this, the smallest signature is dropped.
@@ -91,6 +100,7 @@ impl Default for NodeState {
             rr_cursor: 0,
             reservations: Vec::new(),
             history: BTreeMap::new(),
+            runtime_samples: Vec::new(),
         }
     }
 }
@@ -143,9 +153,18 @@ impl NodeState {
 
     /// Keeps an ended job's observed peak under its signature (the highest
     /// seen over its runs).
+    /// Its peak less its model part is an observation of the node's fixed
+    /// memory.
     fn remember(&mut self, r: &Reservation) {
-        let Some(sig) = r.signature.as_ref().filter(|_| r.observed_mib > 0) else { return };
-        self.remember_peak(sig, r.observed_mib);
+        if r.observed_mib == 0 {
+            return;
+        }
+        if let Some(model) = r.model_mib {
+            crate::learned::observe(&mut self.runtime_samples, r.observed_mib, model);
+        }
+        if let Some(sig) = &r.signature {
+            self.remember_peak(sig, r.observed_mib);
+        }
     }
 
     /// Raises the peak remembered under `sig` to `mib` (never lowers it).
@@ -521,6 +540,7 @@ mod tests {
             signature: None,
             observed_mib: 0,
             mps_uid: None,
+            model_mib: None,
         }
     }
 

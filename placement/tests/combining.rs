@@ -49,6 +49,7 @@ fn request(policy: Policy, mib: u64) -> Request {
         signature: None,
         history_first: false,
         mps_uid: None,
+        runtime_mib: None,
     }
 }
 

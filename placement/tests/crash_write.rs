@@ -31,6 +31,7 @@ fn writer_loop() {
                         signature: None,
                         observed_mib: 0,
                         mps_uid: None,
+                        model_mib: None,
                     })
                     .collect();
             })

@@ -2,6 +2,7 @@
 //! jobs; `carma place --dry-run`: where a job would go now, and why not
 //! elsewhere, from the plugin's own precondition and policy code.
 
+use carma_config::EstimatorConfig;
 use carma_placement::policy::{Choice, Demand, NoFit, Params, assess, choose, effective_free_mib, promised_mib};
 use carma_placement::{GpuReading, LinuxProcesses, NodeState, Processes};
 use serde_json::json;
@@ -83,6 +84,31 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
         "reservations": state.reservations,
         "rr_cursor": state.rr_cursor,
     })
+}
+
+/// The node's fixed memory per job (the stack's part of model-based
+/// estimates), configured and learned: a line and JSON.
+pub fn runtime(est: &EstimatorConfig, state: &NodeState) -> (String, serde_json::Value) {
+    let l = &est.learn_runtime;
+    let seen = state.runtime_samples.len().min(l.window as usize);
+    let learned = carma_placement::learned::value(&state.runtime_samples, l);
+    let configured = est.runtime_mib;
+    let line = match learned {
+        _ if l.min_jobs == 0 => format!("runtime: {configured} MiB (estimator.runtime; learning off)"),
+        None => {
+            format!("runtime: {configured} MiB (estimator.runtime); learning: {seen} of {} jobs observed", l.min_jobs)
+        }
+        Some(v) if v > configured => format!(
+            "runtime: {v} MiB learned from {seen} jobs (quantile {} of the latest {}), used in place of estimator.runtime {configured} MiB",
+            l.quantile, l.window
+        ),
+        Some(v) => {
+            format!("runtime: {configured} MiB (estimator.runtime); learned {v} MiB from {seen} jobs, not above it")
+        }
+    };
+    let v =
+        json!({"configured_mib": configured, "learned_mib": learned, "observed_jobs": seen, "min_jobs": l.min_jobs});
+    (line, v)
 }
 
 /// The precondition in force, as one line: `precondition: sm <= 0.80, headroom 2048 MiB`.

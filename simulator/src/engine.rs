@@ -410,6 +410,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 signature: None,
                 observed_mib: 0,
                 mps_uid: None,
+                model_mib: None,
             });
             results[job].start_s.get_or_insert(t);
             by_node[node].push(runs.len());

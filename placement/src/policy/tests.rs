@@ -43,6 +43,7 @@ fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
         signature: None,
         observed_mib: 0,
         mps_uid: None,
+        model_mib: None,
     }
 }
 

@@ -82,10 +82,12 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
         let mut v = status::to_json(&gpus, &state);
         v["transparent"] = cfg.transparent.iter().map(|s| scope_json(s, &cfg)).collect();
         v["monitor"] = monitor.1;
+        v["runtime"] = status::runtime(&cfg.estimator, &state).1;
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", status::precondition(&placer.params()));
         println!("{}", monitor.0);
+        println!("{}", status::runtime(&cfg.estimator, &state).0);
         for s in &cfg.transparent {
             let size = s.default_mib.map_or_else(|| "whole GPUs".into(), |m| format!("{m} MiB"));
             let policy = s.policy.unwrap_or(cfg.default_policy);

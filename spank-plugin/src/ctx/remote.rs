@@ -48,21 +48,22 @@ fn request(sp: &Spank) -> Result<JobRequest, Error> {
 /// CARMA_ESTIMATE first: an inner srun may name another model), else the
 /// configured rule for unknown jobs. Model files are never opened here:
 /// this runs as root.
-fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<(Option<u64>, String, Option<String>), Error> {
+/// The last item is the estimate's fixed part, where it came from a model.
+fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<Estimated, Error> {
     if let Some(mib) = req.mem_mib {
-        return Ok((Some(mib), "declared".into(), None));
+        return Ok((Some(mib), "declared".into(), None, None));
     }
     let env = carma_config::ESTIMATE_ENV;
     if let Some(raw) = sp.getenv(env)?.or(sp.getenv(&format!("SLURM_SPANK_{env}"))?) {
         let e = carma_config::parse_estimate(raw.as_bytes()).map_err(|e| Error::msg(format!("{env}: {e}")))?;
-        return Ok((Some(e.mib), e.source.into(), e.signature));
+        return Ok((Some(e.mib), e.source.into(), e.signature, e.runtime_mib));
     }
     if req.model.is_some() {
         log::info("a model was named but no estimate arrived from srun/sbatch; treating the job as unknown");
     }
     Ok(match cfg.unknown_estimate {
-        UnknownEstimate::Exclusive => (None, "unknown".into(), None),
-        UnknownEstimate::Mib(m) => (Some(m), "default".into(), None),
+        UnknownEstimate::Exclusive => (None, "unknown".into(), None, None),
+        UnknownEstimate::Mib(m) => (Some(m), "default".into(), None, None),
     })
 }
 
@@ -145,23 +146,26 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
             estimate_mib: t.estimate_mib,
             source: t.source.into(),
             signature: t.signature.clone(),
+            runtime_mib: None,
             recovery: cfg.recovery_mode,
             note: format!(" transparent={}", t.scope),
         },
         None => {
-            let (estimate_mib, source, signature) = estimate(sp, &req, cfg)?;
+            let (estimate_mib, source, signature, runtime_mib) = estimate(sp, &req, cfg)?;
             Asked {
                 policy: req.policy.unwrap_or(cfg.default_policy),
                 count: req.gpu_count(),
                 estimate_mib,
                 source,
                 signature,
+                runtime_mib,
                 recovery: req.recovery.unwrap_or(cfg.recovery_mode),
                 note: String::new(),
             }
         }
     };
-    let Asked { mut policy, count, mut estimate_mib, source: mut estimate_source, signature, .. } = asked;
+    let Asked { mut policy, count, mut estimate_mib, source: mut estimate_source, signature, mut runtime_mib, .. } =
+        asked;
     // A job requeued after a GPU OOM is rerun as its recovery mode says:
     // carma-epilog left a marker on this node; on another node the prolog
     // left the restart count (both root-owned, not user-forgeable).
@@ -176,6 +180,8 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
                 let mib = mib + cfg.looser_margin_mib;
                 estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
                 estimate_source = "recovery".into();
+                // What the OOM showed it needs, not a model's estimate.
+                runtime_mib = None;
                 recovery = " recovery=looser".into();
             }
             // Exclusive, or looser without a recorded need: a GPU of its own.
@@ -202,6 +208,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         // A recovering rerun keeps what recovery decided.
         history_first: transparent.is_some() && recovery.is_empty(),
         mps_uid,
+        runtime_mib,
     };
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
     let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
@@ -211,6 +218,12 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     if let Some(mib) = decision.history_mib {
         est = format!("{mib}M");
         estimate_source = "history".into();
+    }
+    // The node's learned fixed memory replaced the estimate's own.
+    let mut learned = String::new();
+    if let (Some(l), Some(r), Some(e)) = (decision.learned_runtime_mib, runtime_mib, estimate_mib) {
+        est = format!("{}M", e - r + l);
+        learned = format!(" runtime=learned:{l}M");
     }
     if let Some(t) = transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
@@ -226,8 +239,10 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         (Some(_), [gpu]) if !decision.exclusive => mps_client(cfg, *gpu, decision.reserve_mib, job),
         _ => (Vec::new(), String::new()),
     };
-    let summary =
-        format!("policy={policy} estimate={est} source={estimate_source} {decision}{recovery}{}{sharing}", asked.note);
+    let summary = format!(
+        "policy={policy} estimate={est} source={estimate_source}{learned} {decision}{recovery}{}{sharing}",
+        asked.note
+    );
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let gpus = carma_placement::index_list(&decision.gpus);
     let _ = DECISION.set(Ok(Decision { gpus, summary, env, step, step_name }));
@@ -256,12 +271,17 @@ fn mps_client(cfg: &Config, gpu: u32, fence_mib: u64, job: u32) -> (Vec<(&'stati
 }
 
 /// What the step asks of placement, from its options or its scope.
+/// Estimate, source, signature and the estimate's fixed part.
+type Estimated = (Option<u64>, String, Option<String>, Option<u64>);
+
 struct Asked {
     policy: Policy,
     count: u32,
     estimate_mib: Option<u64>,
     source: String,
     signature: Option<String>,
+    /// The stack's fixed part of a model-based estimate.
+    runtime_mib: Option<u64>,
     /// Recovery mode unless carma-epilog recorded one.
     recovery: RecoveryMode,
     /// Appended to the decision (`transparent=partition:gpu`).

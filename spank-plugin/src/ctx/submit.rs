@@ -50,7 +50,9 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
             .map_err(|_| fail(&format!("{name}: the estimator failed on this file (please report it)")))?
             .map_err(|e| fail(&e))?;
     log::info(&format!("estimate {} MiB per GPU ({}, {}): {}", est.mib, est.source, est.format, est.why));
-    Ok(carma_config::format_estimate(est.mib, est.source, signature))
+    // GPUMemNet's bins have no fixed part to replace.
+    let runtime = (est.source != "gpumemnet").then_some(est.parts.runtime_mib);
+    Ok(carma_config::format_estimate(est.mib, est.source, signature, runtime))
 }
 
 /// FNV-1a over the model file and the batch size, then the sequence length
