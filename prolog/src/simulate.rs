@@ -456,6 +456,7 @@ pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
     }
     md.push_str(&summary);
     md.push_str(&ours_vs_oracle);
+    md.push_str(&attribution(&carma, &w, &ours, &d)?);
     md.push_str(&format!("\n**The paper** (best configuration, real runs): {PAPER}.\n\n"));
     md.push_str(READING);
     md.push_str("\n## Every run\n\n");
@@ -463,6 +464,76 @@ pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
     std::fs::write(out.join("simulation.md"), md).map_err(|e| e.to_string())?;
     println!("wrote {}", out.join("simulation.md").display());
     Ok(())
+}
+
+/// Where our estimates lose makespan against the oracle's: the mean over
+/// the CARMA policies of ours / oracle − 1, and how much of it goes when
+/// one model file's workloads get their measured peaks instead, in the two
+/// configurations where collocation pays.
+fn attribution(
+    carma: &Path,
+    w: &HashMap<String, Workload>,
+    ours: &HashMap<String, Option<u64>>,
+    d: &Assumptions,
+) -> Result<String, String> {
+    let policies: Vec<Policy> = Policy::ALL.into_iter().filter(|p| *p != Policy::Exclusive).collect();
+    let mut files: Vec<&str> = w
+        .values()
+        .filter(|x| ours.get(&x.name).copied().flatten() != Some(x.peak_mib))
+        .filter_map(|x| x.model_file.as_deref())
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    let mut md = String::from(
+        "\nWhere ours loses: the mean over the five policies of ours / oracle − 1 (makespan), and how much of it\n\
+         goes when one model file's workloads get their measured peaks instead of our estimates (largest first;\n\
+         a negative figure: that file's estimates *help*, by refusing collocations that slow the trace):\n\n\
+         | trace | sharing | cap on | mean gap | closed by measuring (model file: points) |\n|---|---|---|---|---|\n",
+    );
+    for (sharing, cap) in [(Sharing::Mps, ActivityMetric::Sm), (Sharing::Timeslice, ActivityMetric::Busy)] {
+        for trace in ["trace_t1", "trace_t2"] {
+            let path = carma.join(format!("{trace}.csv"));
+            let cfg = |estimator| SimConfig {
+                cluster: Cluster::parse("1x4x40G").expect("a valid cluster"),
+                policy: Policy::Magm,
+                estimator,
+                params: Params { metric: cap, ..Params::default() },
+                assumptions: Assumptions { sharing, ..d.clone() },
+            };
+            let makespans = |e: Estimator| -> Result<Vec<f64>, String> {
+                Ok(run_all(&path, w, &cfg(e), &policies)?.iter().map(|o| summarize(o).makespan_s).collect())
+            };
+            let oracle = makespans(Estimator::Oracle)?;
+            let gap = |e: Estimator| -> Result<f64, String> {
+                let m = makespans(e)?;
+                Ok(m.iter().zip(&oracle).map(|(a, b)| a / b - 1.0).sum::<f64>() / m.len() as f64)
+            };
+            let base = gap(Estimator::Given(ours.clone()))?;
+            let mut closed = Vec::new();
+            for f in &files {
+                let mut fixed = ours.clone();
+                for x in w.values().filter(|x| x.model_file.as_deref() == Some(f)) {
+                    fixed.insert(x.name.clone(), Some(x.peak_mib));
+                }
+                closed.push((base - gap(Estimator::Given(fixed))?, *f));
+            }
+            closed.sort_by(|a, b| b.0.abs().total_cmp(&a.0.abs()));
+            let top: Vec<String> = closed
+                .iter()
+                .filter(|(c, _)| c.abs() >= 0.005)
+                .take(4)
+                .map(|(c, f)| format!("{f}: {:+.1}", c * 100.0))
+                .collect();
+            md.push_str(&format!(
+                "| {trace} | {} | {} | {:+.1}% | {} |\n",
+                sharing.name(),
+                cap.name(),
+                base * 100.0,
+                if top.is_empty() { "none above 0.5 points".to_string() } else { top.join("; ") }
+            ));
+        }
+    }
+    Ok(md)
 }
 
 /// How to read the figures. Written against the figures of the committed
@@ -479,12 +550,59 @@ const READING: &str = "## Reading these numbers\n\n\
   activity and −10% to −13% energy with the oracle. The paper's −35%, +54% and −15% lie in that range.\n\
 - **Energy falls wherever makespan falls**: the idle power and the active floor are paid once for two jobs'\n\
   work, as the H100 measured.\n\
-- **Our estimator** is within 5% of the oracle on trace_t2 with the busy cap and under MPS, but 5% to 20%\n\
-  behind it on trace_t1. The cost comes from over-provisioning large-batch ImageNet CNNs (resnet50 at batch\n\
-  128: 24.6 GB estimated, 13.2 GB measured) and from three workloads whose torchinfo tables it cannot read\n\
-  (whole GPUs). It under-estimates three workloads (the defective mnist summary and the two 2-GPU XLNet\n\
-  rows); no run left a job unrecovered.\n\
+- **Our estimator** is within 5% of the oracle on trace_t2 in both configurations where collocation pays\n\
+  (mean over the policies +3.0% under MPS, +1.5% time-sliced with the busy cap), but +4.7% and +9.9% behind\n\
+  it on trace_t1, so the 5% goal is not met there. The attribution table shows why: most of trace_t1's gap\n\
+  is one 65-minute job, gpt2-large on 2 GPUs. Its module listing names no sequence length, so the analytic\n\
+  model takes the 1024 maximum positions with fp32 attention matrices: 94 GB per GPU for 28 GB measured,\n\
+  hence whole GPUs for the job (`--carma-seq-len` is how a user avoids this; the paper's row does not say\n\
+  what length it trained at). Next come BERT-base (1.42×, also at its 512 maximum) and Mask R-CNN (2.36×,\n\
+  from its torchinfo footer). It under-estimates five workloads (UNet by 264 MiB, inside the headroom; the\n\
+  dlrm and mnist summaries, which do not describe the rows' jobs; the two 2-GPU XLNet rows); no run left a\n\
+  job unrecovered. Some over-estimates *help* (the CIFAR ResNet-34 rows): they refuse collocations that\n\
+  would slow the trace.\n\
 - **GPUMemNet's coarse bins** happen to help under time-slicing with the SM cap: they refuse the harmful\n\
   collocations that finer estimates allow.\n\
 - **Caveats**: activity comes from the nearest job measured on an H100 (above), power on the A100 is scaled\n\
   from the H100 fit, and the interference fit is in-sample on nine measured sets.\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// #17's condition on our estimator: whatever it under-estimates, every
+    /// job of both traces finishes, each OOM rerun by recovery, under every
+    /// policy, sharing mode and capped reading the report shows.
+    #[test]
+    fn our_estimates_never_leave_a_job_unrecovered() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data");
+        let (map, measured) = (data.join("h100/workload-map.csv"), data.join("h100/collocation.csv"));
+        let w = workloads(&data.join("carma/workloads.csv"), Some((&map, &measured))).unwrap();
+        let ours = our_estimates(&w, &data.join("carma/model-summaries"));
+        assert!(ours.values().all(Option::is_some), "a workload without an estimate: {ours:?}");
+        let mut crashes = 0;
+        for (sharing, cap) in [
+            (Sharing::Timeslice, ActivityMetric::Sm),
+            (Sharing::Timeslice, ActivityMetric::Busy),
+            (Sharing::Mps, ActivityMetric::Sm),
+        ] {
+            for trace in ["trace_t1", "trace_t2"] {
+                let cfg = SimConfig {
+                    cluster: Cluster::parse("1x4x40G").unwrap(),
+                    policy: Policy::Magm,
+                    estimator: Estimator::Given(ours.clone()),
+                    params: Params { metric: cap, ..Params::default() },
+                    assumptions: Assumptions { sharing, ..Assumptions::default() },
+                };
+                for o in run_all(&data.join(format!("carma/{trace}.csv")), &w, &cfg, &Policy::ALL).unwrap() {
+                    let what = format!("{trace} {} {} {}", sharing.name(), cap.name(), o.policy);
+                    assert!(o.jobs.iter().all(|j| j.end_s.is_some()), "{what}: a job never finished");
+                    assert_eq!(o.recoveries, o.ooms, "{what}");
+                    crashes += o.ooms;
+                }
+            }
+        }
+        // It does under-estimate (UNet, XLNet...): the runs do exercise recovery.
+        assert!(crashes > 0, "no OOM at all: the test would not see an unrecovered one");
+    }
+}
