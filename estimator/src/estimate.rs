@@ -146,7 +146,14 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
             let why = format!(
                 "{} of {} layers, {:.1} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam \
                  + {:.1} MiB per sample ({:.1} M elements kept x 4 B x alpha {:.3}) = {continuous} MiB; GPUMemNet bin {}",
-                profile.family.name(),
+                if net.attention_blocks > 0 {
+                    format!(
+                        "image transformer ({} attention blocks, every operator's output counted)",
+                        net.attention_blocks
+                    )
+                } else {
+                    profile.family.name().to_string()
+                },
                 profile.layers,
                 profile.params as f64 / 1e6,
                 parts.runtime_mib,

@@ -29,6 +29,10 @@ pub struct Network {
     /// where the description counts them beyond its rows (torchinfo's
     /// footer, which covers blocks its depth limit folds).
     pub param_leaf_elems: Option<u64>,
+    /// Attention blocks (rank-4 softmaxes) of an image model: a vision
+    /// transformer, estimated by its layers like a CNN, not as a language
+    /// model (ONNX graphs only).
+    pub attention_blocks: u32,
 }
 
 impl Network {

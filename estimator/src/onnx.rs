@@ -117,7 +117,12 @@ fn tract_walk(
     let mut params: u64 = 0;
     let data_node = model.input_outlets().map_err(|e| err(one_line(&e)))?[data_input].node;
     for node in model.nodes() {
-        let op = node.op.name().to_string();
+        // tract's names for the views our retention rule skips.
+        let op = match node.op.name().as_ref() {
+            "Squeeze13" => "Squeeze".to_string(),
+            "Unsqueeze13" => "Unsqueeze".to_string(),
+            name => name.to_string(),
+        };
         let Some(shape) = node.outputs.first().and_then(|o| o.fact.shape.concretize()) else { continue };
         let batched = shape.iter().any(|d| d.symbols().contains(&batch));
         if op == "Source" || op == "Const" {
@@ -178,6 +183,9 @@ fn finish(
         net.layers.extend(folded);
     }
     let transformer = seen.shape(params);
+    if seen.conv {
+        net.attention_blocks = seen.softmax.len() as u32;
+    }
     Ok(Graph { net, fixed_batch, transformer })
 }
 
@@ -189,6 +197,10 @@ struct Seen {
     norm_width: Vec<u64>,
     act_width: Vec<u64>,
     widest: u64,
+    /// A convolution: an image model (ViT's and Swin's patch embeddings,
+    /// ConvNeXt), whatever attention it has. Token transformers have none
+    /// (GPT-2's `Conv1D` exports as MatMul).
+    conv: bool,
 }
 
 impl Seen {
@@ -200,12 +212,21 @@ impl Seen {
             _ if op.starts_with("Gelu") || op == "Relu" || op == "Erf" => self.act_width.push(last),
             _ => {}
         }
+        self.conv |= op.starts_with("Conv");
         if op.starts_with("MatMul") || op == "Gemm" || op == "Add" {
             self.widest = self.widest.max(last);
         }
     }
 
+    /// The token transformer's shape, for the analytic model; `None` for
+    /// anything else, image transformers included: their tokens are image
+    /// patches or windows (Swin's softmax is per 7×7 window, its batch axis
+    /// batch × windows), not a sequence of a vocabulary, and the layer walk
+    /// counts their actual activations, attention matrices included.
     fn shape(&self, params: u64) -> Option<Shape> {
+        if self.conv {
+            return None;
+        }
         let &(heads, seq) = self.softmax.first()?;
         let hidden = most_common(&self.norm_width)?;
         let intermediate = most_common(&self.act_width).filter(|i| *i > hidden).unwrap_or(4 * hidden);
@@ -267,6 +288,7 @@ mod tests {
                 "MatMulInference" => "MatMul",
                 "PermuteAxes" => "Transpose",
                 "GeluExact" => "Gelu",
+                "StridedSlice" => "Slice",
                 "LayerNorm" => "LayerNormalization",
                 "MultiBroadcastTo" => "Expand",
                 k => k,

@@ -286,6 +286,37 @@ fn pool_dims(node: &pb::NodeProto, x: &[i64], kernel: &[i64]) -> Option<Vec<i64>
         .collect()
 }
 
+/// The values of a small tensor of `out` shape, each taken from `src`
+/// (row-major, of `src_shape`) at the multi-index `from` gives for it.
+fn remap(src: &[i64], src_shape: &[i64], out: &[i64], from: impl Fn(&[i64]) -> Vec<i64>) -> Option<Vec<i64>> {
+    let n = product(out)?;
+    if n > MAX_VALUE_ELEMS as i64 {
+        return None;
+    }
+    let mut idx = vec![0i64; out.len()];
+    let mut vals = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let at = from(&idx);
+        let mut flat = 0i64;
+        for (d, &i) in src_shape.iter().zip(&at) {
+            if !(0..*d).contains(&i) {
+                return None;
+            }
+            flat = flat * d + i;
+        }
+        vals.push(*src.get(flat as usize)?);
+        // The next multi-index, last axis fastest.
+        for a in (0..out.len()).rev() {
+            idx[a] += 1;
+            if idx[a] < out[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    Some(vals)
+}
+
 fn product(dims: &[i64]) -> Option<i64> {
     dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d))
 }
@@ -346,6 +377,12 @@ fn infer(node: &pb::NodeProto, ins: &[Option<&T>]) -> Option<Vec<T>> {
                 "Equal" => Some(|a, b| Some((a == b) as i64)),
                 "Max" => Some(|a, b| Some(a.max(b))),
                 "Min" => Some(|a, b| Some(a.min(b))),
+                // Integer Mod (fmod 0): the sign of the divisor (Swin's
+                // padding to a multiple of its window).
+                "Mod" => Some(|a: i64, b: i64| {
+                    let r = a.checked_rem(b)?;
+                    Some(if r != 0 && (r < 0) != (b < 0) { r + b } else { r })
+                }),
                 _ => None,
             };
             let val = f.and_then(|f| zip_vals(a, b, f));
@@ -433,7 +470,19 @@ fn infer(node: &pb::NodeProto, ins: &[Option<&T>]) -> Option<Vec<T>> {
             if perm.len() != r {
                 return None;
             }
-            vec![T::shape(perm.iter().map(|&p| axis(p, r).map(|p| x.shape[p])).collect::<Option<_>>()?)]
+            let perm: Vec<usize> = perm.iter().map(|&p| axis(p, r)).collect::<Option<_>>()?;
+            let shape: Vec<i64> = perm.iter().map(|&p| x.shape[p]).collect();
+            // Small integer tensors keep their values (F.pad's pad lists).
+            let val = x.val.as_ref().and_then(|v| {
+                remap(v, &x.shape, &shape, |out| {
+                    let mut src = vec![0; r];
+                    for (j, &p) in perm.iter().enumerate() {
+                        src[p] = out[j];
+                    }
+                    src
+                })
+            });
+            vec![T { shape, val }]
         }
         "Reshape" => {
             let (x, s) = (x?, input(1)?);
@@ -536,6 +585,40 @@ fn infer(node: &pb::NodeProto, ins: &[Option<&T>]) -> Option<Vec<T>> {
             let val = fill.filter(|_| (0..=MAX_VALUE_ELEMS as i64).contains(&n)).map(|f| vec![f; n as usize]);
             vec![T { shape, val }]
         }
+        "Range" => {
+            let one = |i: usize| -> Option<i64> { input(i)?.val.as_ref().filter(|v| v.len() == 1).map(|v| v[0]) };
+            let (start, limit, delta) = (one(0)?, one(1)?, one(2)?);
+            if delta == 0 {
+                return None;
+            }
+            let span = limit.checked_sub(start)?;
+            let n = (span + delta - delta.signum()).checked_div(delta)?.max(0);
+            let val = (n <= MAX_VALUE_ELEMS as i64).then(|| (0..n).map(|i| start + i * delta).collect());
+            vec![T { shape: vec![n], val }]
+        }
+        // Swin's shifted windows: padding to a multiple of the window, and
+        // the attention mask written into a zero tensor.
+        "Pad" => {
+            let x = x?;
+            let r = x.shape.len();
+            let pads = input(1)?.val.clone()?;
+            let axes: Vec<usize> = match input(3) {
+                Some(a) => a.val.clone()?.into_iter().map(|a| axis(a, r)).collect::<Option<_>>()?,
+                None => (0..r).collect(),
+            };
+            if pads.len() != 2 * axes.len() {
+                return None;
+            }
+            let mut shape = x.shape.clone();
+            for (i, &a) in axes.iter().enumerate() {
+                shape[a] = shape[a].checked_add(pads[i])?.checked_add(pads[i + axes.len()])?;
+                if shape[a] < 0 {
+                    return None;
+                }
+            }
+            vec![T::shape(shape)]
+        }
+        "ScatterND" => vec![T::shape(x?.shape.clone())],
         "Expand" => {
             let (x, s) = (x?, input(1)?);
             vec![T::shape(broadcast(&[&x.shape, s.val.as_ref()?])?)]
@@ -557,18 +640,30 @@ fn infer(node: &pb::NodeProto, ins: &[Option<&T>]) -> Option<Vec<T>> {
                 return None;
             }
             let mut shape = x.shape.clone();
-            let mut val = x.val.clone().filter(|_| r == 1);
+            // Per axis: the first source index and the step.
+            let mut first_step: Vec<(i64, i64)> = vec![(0, 1); r];
             for i in 0..starts.len() {
                 let a = axis(axes[i], r)?;
                 let (dim, step) = (shape[a], steps[i]);
-                if step <= 0 {
-                    return None; // reverse slices: not in training exports
+                let wrap = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
+                if step > 0 {
+                    let (s, e) = (wrap(starts[i]).clamp(0, dim), wrap(ends[i]).clamp(0, dim));
+                    shape[a] = if e > s { (e - s - 1) / step + 1 } else { 0 };
+                    first_step[a] = (s, step);
+                } else if step < 0 {
+                    // Backwards (F.pad's exports reverse their pad list):
+                    // from start down to, not including, end.
+                    let (s, e) = (wrap(starts[i]).clamp(-1, dim - 1), wrap(ends[i]).clamp(-1, dim - 1));
+                    let back = step.checked_neg()?;
+                    shape[a] = if s > e { (s - e - 1) / back + 1 } else { 0 };
+                    first_step[a] = (s, step);
+                } else {
+                    return None;
                 }
-                let clamp = |v: i64| (if v < 0 { v + dim } else { v }).clamp(0, dim);
-                let (s, e) = (clamp(starts[i]), clamp(ends[i]));
-                shape[a] = if e > s { (e - s - 1) / step + 1 } else { 0 };
-                val = val.map(|v| v[s as usize..e.max(s) as usize].iter().step_by(step as usize).copied().collect());
             }
+            let val = x.val.as_ref().and_then(|v| {
+                remap(v, &x.shape, &shape, |out| out.iter().zip(&first_step).map(|(&k, &(f, st))| f + k * st).collect())
+            });
             vec![T { shape, val }]
         }
         "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
