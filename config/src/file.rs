@@ -123,7 +123,7 @@ pub struct MpsConfig {
 
 /// carma-monitor: a root daemon per node that samples the GPUs every
 /// `interval` and publishes windowed readings in `state_dir`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MonitorConfig {
     /// Placement reads the published readings (falling back to a direct
     /// read when they are missing or stale) instead of opening the GPU source.
@@ -131,6 +131,38 @@ pub struct MonitorConfig {
     pub interval: Duration,
     /// Published readings older than this are stale.
     pub stale_after: Duration,
+    /// Where carma-monitor reads SM activity and occupancy on GPUs without
+    /// NVML GPM (Ampere and older): a dcgm-exporter's metrics endpoint.
+    pub dcgm_exporter: Option<HttpEndpoint>,
+}
+
+/// A plain-HTTP endpoint, `http://HOST:PORT/PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpEndpoint {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+impl HttpEndpoint {
+    pub fn parse(url: &str) -> Result<HttpEndpoint, String> {
+        let bad = |why: &str| format!("'{url}' {why}; write it like http://127.0.0.1:9400/metrics");
+        let rest = url.strip_prefix("http://").ok_or_else(|| bad("is not an http:// URL"))?;
+        let (authority, path) = rest.find('/').map_or((rest, "/"), |i| (&rest[..i], &rest[i..]));
+        let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad("names no port"))?;
+        let port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| bad("has a bad port"))?;
+        let host_ok = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || ".-_[]:".contains(c));
+        if !host_ok || !path.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(bad("has a bad host or path"));
+        }
+        Ok(HttpEndpoint { host: host.to_string(), port, path: path.to_string() })
+    }
+}
+
+impl fmt::Display for HttpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}:{}{}", self.host, self.port, self.path)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -235,6 +267,7 @@ impl Default for Config {
                 published: false,
                 interval: Duration::from_secs(1),
                 stale_after: Duration::from_secs(10),
+                dcgm_exporter: None,
             },
             sharing: Sharing::Timeslice,
             mps: MpsConfig {
@@ -348,6 +381,7 @@ struct RawMonitor {
     published: Option<bool>,
     interval: Option<Scalar>,
     stale_after: Option<Scalar>,
+    dcgm_exporter: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -481,6 +515,9 @@ impl RawConfig {
             }
             if let Some(v) = &m.stale_after {
                 c.monitor.stale_after = duration("monitor.stale_after", v)?;
+            }
+            if let Some(url) = &m.dcgm_exporter {
+                c.monitor.dcgm_exporter = Some(HttpEndpoint::parse(url).map_err(|e| bad("monitor.dcgm_exporter", e))?);
             }
             if c.monitor.stale_after < 2 * c.monitor.interval {
                 return Err(bad("monitor.stale_after", "must be at least twice monitor.interval".into()));
@@ -744,6 +781,17 @@ mod tests {
     }
 
     #[test]
+    fn dcgm_exporter_endpoint() {
+        let c = parse("monitor: {dcgm_exporter: 'http://127.0.0.1:9400/metrics'}\n").unwrap();
+        let e = c.monitor.dcgm_exporter.unwrap();
+        assert_eq!((e.host.as_str(), e.port, e.path.as_str()), ("127.0.0.1", 9400, "/metrics"));
+        assert_eq!(e.to_string(), "http://127.0.0.1:9400/metrics");
+        let e = HttpEndpoint::parse("http://gpu-node-7:9400").unwrap();
+        assert_eq!((e.host.as_str(), e.path.as_str()), ("gpu-node-7", "/"));
+        assert_eq!(Config::default().monitor.dcgm_exporter, None);
+    }
+
+    #[test]
     fn errors_name_the_key_on_one_line() {
         let cases = [
             ("sm_activity_cap: 1.5\n", "sm_activity_cap"),
@@ -767,6 +815,13 @@ mod tests {
             ("transparent: [{partitions: gpu}]\n", "partitions"),
             ("monitor: {interval: 2s, stale_after: 3s}\n", "monitor.stale_after"),
             ("monitor: {interval: 10ms}\n", "monitor.interval"),
+            (
+                "monitor: {dcgm_exporter: https://h:9400/metrics}\n",
+                "monitor.dcgm_exporter: 'https://h:9400/metrics' is not an http:// URL",
+            ),
+            ("monitor: {dcgm_exporter: 'http://h/metrics'}\n", "names no port"),
+            ("monitor: {dcgm_exporter: 'http://h:0/metrics'}\n", "bad port"),
+            ("monitor: {dcgm_exporter: 'http://h x:9400/metrics'}\n", "bad host"),
             ("monitor: {publish: true}\n", "publish"),
             ("sharing: spatial\n", "sharing"),
             ("mps: {pipe_dir: run/mps}\n", "mps.pipe_dir"),

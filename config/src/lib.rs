@@ -16,8 +16,8 @@ mod units;
 
 pub use activity::ActivityMetric;
 pub use file::{
-    Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, LearnRuntime, MonitorConfig,
-    MpsConfig, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
+    Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, HttpEndpoint, LearnRuntime,
+    MonitorConfig, MpsConfig, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
 };
 pub use options::{
     ESTIMATE_ENV, JobRequest, OptionError, OptionName, Precision, SubmitEstimate, format_estimate, parse_estimate,

@@ -23,5 +23,5 @@ pub mod state;
 pub use gpu::{GpuProcess, GpuReading, index_list};
 pub use place::{Decision, LinuxProcesses, PlaceError, Placer, Processes, Request, StepRef};
 pub use policy::{Demand, NoFit, Params, Reject, choose};
-pub use source::{GpuSource, SourceError, open_direct, open_sampling, open_source};
+pub use source::{GpuSource, SourceError, open_direct, open_monitored, open_sampling, open_source};
 pub use state::{Holding, NodeState, Reservation, StateStore};

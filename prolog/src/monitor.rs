@@ -73,7 +73,7 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     // Checks (and creates) the root-owned state directory; the placer
     // records placed jobs' peaks as the monitor sees them.
     let placer = carma_placement::Placer::from_config(cfg, log).map_err(|e| e.to_string())?;
-    let mut source = carma_placement::open_sampling(&cfg.gpu_source, cfg.monitor_window).map_err(|e| e.to_string())?;
+    let mut source = carma_placement::open_monitored(cfg).map_err(|e| e.to_string())?;
     let interval = cfg.monitor.interval;
     log(&format!(
         "carma-monitor: sampling {} every {} ms, window {} s, publishing {}",
@@ -181,6 +181,75 @@ mod tests {
         run(&cfg, &AtomicBool::new(false), true, |_| {}).unwrap();
         let p = published::fresh(&state, Duration::from_secs(10)).unwrap();
         assert_eq!((p.gpus[0].uuid.as_str(), p.gpus[0].total_mib, p.samples), ("GPU-m", 16384, 1));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Serves each of `replies` to one HTTP request, in order, on 127.0.0.1.
+    fn exporter(replies: Vec<String>) -> (u16, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            for reply in replies {
+                let (mut s, _) = l.accept().unwrap();
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.ends_with(b"\r\n\r\n") {
+                    let n = s.read(&mut buf).unwrap();
+                    assert!(n > 0, "request cut short");
+                    req.extend_from_slice(&buf[..n]);
+                }
+                assert!(req.starts_with(b"GET /metrics HTTP/1.0\r\n"), "{}", String::from_utf8_lossy(&req));
+                s.write_all(reply.as_bytes()).unwrap();
+            }
+        });
+        (port, server)
+    }
+
+    static LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+    /// GPUs without GPM (A100s): SM activity and occupancy come from the
+    /// node's dcgm-exporter, memory from the GPU source. A scrape that fails
+    /// or lacks the field publishes nothing and says why.
+    #[test]
+    fn sm_readings_come_from_a_dcgm_exporter_where_configured() {
+        let d = std::env::temp_dir().join(format!("carma-monitor-dcgm-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let gpus = d.join("gpus.yaml");
+        std::fs::write(&gpus, "gpus:\n  - {index: 0, uuid: GPU-m, memory_total: 16G}\n").unwrap();
+        let ok = |body: &str| format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n{body}");
+        let page = "DCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",UUID=\"GPU-m\",device=\"nvidia0\"} 0.37\n\
+                    DCGM_FI_PROF_SM_OCCUPANCY{gpu=\"0\",UUID=\"GPU-m\",device=\"nvidia0\"} 0.21\n";
+        let (port, server) = exporter(vec![
+            ok(page),
+            "HTTP/1.0 500 Internal Server Error\r\n\r\n".into(),
+            ok("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-m\"} 92\n"),
+        ]);
+        let mut cfg = Config::default();
+        cfg.state_dir = d.join("state");
+        cfg.gpu_source = carma_config::GpuSource::Simulated(gpus);
+        cfg.monitor.dcgm_exporter =
+            Some(carma_config::HttpEndpoint::parse(&format!("http://127.0.0.1:{port}/metrics")).unwrap());
+        let log: fn(&str) = |m| LOG.lock().unwrap().push(m.to_string());
+        run(&cfg, &AtomicBool::new(false), true, log).unwrap();
+        let p = published::fresh(&cfg.state_dir, Duration::from_secs(10)).unwrap();
+        assert_eq!(p.source, "simulated+dcgm-exporter");
+        assert_eq!((p.gpus[0].sm_activity, p.gpus[0].sm_occupancy, p.gpus[0].total_mib), (0.37, Some(0.21), 16384));
+        for want in
+            ["the reply is 'HTTP/1.0 500 Internal Server Error'", "publishes no DCGM_FI_PROF_SM_ACTIVE for GPU 0"]
+        {
+            let _ = std::fs::remove_file(published::path(&cfg.state_dir));
+            run(&cfg, &AtomicBool::new(false), true, log).unwrap();
+            assert!(published::fresh(&cfg.state_dir, Duration::from_secs(10)).is_err(), "published despite: {want}");
+            let logged = LOG.lock().unwrap().join("\n");
+            assert!(logged.contains(want), "{logged}");
+        }
+        // Nothing listens any more: refused at once, not a hang.
+        server.join().unwrap();
+        let t = Instant::now();
+        run(&cfg, &AtomicBool::new(false), true, log).unwrap();
+        assert!(LOG.lock().unwrap().join("\n").contains("cannot connect"));
+        assert!(t.elapsed() < Duration::from_secs(3));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

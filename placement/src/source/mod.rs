@@ -1,6 +1,7 @@
 //! Where GPU readings come from: NVML on GPU nodes, a file of simulated GPUs
 //! elsewhere. Chosen by `gpu_source` in carma.yaml, never by build flags.
 
+pub mod dcgm_exporter;
 mod nvml;
 pub mod published;
 pub mod simulated;
@@ -47,6 +48,20 @@ pub fn open_sampling(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn Gpu
         SourceConfig::Nvml => Ok(Box::new(NvmlSource::init_sampling(window)?)),
         other => open_direct(other, window),
     }
+}
+
+/// carma-monitor's source: [`open_sampling`], with SM activity and
+/// occupancy from a dcgm-exporter where carma.yaml names one (GPUs without
+/// GPM). Each scrape is bounded by the sampling interval (at most 2 s).
+pub fn open_monitored(cfg: &Config) -> Result<Box<dyn GpuSource>, SourceError> {
+    let source = open_sampling(&cfg.gpu_source, cfg.monitor_window)?;
+    Ok(match &cfg.monitor.dcgm_exporter {
+        Some(e) => {
+            let timeout = cfg.monitor.interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
+            Box::new(dcgm_exporter::WithDcgmExporter::new(source, e.clone(), timeout))
+        }
+        None => source,
+    })
 }
 
 /// Opens the configured GPUs themselves. NVML is loaded at run time: on a
