@@ -270,10 +270,10 @@ fn mps_client(cfg: &Config, gpu: u32, fence_mib: u64, job: u32) -> (Vec<(&'stati
     (env, format!(" sharing=mps fence=0={fence_mib}M"))
 }
 
-/// What the step asks of placement, from its options or its scope.
 /// Estimate, source, signature and the estimate's fixed part.
 type Estimated = (Option<u64>, String, Option<String>, Option<u64>);
 
+/// What the step asks of placement, from its options or its scope.
 struct Asked {
     policy: Policy,
     count: u32,
