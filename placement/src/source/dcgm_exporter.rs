@@ -94,6 +94,10 @@ pub fn parse(text: &str) -> Scrape {
             SM_OCCUPANCY => |p, v| p.sm_occupancy = Some(v),
             _ => continue,
         };
+        // A field DCGM could not read is exported as NaN: no reading.
+        if !value.is_finite() {
+            continue;
+        }
         let v = value.clamp(0.0, 1.0);
         for (key, val) in &labels {
             match key.as_str() {
@@ -201,5 +205,7 @@ DCGM_FI_PROF_SM_OCCUPANCY{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NV
         assert_eq!(s.by_uuid.len(), 2, "utilization lines are not SM readings");
         assert!(sample("garbage").is_none() && sample("x{a=\"1\"").is_none() && sample("x{a=1} 2").is_none());
         assert_eq!(sample("plain 3e-1").map(|s| s.2), Some(0.3));
+        let nan = parse("DCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",UUID=\"GPU-x\"} NaN\n");
+        assert_eq!(nan.by_index.get(&0), None, "NaN is no reading");
     }
 }
