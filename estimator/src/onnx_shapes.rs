@@ -592,7 +592,7 @@ fn infer(node: &pb::NodeProto, ins: &[Option<&T>]) -> Option<Vec<T>> {
                 return None;
             }
             let span = limit.checked_sub(start)?;
-            let n = (span + delta - delta.signum()).checked_div(delta)?.max(0);
+            let n = span.checked_add(delta - delta.signum())?.checked_div(delta)?.max(0);
             let val = (n <= MAX_VALUE_ELEMS as i64).then(|| (0..n).map(|i| start + i * delta).collect());
             vec![T { shape: vec![n], val }]
         }
@@ -709,5 +709,47 @@ mod tests {
         assert_eq!(infer(&conv, &[Some(&x), Some(&w)]).unwrap()[0].shape, vec![1, 64, 112, 112]);
         let unknown = pb::NodeProto { op_type: "FancyNewOp".into(), ..Default::default() };
         assert!(infer(&unknown, &[Some(&x)]).is_none(), "unknown operators defer to tract");
+    }
+
+    fn node(op: &str) -> pb::NodeProto {
+        pb::NodeProto { op_type: op.into(), output: vec!["y".into()], ..Default::default() }
+    }
+
+    fn val(shape: Vec<i64>, v: Vec<i64>) -> T {
+        T { shape, val: Some(v) }
+    }
+
+    fn one(v: i64) -> T {
+        val(vec![], vec![v])
+    }
+
+    /// What Swin's export computes its padding and windows with.
+    #[test]
+    fn range_mod_pad_and_backward_slices() {
+        let run = |n: &pb::NodeProto, ins: &[&T]| infer(n, &ins.iter().map(|t| Some(*t)).collect::<Vec<_>>());
+        let r = run(&node("Range"), &[&one(0), &one(10), &one(3)]).unwrap();
+        assert_eq!(r[0], val(vec![4], vec![0, 3, 6, 9]));
+        let r = run(&node("Range"), &[&one(5), &one(0), &one(-2)]).unwrap();
+        assert_eq!(r[0], val(vec![3], vec![5, 3, 1]));
+        assert!(run(&node("Range"), &[&one(0), &one(1), &one(0)]).is_none(), "a zero step");
+        assert!(run(&node("Range"), &[&one(i64::MIN), &one(i64::MAX), &one(1)]).is_none(), "overflow: no panic");
+        // Integer Mod takes the divisor's sign (Python's %), as ONNX's fmod=0.
+        let m = |a, b| run(&node("Mod"), &[&one(a), &one(b)]).unwrap()[0].val.clone().unwrap()[0];
+        assert_eq!((m(-7, 3), m(7, -3), m(7, 3), m(56, 7)), (2, -2, 1, 0));
+        // F.pad's pad list, reversed pairwise: a [4, 2] tensor read backwards.
+        let x = val(vec![4, 2], (0..8).collect());
+        let ints = |v: Vec<i64>| val(vec![v.len() as i64], v);
+        let back =
+            run(&node("Slice"), &[&x, &ints(vec![-1]), &ints(vec![i64::MIN + 1]), &ints(vec![0]), &ints(vec![-1])]);
+        assert_eq!(back.unwrap()[0], val(vec![4, 2], vec![6, 7, 4, 5, 2, 3, 0, 1]));
+        let every_other = run(&node("Slice"), &[&x, &ints(vec![3]), &ints(vec![-9]), &ints(vec![0]), &ints(vec![-2])]);
+        assert_eq!(every_other.unwrap()[0], val(vec![2, 2], vec![6, 7, 2, 3]));
+        let mut t = node("Transpose");
+        t.attribute = vec![pb::AttributeProto { name: "perm".into(), ints: vec![1, 0], ..Default::default() }];
+        assert_eq!(run(&t, &[&x]).unwrap()[0], val(vec![2, 4], vec![0, 2, 4, 6, 1, 3, 5, 7]));
+        let pad = run(&node("Pad"), &[&T::shape(vec![1, 56, 56, 96]), &ints(vec![0, 0, 0, 0, 0, 1, 2, 0])]);
+        // ONNX order: every axis's begin, then every axis's end.
+        assert_eq!(pad.unwrap()[0].shape, vec![1, 57, 58, 96]);
+        assert!(run(&node("Pad"), &[&T::shape(vec![2, 3]), &ints(vec![0, -4, 0, 0])]).is_none(), "a negative size");
     }
 }
