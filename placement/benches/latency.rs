@@ -103,17 +103,7 @@ fn child(args: &[String]) {
     let policy = Policy::ALL[args[2].parse::<usize>().unwrap()];
     let holder: u32 = args[3].parse().unwrap();
     let mut p = if args.get(4).is_some_and(|a| a == "published") { published_placer(&dir) } else { placer(&dir) };
-    let req = Request {
-        policy,
-        count: 1,
-        estimate_mib: Some(512),
-        estimate_source: "declared".into(),
-        shares: true,
-        signature: None,
-        history_first: false,
-        mps_uid: None,
-        runtime_mib: None,
-    };
+    let req = Request::declared(policy, 512);
     let gate = std::fs::File::open(dir.join("gate")).unwrap();
     println!("ready");
     std::io::stdout().flush().unwrap();

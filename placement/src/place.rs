@@ -50,6 +50,24 @@ pub struct Request {
     pub runtime_mib: Option<u64>,
 }
 
+impl Request {
+    /// One GPU, shared, with a declared per-GPU estimate and nothing else
+    /// known: what `--carma-mem` alone asks for (tools, benches, tests).
+    pub fn declared(policy: Policy, estimate_mib: u64) -> Request {
+        Request {
+            policy,
+            count: 1,
+            estimate_mib: Some(estimate_mib),
+            estimate_source: "declared".into(),
+            shares: true,
+            signature: None,
+            history_first: false,
+            mps_uid: None,
+            runtime_mib: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Decision {
     pub gpus: Vec<u32>,

@@ -390,17 +390,7 @@ mod tests {
     use std::time::Instant;
 
     fn req(sig: Option<String>) -> Request {
-        Request {
-            policy: Policy::Magm,
-            count: 1,
-            estimate_mib: Some(1000),
-            estimate_source: "declared".into(),
-            shares: true,
-            signature: sig,
-            history_first: false,
-            mps_uid: None,
-            runtime_mib: None,
-        }
+        Request { signature: sig, ..Request::declared(Policy::Magm, 1000) }
     }
 
     fn decision() -> Decision {

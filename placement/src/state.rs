@@ -611,17 +611,7 @@ mod tests {
     fn a_failed_lock_attempt_wakes_nobody() {
         let (_d, s, _) = store();
         let q = s.slots().expect("the queue is mapped");
-        let req = crate::place::Request {
-            policy: Policy::Magm,
-            count: 1,
-            estimate_mib: Some(1),
-            estimate_source: "declared".into(),
-            shares: true,
-            signature: None,
-            history_first: false,
-            mps_uid: None,
-            runtime_mib: None,
-        };
+        let req = crate::place::Request::declared(Policy::Magm, 1);
         let slot = q.enqueue(crate::place::StepRef { job: 1, holder: std::process::id() }, &req).unwrap();
         let seen = q.generation(slot);
         let holder = File::create(s.dir().join(LOCK_FILE)).unwrap();

@@ -40,17 +40,7 @@ fn placer(dir: &Path) -> Placer {
 }
 
 fn request(policy: Policy, mib: u64) -> Request {
-    Request {
-        policy,
-        count: 1,
-        estimate_mib: Some(mib),
-        estimate_source: "declared".into(),
-        shares: true,
-        signature: None,
-        history_first: false,
-        mps_uid: None,
-        runtime_mib: None,
-    }
+    Request::declared(policy, mib)
 }
 
 /// Queue slots in use.

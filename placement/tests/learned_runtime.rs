@@ -41,15 +41,10 @@ fn placer(dir: &Path) -> Placer {
 
 fn request(mib: u64, runtime_mib: Option<u64>, signature: Option<&str>) -> Request {
     Request {
-        policy: Policy::Magm,
-        count: 1,
-        estimate_mib: Some(mib),
         estimate_source: "layers".into(),
-        shares: true,
         signature: signature.map(str::to_string),
-        history_first: false,
-        mps_uid: None,
         runtime_mib,
+        ..Request::declared(Policy::Magm, mib)
     }
 }
 
