@@ -124,6 +124,18 @@ fn run_all(
     policies.iter().map(|&policy| simulate(&t, w, &SimConfig { policy, ..cfg.clone() })).collect()
 }
 
+/// The report's cluster (the paper's: 4 A100-40GB) with one sharing mode,
+/// capped reading and estimator; the policy is set per run.
+fn report_config(sharing: Sharing, cap: ActivityMetric, estimator: Estimator, d: &Assumptions) -> SimConfig {
+    SimConfig {
+        cluster: Cluster { nodes: 1, gpus_per_node: 4, mem_mib: 40 * 1024 },
+        policy: Policy::Magm,
+        estimator,
+        params: Params { metric: cap, ..Params::default() },
+        assumptions: Assumptions { sharing, ..d.clone() },
+    }
+}
+
 /// Writes one SVG per GPU and metric, one line per policy; returns the file names.
 fn plots(dir: &Path, prefix: &str, outcomes: &[Outcome]) -> Result<Vec<String>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -373,17 +385,12 @@ pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
             (Sharing::Mps, ActivityMetric::Sm, &["oracle", "carma"][..]),
         ] {
             for est in ests {
-                let cfg = SimConfig {
-                    cluster: Cluster::parse("1x4x40G")?,
-                    policy: Policy::Magm,
-                    estimator: match *est {
-                        "oracle" => Estimator::Oracle,
-                        "carma" => Estimator::Given(ours.clone()),
-                        other => Estimator::Column(other.into()),
-                    },
-                    params: Params { metric: cap, ..Params::default() },
-                    assumptions: Assumptions { sharing, ..d.clone() },
+                let estimator = match *est {
+                    "oracle" => Estimator::Oracle,
+                    "carma" => Estimator::Given(ours.clone()),
+                    other => Estimator::Column(other.into()),
                 };
+                let cfg = report_config(sharing, cap, estimator, &d);
                 let outcomes = run_all(&carma.join(format!("{trace}.csv")), &w, &cfg, &Policy::ALL)?;
                 let rows: Vec<Summary> = outcomes.iter().map(summarize).collect();
                 let unfinished =
@@ -493,15 +500,9 @@ fn attribution(
     for (sharing, cap) in [(Sharing::Mps, ActivityMetric::Sm), (Sharing::Timeslice, ActivityMetric::Busy)] {
         for trace in ["trace_t1", "trace_t2"] {
             let path = carma.join(format!("{trace}.csv"));
-            let cfg = |estimator| SimConfig {
-                cluster: Cluster::parse("1x4x40G").expect("a valid cluster"),
-                policy: Policy::Magm,
-                estimator,
-                params: Params { metric: cap, ..Params::default() },
-                assumptions: Assumptions { sharing, ..d.clone() },
-            };
             let makespans = |e: Estimator| -> Result<Vec<f64>, String> {
-                Ok(run_all(&path, w, &cfg(e), &policies)?.iter().map(|o| summarize(o).makespan_s).collect())
+                let cfg = report_config(sharing, cap, e, d);
+                Ok(run_all(&path, w, &cfg, &policies)?.iter().map(|o| summarize(o).makespan_s).collect())
             };
             let oracle = makespans(Estimator::Oracle)?;
             let gap = |e: Estimator| -> Result<f64, String> {
@@ -587,13 +588,7 @@ mod tests {
             (Sharing::Mps, ActivityMetric::Sm),
         ] {
             for trace in ["trace_t1", "trace_t2"] {
-                let cfg = SimConfig {
-                    cluster: Cluster::parse("1x4x40G").unwrap(),
-                    policy: Policy::Magm,
-                    estimator: Estimator::Given(ours.clone()),
-                    params: Params { metric: cap, ..Params::default() },
-                    assumptions: Assumptions { sharing, ..Assumptions::default() },
-                };
+                let cfg = report_config(sharing, cap, Estimator::Given(ours.clone()), &Assumptions::default());
                 for o in run_all(&data.join(format!("carma/{trace}.csv")), &w, &cfg, &Policy::ALL).unwrap() {
                     let what = format!("{trace} {} {} {}", sharing.name(), cap.name(), o.policy);
                     assert!(o.jobs.iter().all(|j| j.end_s.is_some()), "{what}: a job never finished");
