@@ -18,6 +18,8 @@ tests/cluster.sh start
 trap 'tests/cluster.sh stop' EXIT
 # Tests append what they injected and survived here (tests/reliability-report.sh);
 # the directory is also where the test user's job scripts and outputs go.
+# Emptied first: an earlier run's outputs must not be read as this run's.
+rm -rf /tmp/carma-tests
 install -d -o carmatest /tmp/carma-tests
 : > /tmp/carma-tests/reliability.log
 

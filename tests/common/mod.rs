@@ -80,10 +80,18 @@ pub fn work_dir() -> PathBuf {
     d
 }
 
-/// A job name unique to this test process and call.
+/// A job name unique to this test process and call, and to this run: a
+/// fresh machine hands out the same pids run after run, and outputs are
+/// appended (`--open-mode=append`), so a name from an earlier run would
+/// read that run's lines as this one's.
 pub fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("t{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), tag)
+    static RUN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        (t.as_micros() % 1_000_000_000) as u32
+    });
+    format!("t{}-{run}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), tag)
 }
 
 /// Writes an executable batch script owned by the test user; returns its path.
