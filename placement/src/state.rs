@@ -283,7 +283,7 @@ impl StateStore {
     /// A consistent snapshot under a shared lock (for status displays).
     pub fn snapshot(&self) -> Result<NodeState, StateError> {
         let _lock = self.lock(false, self.lock_timeout)?;
-        Ok(self.load())
+        Ok(self.load().0)
     }
 
     pub fn lock_path(&self) -> PathBuf {
@@ -305,22 +305,22 @@ impl StateStore {
     /// is never waited for: a helper thread left blocking on a shared
     /// descriptor could not release what it got.)
     pub fn try_exclusive(&self) -> Result<Option<Locked<'_>>, StateError> {
-        let path = self.lock_path();
         let file = match self.lock_file.get() {
             Some(f) => f,
             None => {
-                let f =
-                    crate::fsutil::open_for_write(&path, false).map_err(io(format!("opening {}", path.display())))?;
+                let path = self.lock_path();
+                let f = crate::fsutil::open_for_write(&path, false)
+                    .map_err(|e| StateError::Io { what: format!("opening {}", path.display()), err: e })?;
                 self.lock_file.get_or_init(|| f)
             }
         };
         // Lazily: a Locked built for a failed attempt would, when dropped,
         // unlock and wake the oldest queued owner for nothing.
-        Ok(try_got(file.try_lock_exclusive(), &path)?.then(|| Locked {
-            store: self,
-            file: LockFile::Kept(file),
-            loaded: None,
-        }))
+        let got = match file.try_lock_exclusive() {
+            Ok(()) => true,
+            r => try_got(r, &self.lock_path())?,
+        };
+        Ok(got.then(|| Locked { store: self, file: LockFile::Kept(file), loaded: None }))
     }
 
     /// The queue of requests waiting for the lock (see [`crate::slots`]).
@@ -363,17 +363,21 @@ impl StateStore {
 
     /// Reads the state; anything unreadable is moved aside and replaced by
     /// an empty state, with a log line. Never fails, never drops silently.
-    fn load(&self) -> NodeState {
+    /// The state, and the file's bytes where it was read from one.
+    fn load(&self) -> (NodeState, Option<Vec<u8>>) {
         let path = self.state_path();
         let text = match crate::fsutil::read_bounded(&path, MAX_STATE_BYTES) {
             Ok(Some(t)) => t,
-            Ok(None) => return NodeState::default(),
-            Err(e) => return self.set_aside(&path, &e),
+            Ok(None) => return (NodeState::default(), None),
+            Err(e) => return (self.set_aside(&path, &e), None),
         };
         match serde_json::from_slice::<NodeState>(&text) {
-            Ok(s) if s.version == STATE_VERSION => s,
-            Ok(s) => self.set_aside(&path, &format!("schema version {} (this build reads {STATE_VERSION})", s.version)),
-            Err(e) => self.set_aside(&path, &format!("not valid state JSON ({e})")),
+            Ok(s) if s.version == STATE_VERSION => (s, Some(text)),
+            Ok(s) => (
+                self.set_aside(&path, &format!("schema version {} (this build reads {STATE_VERSION})", s.version)),
+                None,
+            ),
+            Err(e) => (self.set_aside(&path, &format!("not valid state JSON ({e})")), None),
         }
     }
 
@@ -394,14 +398,17 @@ impl StateStore {
         NodeState::default()
     }
 
-    fn store(&self, state: &NodeState) -> Result<(), StateError> {
+    fn encode(state: &NodeState) -> Result<Vec<u8>, StateError> {
+        serde_json::to_vec(state)
+            .map_err(|e| StateError::Io { what: "encoding state".into(), err: std::io::Error::other(e) })
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<(), StateError> {
         let path = self.state_path();
         let tmp = self.dir.join(format!("{STATE_FILE}.tmp.{}", std::process::id()));
-        let bytes = serde_json::to_vec(state)
-            .map_err(|e| StateError::Io { what: "encoding state".into(), err: std::io::Error::other(e) })?;
         let write = || -> std::io::Result<()> {
             let mut f = crate::fsutil::open_for_write(&tmp, true)?;
-            f.write_all(&bytes)?;
+            f.write_all(bytes)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;
             File::open(&self.dir)?.sync_all()
@@ -433,8 +440,10 @@ enum LockFile<'a> {
 pub struct Locked<'a> {
     store: &'a StateStore,
     file: LockFile<'a>,
-    /// What `load` returned, to skip writing an unchanged state.
-    loaded: Option<NodeState>,
+    /// The bytes `load` read (or `store` wrote), to skip writing a state
+    /// that encodes the same: comparing bytes costs less than keeping a
+    /// copy of the state to compare with.
+    loaded: Option<Vec<u8>>,
 }
 
 impl Drop for Locked<'_> {
@@ -454,18 +463,19 @@ impl Drop for Locked<'_> {
 impl Locked<'_> {
     /// Reads the state (moving a corrupt file aside; see StateStore::load).
     pub fn load(&mut self) -> NodeState {
-        let state = self.store.load();
-        self.loaded = Some(state.clone());
+        let (state, bytes) = self.store.load();
+        self.loaded = bytes;
         state
     }
 
     /// Writes the state atomically unless it equals what is on disk.
     pub fn store(&mut self, state: &NodeState) -> Result<(), StateError> {
-        if self.loaded.as_ref() == Some(state) && self.store.state_path().exists() {
+        let bytes = StateStore::encode(state)?;
+        if self.loaded.as_ref() == Some(&bytes) && self.store.state_path().exists() {
             return Ok(());
         }
-        self.store.store(state)?;
-        self.loaded = Some(state.clone());
+        self.store.write(&bytes)?;
+        self.loaded = Some(bytes);
         Ok(())
     }
 }
@@ -554,6 +564,20 @@ mod tests {
         let names: Vec<_> =
             fs::read_dir(s.dir()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         assert!(!names.iter().any(|n| n.contains(".tmp.")), "temp file left behind: {names:?}");
+    }
+
+    #[test]
+    fn an_unchanged_state_is_not_written_again() {
+        use std::os::unix::fs::MetadataExt;
+        let (_d, s, _) = store();
+        s.update(|st| st.reservations.push(res(7, 1))).unwrap();
+        let inode = || fs::metadata(s.state_path()).unwrap().ino();
+        let first = inode();
+        s.update(|_| ()).unwrap();
+        assert_eq!(inode(), first, "an unchanged state was replaced");
+        s.update(|st| st.rr_cursor += 1).unwrap();
+        assert_ne!(inode(), first, "a changed state was not written");
+        assert_eq!(s.snapshot().unwrap().rr_cursor, 1);
     }
 
     #[test]
