@@ -181,6 +181,49 @@ pub struct Placer {
     log: Logger,
 }
 
+/// Sleeps on the slot's wake-up word (bounded by `timeouts.lock`) until
+/// the holder has decided for us, or the lock is ours to decide with.
+fn answer_or_lock<'a>(store: &'a StateStore, q: &Slots, slot: SlotRef) -> Result<Waited<'a>, PlaceError> {
+    let start = Instant::now();
+    let timeout = store.lock_timeout();
+    loop {
+        // Read before trying the lock: a release or an answer after
+        // this read makes the wait below return at once.
+        let seen = q.generation(slot);
+        if let Some(lock) = store.try_exclusive()? {
+            return Ok(Waited::Locked(lock));
+        }
+        if let Some(d) = q.take_answer(slot) {
+            return Ok(Waited::Answered(d));
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            if let Some(d) = q.withdraw(slot) {
+                return Ok(Waited::Answered(d));
+            }
+            return Err(StateError::LockTimeout { path: store.lock_path(), waited }.into());
+        }
+        // The holder is most likely deciding for us: sleep until it
+        // answers or releases (re-checking now and then, in case a
+        // holder died between unlocking and waking us).
+        q.wait(slot, seen, (timeout - waited).min(Duration::from_millis(20)));
+    }
+}
+
+/// The readings of an opened source.
+fn read_source(source: &mut Option<Box<dyn GpuSource>>) -> Result<Vec<GpuReading>, PlaceError> {
+    match source.as_mut() {
+        Some(s) => Ok(s.read()?),
+        None => Err(PlaceError::Source(SourceError("no GPU source configured".into()))),
+    }
+}
+
+/// How a queued launch's wait ended.
+enum Waited<'a> {
+    Answered(Decision),
+    Locked(Locked<'a>),
+}
+
 impl Placer {
     pub fn new(
         store: StateStore,
@@ -277,52 +320,50 @@ impl Placer {
     /// launches does not pass the lock once per launch (see
     /// [`crate::slots`]).
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
-        let readings = self.read()?;
+        // Opened (NVML initialised, where it is read directly) before any
+        // lock; read only by whoever takes the lock: a queued launch is
+        // decided on the holder's readings and reads nothing.
+        self.source()?;
         if let Some(lock) = self.store.try_exclusive()? {
-            return self.decide_queued(lock, step, req, None, &readings);
+            let read = read_source(&mut self.source);
+            return self.decide_read(lock, step, req, None, read);
         }
         let queued = self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?)));
         let Some((q, slot)) = queued else {
             // No queue (or no room in it): wait for the lock, bounded.
             let lock = self.store.exclusive()?;
-            return self.decide_queued(lock, step, req, None, &readings);
+            let read = read_source(&mut self.source);
+            return self.decide_read(lock, step, req, None, read);
         };
-        self.decide_or_wait(step, req, q, slot, &readings)
+        match answer_or_lock(&self.store, q, slot)? {
+            Waited::Answered(d) => Ok(d),
+            Waited::Locked(lock) => {
+                let read = read_source(&mut self.source);
+                self.decide_read(lock, step, req, Some(slot), read)
+            }
+        }
     }
 
-    /// Takes the lock and decides, or sleeps on the slot's wake-up word
-    /// (bounded by `timeouts.lock`) until the holder has decided for us.
-    fn decide_or_wait(
+    /// Under the lock, with what reading the GPUs gave. A failed read gives
+    /// the lock back; our queued request leaves the queue (or its answer,
+    /// if a holder decided it meanwhile, is ours after all).
+    fn decide_read(
         &self,
+        lock: Locked<'_>,
         step: StepRef,
         req: &Request,
-        q: &Slots,
-        slot: SlotRef,
-        readings: &[GpuReading],
+        own: Option<SlotRef>,
+        read: Result<Vec<GpuReading>, PlaceError>,
     ) -> Result<Decision, PlaceError> {
-        let start = Instant::now();
-        let timeout = self.store.lock_timeout();
-        loop {
-            // Read before trying the lock: a release or an answer after
-            // this read makes the wait below return at once.
-            let seen = q.generation(slot);
-            if let Some(lock) = self.store.try_exclusive()? {
-                return self.decide_queued(lock, step, req, Some(slot), readings);
-            }
-            if let Some(d) = q.take_answer(slot) {
-                return Ok(d);
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                if let Some(d) = q.withdraw(slot) {
-                    return Ok(d);
+        match read {
+            Ok(readings) => self.decide_queued(lock, step, req, own, &readings),
+            Err(e) => {
+                drop(lock);
+                match own.and_then(|s| self.store.slots().and_then(|q| q.withdraw(s))) {
+                    Some(d) => Ok(d),
+                    None => Err(e),
                 }
-                return Err(StateError::LockTimeout { path: self.store.lock_path(), waited }.into());
             }
-            // The holder is most likely deciding for us: sleep until it
-            // answers or releases (re-checking now and then, in case a
-            // holder died between unlocking and waking us).
-            q.wait(slot, seen, (timeout - waited).min(Duration::from_millis(20)));
         }
     }
 

@@ -165,3 +165,79 @@ fn a_dead_steps_queued_request_is_dropped_not_decided() {
         StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
     assert_eq!(st.reservations.iter().map(|r| r.job).collect::<Vec<_>>(), vec![1], "a dead step was placed");
 }
+
+/// A GPU source whose every read fails, counting the attempts.
+struct Unreadable(Arc<std::sync::atomic::AtomicUsize>);
+impl carma_placement::GpuSource for Unreadable {
+    fn read(&mut self) -> Result<Vec<carma_placement::GpuReading>, carma_placement::SourceError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(carma_placement::SourceError("unreadable".into()))
+    }
+    fn name(&self) -> &'static str {
+        "unreadable"
+    }
+}
+
+fn unreadable_placer(dir: &Path) -> (Placer, Arc<std::sync::atomic::AtomicUsize>) {
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = StateStore::open(&dir.join("state"), Duration::from_secs(10), Box::new(|_| {})).unwrap();
+    let p = Placer::new(
+        store,
+        Box::new(Unreadable(reads.clone())),
+        Params::default(),
+        Box::new(LinuxProcesses),
+        Box::new(|_| {}),
+    );
+    (p, reads)
+}
+
+#[test]
+fn a_launch_answered_while_queued_reads_no_gpus() {
+    // Only the lock holder reads the GPUs: a queued launch is decided on
+    // the holder's readings, so its own source is never read.
+    let d = node("noread", 1, 20480);
+    let elsewhere = node("noread-elsewhere", 1, 20480);
+    let me = std::process::id();
+    let step = StepRef { job: 9, holder: me };
+    let decided = placer(&elsewhere.0).try_place(step, &request(Policy::Magm, 4096)).unwrap();
+    let (mut waiter, reads) = unreadable_placer(&d.0);
+    // The lock, held here for the whole test (flock: this descriptor
+    // excludes the waiter's even within one process).
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(d.0.join("state/state.lock"))
+        .unwrap();
+    fs2::FileExt::lock_exclusive(&lock).unwrap();
+    let t = std::thread::spawn(move || waiter.try_place(step, &request(Policy::Magm, 4096)));
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    let start = std::time::Instant::now();
+    let taken = loop {
+        let t = q.take_queued(&[], &|_| {});
+        if !t.is_empty() {
+            break t;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the launch never queued");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(taken.len(), 1);
+    q.answer(taken[0].slot, &decided);
+    let got = t.join().unwrap().expect("placed on the holder's answer");
+    assert_eq!(got.gpus, decided.gpus);
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0, "a queued launch read the GPUs");
+    drop(lock);
+}
+
+#[test]
+fn a_failed_read_under_the_lock_gives_the_lock_back_and_leaves_no_slot() {
+    let d = node("readfail", 1, 20480);
+    let me = std::process::id();
+    let (mut p, reads) = unreadable_placer(&d.0);
+    let e = p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap_err();
+    assert!(e.to_string().contains("unreadable"), "{e}");
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(busy(&d.0), 0, "slots left in use");
+    // The lock is free again: another launch is placed at once.
+    placer(&d.0).try_place(StepRef { job: 4, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+}
