@@ -210,7 +210,9 @@ fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), Par
     }
     if t.lines().any(|l| l.trim_end().ends_with(" params")) {
         let l = listing::parse(&t, name)?;
-        return Ok((Described::Transformer(listing_shape(&l, name)?), "module-listing"));
+        let mut shape = listing_shape(&l, name)?;
+        shape.ff_kept = listing_ff_kept(&t);
+        return Ok((Described::Transformer(shape), "module-listing"));
     }
     Err(ParseError {
         file: name.into(),
@@ -238,5 +240,21 @@ fn listing_shape(l: &listing::Listing, name: &str) -> Result<Shape, ParseError> 
         vocab: l.vocab.unwrap_or(0),
         seq: l.max_positions.unwrap_or(512),
         params: l.root_params,
+        ff_kept: Shape::ff_kept(false, None),
     })
+}
+
+/// `ff_kept` from the module classes a listing names: a gated MLP has a
+/// `gate_proj`; `NewGELUActivation` is GPT-2's `gelu_new`.
+fn listing_ff_kept(text: &str) -> u64 {
+    let activation = if text.contains("NewGELUActivation") {
+        Some("gelu_new")
+    } else if text.contains("FastGELUActivation") {
+        Some("gelu_fast")
+    } else if text.contains("QuickGELUActivation") {
+        Some("quick_gelu")
+    } else {
+        None
+    };
+    Shape::ff_kept(text.contains("(gate_proj)"), activation)
 }

@@ -150,10 +150,9 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let dec = k.opt(&["num_decoder_layers"])?.unwrap_or(enc);
             let (f, v) = (k.need(&["d_ff"])?, k.need(&["vocab_size"])?);
             let buckets = k.opt(&["relative_attention_num_buckets"])?.unwrap_or(32);
-            let gated = k.v.get("feed_forward_proj").and_then(Value::as_str).is_some_and(|s| s.starts_with("gated"));
             let inner = heads * kvd;
             let attn = 4 * d * inner + d; // Q, K, V, O (no biases) + RMS-style LayerNorm
-            let ff = if gated { 3 } else { 2 } * d * f + d;
+            let ff = if gated(k.v, Family::T5) { 3 } else { 2 } * d * f + d;
             // per stack: blocks, relative position buckets (first block), final LayerNorm
             let encoder = enc * (attn + ff) + buckets * heads + d;
             let decoder = dec * (2 * attn + ff) + buckets * heads + d;
@@ -183,7 +182,8 @@ pub fn parse(text: &str, name: &str) -> Result<Shape, ParseError> {
     if !v.is_object() {
         return Err(err(1, "expected a JSON object (a Hugging Face config.json)".into()));
     }
-    let c = count(&Keys { v: &v, name }, family(&v))?;
+    let fam = family(&v);
+    let c = count(&Keys { v: &v, name }, fam)?;
     let small = |x: u128, what: &str| u64::try_from(x).map_err(|_| err(0, format!("{what} {x} is implausible")));
     let params = u64::try_from(c.params)
         .ok()
@@ -197,7 +197,34 @@ pub fn parse(text: &str, name: &str) -> Result<Shape, ParseError> {
         vocab: small(c.vocab, "vocabulary")?,
         seq: small(c.seq, "positions")?,
         params,
+        ff_kept: Shape::ff_kept(gated(&v, fam), activation(&v, fam).as_deref()),
     })
+}
+
+/// Whether the MLP is gated: the Llama family's always is; T5's where
+/// `feed_forward_proj` says `gated-...`.
+fn gated(v: &Value, fam: Family) -> bool {
+    fam == Family::Llama
+        || (fam == Family::T5
+            && v.get("feed_forward_proj").and_then(Value::as_str).is_some_and(|s| s.starts_with("gated")))
+}
+
+/// The MLP's activation by its Hugging Face name, with each family's
+/// default where the config leaves it out (GPT-2's is `gelu_new`).
+fn activation(v: &Value, fam: Family) -> Option<String> {
+    let named = ["hidden_act", "activation_function", "hidden_activation", "dense_act_fn"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_str));
+    match (named, fam) {
+        (Some(a), _) => Some(a.to_string()),
+        (None, Family::Gpt2) => Some("gelu_new".into()),
+        // T5's `gated-gelu` is `gelu_new` (transformers' T5Config).
+        (None, Family::T5) => v
+            .get("feed_forward_proj")
+            .and_then(Value::as_str)
+            .map(|p| if p == "gated-gelu" { "gelu_new".into() } else { p.trim_start_matches("gated-").into() }),
+        (None, _) => None,
+    }
 }
 
 #[cfg(test)]
@@ -324,6 +351,26 @@ mod tests {
             parse(r#"{"n_embd": 1280, "n_layer": 36, "n_head": 20, "vocab_size": 50257, "n_positions": 1024}"#, "c")
                 .unwrap();
         assert_eq!((g.intermediate, g.seq, g.params), (5120, 1024, 774_030_080));
+    }
+
+    #[test]
+    fn the_mlp_kind_is_read_from_the_config() {
+        let kept = |json: &str| parse(json, "c").unwrap().ff_kept;
+        let gpt2 = r#"{"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024"#;
+        // GPT-2's default activation is gelu_new, written as separate operations.
+        assert_eq!(kept(&format!("{gpt2}}}")), 5);
+        assert_eq!(kept(&format!(r#"{gpt2}, "activation_function": "gelu"}}"#)), 2);
+        let llama = r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 32,
+                       "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048"#;
+        assert_eq!(kept(&format!(r#"{llama}, "hidden_act": "silu"}}"#)), 4);
+        let bert = r#"{"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12,
+                      "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512"#;
+        assert_eq!(kept(&format!(r#"{bert}, "hidden_act": "gelu"}}"#)), 2);
+        let t5 = r#"{"model_type": "t5", "d_model": 512, "num_heads": 8, "d_kv": 64, "num_layers": 2, "d_ff": 1024,
+                    "vocab_size": 32128"#;
+        // T5 v1.1's gated-gelu is a gated gelu_new.
+        assert_eq!(kept(&format!(r#"{t5}, "feed_forward_proj": "gated-gelu"}}"#)), 7);
+        assert_eq!(kept(&format!(r#"{t5}, "feed_forward_proj": "relu"}}"#)), 2);
     }
 
     #[test]

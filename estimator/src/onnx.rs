@@ -232,7 +232,8 @@ impl Seen {
         let intermediate = most_common(&self.act_width).filter(|i| *i > hidden).unwrap_or(4 * hidden);
         // A language-model head is the widest output; without one, none.
         let vocab = if self.widest > intermediate { self.widest } else { 0 };
-        Some(Shape { blocks: self.softmax.len() as u64, hidden, heads, intermediate, vocab, seq, params })
+        // Exports fuse or decompose the activation alike: counted as fused.
+        Some(Shape { blocks: self.softmax.len() as u64, hidden, heads, intermediate, vocab, seq, params, ff_kept: 2 })
     }
 }
 

@@ -1,12 +1,24 @@
 //! The analytic estimate for transformer training (no training set exists
 //! for them): weights, gradients and Adam's two moments at 16 bytes per
 //! parameter, plus what autograd keeps per token in fp32:
-//! - per block, 8.5 x hidden + 2 x feed-forward width floats (LayerNorm
-//!   inputs and outputs, Q, K, V, attention context, the two feed-forward
-//!   activations, two dropout masks) and 9 bytes per head and key position
-//!   (softmax output, dropout mask, dropout output);
-//! - the language-model head: logits, their log-softmax and their gradient
-//!   (3 x vocabulary floats);
+//! - per block, 8.5 x hidden floats (LayerNorm inputs and outputs, Q, K, V,
+//!   attention context, two dropout masks), `ff_kept` x feed-forward width
+//!   floats and 9 bytes per head and key position (softmax output, dropout
+//!   mask, dropout output);
+//! - `ff_kept` counts the feed-forward-wide tensors autograd keeps: 2 for
+//!   one fused activation (its input, and its output for the second
+//!   matmul); 4 for a gated MLP (gate, its activation, up, their product);
+//!   3 more for a tanh GELU written as separate operations (GPT-2's
+//!   `gelu_new`: tanh, 1 + tanh and x/2 are kept for the backward pass).
+//!   Measured on a CPU (data/cpu/lm-training-memory.csv): GPT-2 at 2 kept
+//!   tensors fell below its measured need;
+//! - the language-model head: 16 bytes per vocabulary entry in every
+//!   precision. The logits stay alive with the model's output (training
+//!   loops keep it through the backward pass); the loss takes their
+//!   log-softmax in fp32 (transformers upcasts causal-LM logits; autocast
+//!   runs it in fp32), and its backward pass holds two fp32 gradients of
+//!   that size at once. fp32: 4 + 4 + 4 + 4; bf16 logits: 2 + 4 + 4 + 4
+//!   and the 2-byte gradient handed back to them;
 //! - the embeddings' sum, LayerNorm and dropout mask.
 //! Without a sequence length the model's maximum positions are used: the
 //! worst case a training script can feed.
@@ -36,6 +48,8 @@ pub struct Shape {
     pub vocab: u64,
     pub seq: u64,
     pub params: u64,
+    /// Feed-forward-wide tensors kept per token and block (module doc).
+    pub ff_kept: u64,
 }
 
 impl Shape {
@@ -44,6 +58,19 @@ impl Shape {
     pub fn default_heads(hidden: u64) -> u64 {
         (hidden / 64).max(1)
     }
+
+    /// `ff_kept` for an MLP: gated or not, and its activation function by
+    /// its Hugging Face name (`hidden_act`), where known.
+    pub fn ff_kept(gated: bool, activation: Option<&str>) -> u64 {
+        let composite = match activation.unwrap_or("") {
+            // x/2, tanh and 1 + tanh kept beside the input.
+            "gelu_new" | "gelu_fast" => 3,
+            // sigmoid(1.702 x) kept beside the input.
+            "quick_gelu" => 1,
+            _ => 0,
+        };
+        if gated { 4 + composite } else { 2 + composite }
+    }
 }
 
 pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
@@ -51,11 +78,11 @@ pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
     // Bytes per parameter, per kept hidden activation, per attention
     // (head, key position), per vocabulary entry of the head (module doc).
     let (param_b, act_b, attn_b, vocab_b) = match precision {
-        Precision::Fp32 => (16.0, 4.0, 9.0, 12.0),
-        Precision::Mixed => (18.0, 3.0, 9.0, 12.0),
-        Precision::Bf16 => (8.0, 2.0, 5.0, 6.0),
+        Precision::Fp32 => (16.0, 4.0, 9.0, 16.0),
+        Precision::Mixed => (18.0, 3.0, 9.0, 16.0),
+        Precision::Bf16 => (8.0, 2.0, 5.0, 16.0),
     };
-    let block_per_token = act_b * (8.5 * h + 2.0 * i) + attn_b * s.heads as f64 * seq;
+    let block_per_token = act_b * (8.5 * h + s.ff_kept as f64 * i) + attn_b * s.heads as f64 * seq;
     let head_per_token = vocab_b * v + act_b * 3.0 * h;
     let embed_per_token = act_b * 2.25 * h;
     let per_sample = seq * (s.blocks as f64 * block_per_token + head_per_token + embed_per_token);
@@ -67,7 +94,16 @@ mod tests {
     use super::*;
 
     fn bert_base(seq: u64) -> Shape {
-        Shape { blocks: 12, hidden: 768, heads: 12, intermediate: 3072, vocab: 30522, seq, params: 110_000_000 }
+        Shape {
+            blocks: 12,
+            hidden: 768,
+            heads: 12,
+            intermediate: 3072,
+            vocab: 30522,
+            seq,
+            params: 110_000_000,
+            ff_kept: 2,
+        }
     }
 
     #[test]
@@ -87,17 +123,15 @@ mod tests {
     }
 
     #[test]
-    fn lower_precision_needs_less_and_fp32_is_unchanged() {
+    fn lower_precision_needs_less_but_the_loss_stays_fp32() {
         let s = bert_base(512);
         let (f, m, b) =
             (parts(&s, 700, Precision::Fp32), parts(&s, 700, Precision::Mixed), parts(&s, 700, Precision::Bf16));
-        // fp32 is the model as it was: 4 B per kept float.
-        let old = 512.0
-            * (12.0 * (4.0 * (8.5 * 768.0 + 2.0 * 3072.0) + 9.0 * 12.0 * 512.0)
-                + 4.0 * (3.0 * 30522.0 + 3.0 * 768.0)
-                + 4.0 * 2.25 * 768.0);
-        assert!((f.per_sample_mib - old / MIB).abs() < 1e-9);
         assert!(b.at_batch(8) < m.at_batch(8) && m.at_batch(8) < f.at_batch(8));
+        // A model that is all head: the same per sample in every precision.
+        let head_only = Shape { blocks: 0, hidden: 1, ..s };
+        let per_sample = |p| parts(&head_only, 0, p).per_sample_mib;
+        assert!((per_sample(Precision::Fp32) - per_sample(Precision::Bf16)).abs() < 0.01);
         // Mixed keeps fp32 master weights: more per parameter than fp32.
         assert!(m.params_mib > f.params_mib && b.params_mib < f.params_mib);
     }

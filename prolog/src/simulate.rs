@@ -552,15 +552,16 @@ const READING: &str = "## Reading these numbers\n\n\
 - **Energy falls wherever makespan falls**: the idle power and the active floor are paid once for two jobs'\n\
   work, as the H100 measured.\n\
 - **Our estimator** is within 5% of the oracle on trace_t2 in both configurations where collocation pays\n\
-  (mean over the policies +3.0% under MPS, +1.5% time-sliced with the busy cap), but +4.7% and +9.9% behind\n\
+  (mean over the policies +3.5% under MPS, +1.5% time-sliced with the busy cap), but +4.7% and +9.9% behind\n\
   it on trace_t1, so the 5% goal is not met there. The attribution table shows why: most of trace_t1's gap\n\
   is one 65-minute job, gpt2-large on 2 GPUs. Its module listing names no sequence length, so the analytic\n\
-  model takes the 1024 maximum positions with fp32 attention matrices: 94 GB per GPU for 28 GB measured,\n\
-  hence whole GPUs for the job (`--carma-seq-len` is how a user avoids this; the paper's row does not say\n\
-  what length it trained at). Next come BERT-base (1.42×, also at its 512 maximum) and Mask R-CNN (2.36×,\n\
-  from its torchinfo footer). It under-estimates five workloads (UNet by 264 MiB, inside the headroom; the\n\
-  dlrm and mnist summaries, which do not describe the rows' jobs; the two 2-GPU XLNet rows); no run left a\n\
-  job unrecovered. Some over-estimates *help* (the CIFAR ResNet-34 rows): they refuse collocations that\n\
+  model takes the 1024 maximum positions with fp32 attention matrices: 113 GB per GPU for 28 GB measured,\n\
+  hence whole GPUs for the job. The paper's script pads to 512 (workloads/gpt2_large_on_wiki.py in the\n\
+  CARMA repository); with `--carma-seq-len=512` the estimate is 50 GB, still a whole 40 GB GPU: the script's\n\
+  DataParallel splits the batch of 8 over the 2 GPUs, which no model file says. Next come BERT-base (1.52×,\n\
+  also at its 512 maximum) and Mask R-CNN (2.36×, from its torchinfo footer). It under-estimates four\n\
+  workloads (UNet by 264 MiB, inside the headroom; the dlrm and mnist summaries, which do not describe the\n\
+  rows' jobs; the 2-GPU XLNet-large row); no run left a job unrecovered. Some over-estimates *help* (the CIFAR ResNet-34 rows): they refuse collocations that\n\
   would slow the trace.\n\
 - **GPUMemNet's coarse bins** happen to help under time-slicing with the SM cap: they refuse the harmful\n\
   collocations that finer estimates allow.\n\
