@@ -52,6 +52,17 @@ def measure(name, batch, size):
         torch.nn.functional.cross_entropy(out, y).backward()
         opt.step()
 
+    params = sum(p.numel() for p in m.parameters())
+    before = 3 * 4 * params + x.numel() * 4  # weights and Adam's two moments, fp32; the batch
+    return params, (before + peak_live_bytes(step)) / 2**20
+
+
+def peak_live_bytes(step):
+    """Runs a training step twice (the second with Adam's state in place) and
+    returns the peak of tensor bytes the second allocated beyond what was
+    alive before it, from the profiler's memory events. (Frees of tensors
+    allocated before profiling are not among them: the previous step's
+    gradients, freed by zero_grad, are counted neither way.)"""
     step()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
@@ -60,9 +71,7 @@ def measure(name, batch, size):
     for _, b in events:
         live += b
         peak = max(peak, live)
-    params = sum(p.numel() for p in m.parameters())
-    before = 3 * 4 * params + x.numel() * 4  # weights and Adam's two moments, fp32; the batch
-    return params, (before + peak) / 2**20
+    return peak
 
 
 def main():

@@ -2,7 +2,7 @@
 three precisions `--carma-precision` names: the peak of live tensor bytes
 during one Adam training step (the second, so that Adam's state exists),
 read from the PyTorch profiler's memory events, plus the weights, Adam state
-and batch alive before it. The same method as cpu_peaks.py (image models).
+and batch alive before it: cpu_peaks.py's measurement (image models).
 
 - fp32: the model and Adam in fp32;
 - mixed: fp32 model and Adam, the forward pass under bf16 autocast (the CPU's
@@ -36,7 +36,8 @@ import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+
+from cpu_peaks import peak_live_bytes  # the same measurement as for image models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -103,18 +104,10 @@ def measure(model, vocab, batch, seq, precision):
         out.loss.backward()
         opt.step()
 
-    step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, b in events:
-        live += b
-        peak = max(peak, live)
     params = sum(p.numel() for p in model.parameters())
     width = 2 if precision == "bf16" else 4
     before = 3 * width * params + ids.numel() * 8  # weights, Adam's two moments; the token ids
-    return params, (before + peak) / 2**20
+    return params, (before + peak_live_bytes(step)) / 2**20
 
 
 def main():
