@@ -190,11 +190,14 @@ fn answer_or_lock<'a>(store: &'a StateStore, q: &Slots, slot: SlotRef) -> Result
         // Read before trying the lock: a release or an answer after
         // this read makes the wait below return at once.
         let seen = q.generation(slot);
-        if let Some(lock) = store.try_exclusive()? {
-            return Ok(Waited::Locked(lock));
-        }
+        // The answer first: a holder answers before it releases, so a
+        // launch woken by its answer would otherwise often find the lock
+        // free and read the GPUs for nothing.
         if let Some(d) = q.take_answer(slot) {
             return Ok(Waited::Answered(d));
+        }
+        if let Some(lock) = store.try_exclusive()? {
+            return Ok(Waited::Locked(lock));
         }
         let waited = start.elapsed();
         if waited >= timeout {
@@ -326,45 +329,40 @@ impl Placer {
         self.source()?;
         if let Some(lock) = self.store.try_exclusive()? {
             let read = read_source(&mut self.source);
-            return self.decide_read(lock, step, req, None, read);
+            return self.decide_read(lock, step, req, read);
         }
         let queued = self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?)));
         let Some((q, slot)) = queued else {
             // No queue (or no room in it): wait for the lock, bounded.
             let lock = self.store.exclusive()?;
             let read = read_source(&mut self.source);
-            return self.decide_read(lock, step, req, None, read);
+            return self.decide_read(lock, step, req, read);
         };
         match answer_or_lock(&self.store, q, slot)? {
             Waited::Answered(d) => Ok(d),
             Waited::Locked(lock) => {
+                // Whatever a dead decider had taken is queued again; then
+                // ours leaves the queue, unless it was answered meanwhile.
+                q.recover_taken();
+                if let Some(d) = q.withdraw(slot) {
+                    return Ok(d);
+                }
                 let read = read_source(&mut self.source);
-                self.decide_read(lock, step, req, Some(slot), read)
+                self.decide_read(lock, step, req, read)
             }
         }
     }
 
-    /// Under the lock, with what reading the GPUs gave. A failed read gives
-    /// the lock back; our queued request leaves the queue (or its answer,
-    /// if a holder decided it meanwhile, is ours after all).
+    /// Under the lock (our request out of the queue), with what reading
+    /// the GPUs gave; a failed read gives the lock back.
     fn decide_read(
         &self,
         lock: Locked<'_>,
         step: StepRef,
         req: &Request,
-        own: Option<SlotRef>,
         read: Result<Vec<GpuReading>, PlaceError>,
     ) -> Result<Decision, PlaceError> {
-        match read {
-            Ok(readings) => self.decide_queued(lock, step, req, own, &readings),
-            Err(e) => {
-                drop(lock);
-                match own.and_then(|s| self.store.slots().and_then(|q| q.withdraw(s))) {
-                    Some(d) => Ok(d),
-                    None => Err(e),
-                }
-            }
-        }
+        self.decide_queued(lock, step, req, &read?)
     }
 
     /// Under the exclusive lock: decides our request, then the queued
@@ -375,17 +373,12 @@ impl Placer {
         mut lock: Locked<'_>,
         step: StepRef,
         req: &Request,
-        own: Option<SlotRef>,
         readings: &[GpuReading],
     ) -> Result<Decision, PlaceError> {
         let q = self.store.slots();
         if let Some(q) = q {
             // Whatever a dead decider had taken is queued again.
             q.recover_taken();
-            // Ours leaves the queue; it may have been answered meanwhile.
-            if let Some(d) = own.and_then(|s| q.withdraw(s)) {
-                return Ok(d);
-            }
         }
         let mut st = lock.load();
         self.collect(&mut st, false);
