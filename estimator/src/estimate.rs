@@ -107,12 +107,14 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
             let parts = transformer::parts(&shape, s.runtime_mib, s.precision);
             let mib = parts.at_batch(batch);
             let why = format!(
-                "analytic transformer: {} blocks, hidden {}, {} heads, feed-forward {}, vocabulary {}, sequence {} ({seq_from}), \
-                 precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam + {:.1} MiB per sample",
+                "analytic transformer: {} blocks, hidden {}, {} heads, feed-forward {} ({} kept per token), vocabulary {}, \
+                 sequence {} ({seq_from}), precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB \
+                 weights/gradients/Adam + {:.1} MiB per sample",
                 shape.blocks,
                 shape.hidden,
                 shape.heads,
                 shape.intermediate,
+                shape.ff_kept,
                 shape.vocab,
                 shape.seq,
                 s.precision.name(),
