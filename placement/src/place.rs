@@ -327,45 +327,32 @@ impl Placer {
         // lock; read only by whoever takes the lock: a queued launch is
         // decided on the holder's readings and reads nothing.
         self.source()?;
-        if let Some(lock) = self.store.try_exclusive()? {
-            let read = read_source(&mut self.source);
-            return self.decide_read(lock, step, req, read);
-        }
-        let queued = self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?)));
-        let Some((q, slot)) = queued else {
-            // No queue (or no room in it): wait for the lock, bounded.
-            let lock = self.store.exclusive()?;
-            let read = read_source(&mut self.source);
-            return self.decide_read(lock, step, req, read);
+        let (lock, own) = match self.store.try_exclusive()? {
+            Some(lock) => (lock, None),
+            None => match self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?))) {
+                // No queue (or no room in it): wait for the lock, bounded.
+                None => (self.store.exclusive()?, None),
+                Some((q, slot)) => match answer_or_lock(&self.store, q, slot)? {
+                    Waited::Answered(d) => return Ok(d),
+                    Waited::Locked(lock) => (lock, Some(slot)),
+                },
+            },
         };
-        match answer_or_lock(&self.store, q, slot)? {
-            Waited::Answered(d) => Ok(d),
-            Waited::Locked(lock) => {
-                // Whatever a dead decider had taken is queued again; then
-                // ours leaves the queue, unless it was answered meanwhile.
-                q.recover_taken();
-                if let Some(d) = q.withdraw(slot) {
-                    return Ok(d);
-                }
-                let read = read_source(&mut self.source);
-                self.decide_read(lock, step, req, read)
+        if let Some(q) = self.store.slots() {
+            // Whatever a dead decider had taken is queued again; then ours
+            // leaves the queue, unless it was answered meanwhile.
+            q.recover_taken();
+            if let Some(d) = own.and_then(|s| q.withdraw(s)) {
+                return Ok(d);
             }
         }
+        // A failed read returns with the lock, which gives it back.
+        let readings = read_source(&mut self.source)?;
+        self.decide_queued(lock, step, req, &readings)
     }
 
-    /// Under the lock (our request out of the queue), with what reading
-    /// the GPUs gave; a failed read gives the lock back.
-    fn decide_read(
-        &self,
-        lock: Locked<'_>,
-        step: StepRef,
-        req: &Request,
-        read: Result<Vec<GpuReading>, PlaceError>,
-    ) -> Result<Decision, PlaceError> {
-        self.decide_queued(lock, step, req, &read?)
-    }
-
-    /// Under the exclusive lock: decides our request, then the queued
+    /// Under the exclusive lock (dead deciders' requests queued again, ours
+    /// out of the queue): decides our request, then the queued
     /// ones in arrival order, writes the state, then answers them.
     /// Requests queued meanwhile are taken in further rounds.
     fn decide_queued(
@@ -376,10 +363,6 @@ impl Placer {
         readings: &[GpuReading],
     ) -> Result<Decision, PlaceError> {
         let q = self.store.slots();
-        if let Some(q) = q {
-            // Whatever a dead decider had taken is queued again.
-            q.recover_taken();
-        }
         let mut st = lock.load();
         self.collect(&mut st, false);
         let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
