@@ -14,25 +14,11 @@
 //! mixed and bf16 rows it assumes the GPU's extra scales with the bytes
 //! kept, whatever their width.
 
+mod common;
 use carma_config::Precision;
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
+use common::*;
 use std::collections::HashMap;
-use std::path::PathBuf;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn csv(rel: &str) -> Vec<HashMap<String, String>> {
-    let text = std::fs::read_to_string(repo().join("data").join(rel)).unwrap();
-    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
-    let header: Vec<String> = lines.next().unwrap().split(',').map(str::to_string).collect();
-    lines.map(|l| header.iter().cloned().zip(l.split(',').map(str::to_string)).collect()).collect()
-}
-
-fn num(r: &HashMap<String, String>, k: &str) -> f64 {
-    r[k].parse().unwrap_or_else(|_| panic!("{k} in {r:?}"))
-}
 
 fn our_estimate(r: &HashMap<String, String>) -> carma_estimator::Estimate {
     let path = repo().join(&r["model"]);

@@ -10,24 +10,10 @@
 //! than the CPU measurement (after the 700 MiB runtime): the largest such
 //! ratio bounds the new rows' GPU peak from above.
 
+mod common;
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
+use common::*;
 use std::collections::HashMap;
-use std::path::PathBuf;
-
-fn data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data")
-}
-
-fn csv(rel: &str) -> Vec<HashMap<String, String>> {
-    let text = std::fs::read_to_string(data().join(rel)).unwrap();
-    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
-    let header: Vec<String> = lines.next().unwrap().split(',').map(str::to_string).collect();
-    lines.map(|l| header.iter().cloned().zip(l.split(',').map(str::to_string)).collect()).collect()
-}
-
-fn num(r: &HashMap<String, String>, k: &str) -> f64 {
-    r[k].parse().unwrap_or_else(|_| panic!("{k} in {r:?}"))
-}
 
 #[test]
 fn vision_transformers_are_estimated_from_their_layers_above_their_measured_need() {

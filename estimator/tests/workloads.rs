@@ -6,14 +6,9 @@
 //! its median over-provision must be at most 1.25x.
 //! Prints our ratios next to the paper's three estimators.
 
+mod common;
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
-use std::path::PathBuf;
-
-fn data() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data");
-    assert!(dir.join("carma/workloads.csv").is_file(), "no {}: the repository's data/ is missing", dir.display());
-    dir
-}
+use common::*;
 
 /// Known-bad summaries (data/README.md).
 const SKIP: [(&str, &str); 3] = [
