@@ -212,9 +212,7 @@ fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), Par
     }
     if t.lines().any(|l| l.trim_end().ends_with(" params")) {
         let l = listing::parse(&t, name)?;
-        let mut shape = listing_shape(&l, name)?;
-        shape.ff_kept = listing_ff_kept(&t);
-        return Ok((Described::Transformer(shape), "module-listing"));
+        return Ok((Described::Transformer(listing_shape(&l, &t, name)?), "module-listing"));
     }
     Err(ParseError {
         file: name.into(),
@@ -226,7 +224,9 @@ fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), Par
     })
 }
 
-fn listing_shape(l: &listing::Listing, name: &str) -> Result<Shape, ParseError> {
+/// The shape a parsed listing describes; `text` is the listing itself,
+/// whose module classes say how its MLP keeps memory.
+fn listing_shape(l: &listing::Listing, text: &str, name: &str) -> Result<Shape, ParseError> {
     let err = |m: &str| ParseError { file: name.into(), line: 0, message: m.into() };
     let hidden = l.hidden.ok_or_else(|| err("the module listing has no Embedding: cannot tell the hidden size"))?;
     if l.blocks == 0 {
@@ -242,7 +242,7 @@ fn listing_shape(l: &listing::Listing, name: &str) -> Result<Shape, ParseError> 
         vocab: l.vocab.unwrap_or(0),
         seq: l.max_positions.unwrap_or(512),
         params: l.root_params,
-        ff_kept: Shape::ff_kept(false, None),
+        ff_kept: listing_ff_kept(text),
     })
 }
 

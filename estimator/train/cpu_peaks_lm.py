@@ -24,7 +24,7 @@ takes padding masks and dropout and keeps no probabilities). A CPU has only
 a flash kernel, without masks or dropout: so no mask is passed and attention
 dropout is off here (the other dropouts stay). With either, the CPU falls
 back to composite attention and keeps every probability: the paper's
-BERT-base then measures 935-1030 MiB per sample here against 535 on the
+BERT-base then measures 935-992 MiB per sample here against 535 on the
 A100.
 
     python3 estimator/train/cpu_peaks_lm.py > data/cpu/lm-training-memory.csv
