@@ -39,8 +39,7 @@ fn our_estimate(r: &HashMap<String, String>) -> carma_estimator::Estimate {
 #[test]
 fn transformer_estimates_in_every_precision_cover_their_measured_need() {
     let cpu = csv("cpu/lm-training-memory.csv");
-    let measured: HashMap<String, f64> =
-        csv("carma/workloads.csv").iter().map(|r| (r["workload"].clone(), num(r, "measured_peak_mib"))).collect();
+    let measured = measured_peaks();
     // How much more an A100 used than the CPU measurement, at worst.
     let mut ratio: f64 = 0.0;
     let mut calibration = 0;

@@ -13,13 +13,11 @@
 mod common;
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use common::*;
-use std::collections::HashMap;
 
 #[test]
 fn vision_transformers_are_estimated_from_their_layers_above_their_measured_need() {
     let cpu = csv("cpu/training-memory.csv");
-    let measured: HashMap<String, f64> =
-        csv("carma/workloads.csv").iter().map(|r| (r["workload"].clone(), num(r, "measured_peak_mib"))).collect();
+    let measured = measured_peaks();
     // How much more an A100 used than the CPU measurement, at worst.
     let mut ratio: f64 = 0.0;
     for r in cpu.iter().filter(|r| !r["workload"].is_empty()) {

@@ -27,3 +27,8 @@ pub fn csv(rel: &str) -> Vec<HashMap<String, String>> {
 pub fn num(r: &HashMap<String, String>, k: &str) -> f64 {
     r[k].parse().unwrap_or_else(|_| panic!("{k} in {r:?}"))
 }
+
+/// The paper's measured A100 peak of each workload (`carma/workloads.csv`), MiB.
+pub fn measured_peaks() -> HashMap<String, f64> {
+    csv("carma/workloads.csv").iter().map(|r| (r["workload"].clone(), num(r, "measured_peak_mib"))).collect()
+}
