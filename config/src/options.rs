@@ -121,7 +121,7 @@ impl OptionName {
             OptionName::Model => {
                 "CARMA: model file (ONNX, torchsummary text, HF config.json or model directory) used to estimate GPU memory (env CARMA_MODEL)"
             }
-            OptionName::BatchSize => "CARMA: training batch size for the estimate (env CARMA_BATCH_SIZE)",
+            OptionName::BatchSize => "CARMA: training batch size per GPU for the estimate (env CARMA_BATCH_SIZE)",
             OptionName::Mem => "CARMA: declared GPU memory need per GPU, e.g. 12G or 12000M (env CARMA_MEM)",
             OptionName::Gpus => "CARMA: number of GPUs the job uses (default 1) (env CARMA_GPUS)",
             OptionName::Recovery => {

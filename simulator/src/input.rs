@@ -22,10 +22,13 @@ pub struct Workload {
     /// utilization.gpu), 0–1: what time-slicing shares out.
     pub busy: f64,
     /// The model description the user would pass as `--carma-model`
-    /// (`model_summary`, relative to the table's `model-summaries/`), and
-    /// the training batch size: what our estimator reads.
+    /// (`model_summary`, relative to the table's `model-summaries/`), the
+    /// batch size per GPU (`--carma-batch-size`) and the sequence length
+    /// (`--carma-seq-len`): what our estimator reads. The table gives the
+    /// first two; [`apply_job_options`] sets what the job's script says.
     pub model_file: Option<String>,
     pub batch_size: Option<u32>,
+    pub seq_len: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +129,7 @@ pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> 
             busy,
             model_file: imodel.map(get).filter(|s| !s.is_empty()).map(str::to_string),
             batch_size: ibatch.map(get).and_then(|s| s.parse().ok()),
+            seq_len: None,
         };
         out.insert(w.name.clone(), w);
     }
@@ -184,4 +188,33 @@ pub fn apply_activity(
         }
     }
     Ok(set)
+}
+
+/// Sets the options each job's user would give srun/sbatch from a file of
+/// `workload,batch_size,seq_len[,source]` rows (an empty cell keeps what the
+/// table says; `batch_size` is per GPU); returns how many rows it applied.
+/// A row naming no workload of the table is an error: a typo would
+/// otherwise leave a job's estimate silently unchanged.
+pub fn apply_job_options(workloads: &mut HashMap<String, Workload>, path: &Path) -> Result<usize, String> {
+    let (h, body) = rows(path)?;
+    let col =
+        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let (iw, ib, is) = (col("workload")?, col("batch_size")?, col("seq_len")?);
+    for (n, r) in body.iter().enumerate() {
+        let get = |i: usize| r.get(i).map(String::as_str).unwrap_or("");
+        let whole =
+            |i: usize, what: &str| match get(i) {
+                "" => Ok(None),
+                v => v.parse::<u32>().ok().filter(|&x| x > 0).map(Some).ok_or_else(|| {
+                    format!("{} line {}: {what} '{v}' is not a whole number > 0", path.display(), n + 2)
+                }),
+            };
+        let (batch, seq) = (whole(ib, "batch_size")?, whole(is, "seq_len")?);
+        let w = workloads
+            .get_mut(get(iw))
+            .ok_or_else(|| format!("{} line {}: no workload '{}' in the table", path.display(), n + 2, get(iw)))?;
+        w.batch_size = batch.or(w.batch_size);
+        w.seq_len = seq.or(w.seq_len);
+    }
+    Ok(body.len())
 }

@@ -22,6 +22,7 @@ fn wl(name: &str, peak_gib: u64, solo_s: f64, sm: f64, estimate_gib: Option<u64>
         busy: sm,
         model_file: None,
         batch_size: None,
+        seq_len: None,
     }
 }
 

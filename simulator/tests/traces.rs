@@ -3,7 +3,7 @@
 
 use carma_config::Policy;
 use carma_placement::Params;
-use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, read_trace, read_workloads, simulate};
+use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, apply_job_options, read_trace, read_workloads, simulate};
 use std::path::PathBuf;
 
 fn data() -> PathBuf {
@@ -59,4 +59,45 @@ fn underestimates_cause_ooms_that_recovery_completes() {
     }
     // The measured peaks never crash.
     assert_eq!(simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle)).unwrap().ooms, 0);
+}
+
+/// The jobs' options file: the gpt2-large row's per-GPU batch is half the
+/// table's (DataParallel over its 2 GPUs), every language-model row gets
+/// its script's sequence length, and the rows it does not name keep the
+/// table's batch and no sequence length.
+#[test]
+fn job_options_set_per_gpu_batch_and_sequence_length() {
+    let mut w = read_workloads(&data().join("workloads.csv")).unwrap();
+    let before = w.clone();
+    assert_eq!(apply_job_options(&mut w, &data().join("job-options.csv")).unwrap(), 5);
+    let gpt2 = &w["gpt2_large_2"];
+    assert_eq!((gpt2.gpus, gpt2.batch_size, gpt2.seq_len), (2, Some(4), Some(512)));
+    assert_eq!(before["gpt2_large_2"].batch_size, Some(8));
+    assert_eq!(w["BERT_base"].seq_len, Some(512));
+    assert_eq!(w["resnet"], before["resnet"]);
+}
+
+/// A row naming no workload, or a batch that is not a whole number > 0, is
+/// refused naming the file's line and the field; an empty cell keeps the
+/// table's value.
+#[test]
+fn job_options_refuse_unknown_workloads_and_bad_numbers() {
+    let dir = std::env::temp_dir().join(format!("carma-sim-options-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = read_workloads(&data().join("workloads.csv")).unwrap();
+    let run = |body: &str| {
+        let f = dir.join("o.csv");
+        std::fs::write(&f, format!("workload,batch_size,seq_len,source\n{body}\n")).unwrap();
+        let mut w = table.clone();
+        apply_job_options(&mut w, &f).map(|_| w)
+    };
+    let e = run("gpt2_large,4,512,typo").unwrap_err();
+    assert!(e.contains("line 2") && e.contains("no workload 'gpt2_large'"), "{e}");
+    let e = run("BERT_base,0,512,x").unwrap_err();
+    assert!(e.contains("line 2") && e.contains("batch_size '0'"), "{e}");
+    let e = run("BERT_base,32,long,x").unwrap_err();
+    assert!(e.contains("seq_len 'long'"), "{e}");
+    let w = run("BERT_base,,384,x").unwrap();
+    assert_eq!((w["BERT_base"].batch_size, w["BERT_base"].seq_len), (Some(32), Some(384)));
+    std::fs::remove_dir_all(&dir).ok();
 }
