@@ -6,8 +6,10 @@
 //! CPU measurement (data/cpu/lm-training-memory.csv, made by
 //! estimator/train/cpu_peaks_lm.py): the peak of live tensor bytes in one
 //! Adam step, with fused attention as on a GPU. A GPU keeps the same
-//! tensors and more (its runtime, allocator rounding, kernel workspaces):
-//! the CPU figure plus the 700 MiB runtime is a floor for its peak. The
+//! tensors and more (its runtime, allocator rounding, kernel workspaces),
+//! save dropout's (a CPU keeps float noise, CUDA a bool mask: the CPU
+//! figure is the higher there): the CPU figure plus the 700 MiB runtime is
+//! a floor for its peak, a strict one where dropout is on. The
 //! paper's BERT rows, measured both ways, say by how much more at most (the
 //! ratio after the runtime); the bound is the CPU figure times that ratio,
 //! never less than the CPU figure. The ratio is an fp32 one; applied to
