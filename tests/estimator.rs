@@ -50,11 +50,8 @@ fn model_estimates_reach_the_job_and_decide_placement() {
     let jobs = [(big.clone(), "128"), (big.clone(), "128"), (small.clone(), "128"), (small.clone(), "128")];
     let mut handles = Vec::new();
     for (i, (model, batch)) in jobs.into_iter().enumerate() {
-        let opts = vec![
-            "--carma-policy=ff".to_string(),
-            format!("--carma-model={model}"),
-            format!("--carma-batch-size={batch}"),
-        ];
+        let opts =
+            ["--carma-policy=ff".to_string(), format!("--carma-model={model}"), format!("--carma-batch-size={batch}")];
         handles.push(thread::spawn(move || {
             let o: Vec<&str> = opts.iter().map(String::as_str).collect();
             sbatch_wait(&o, &[], BODY, 120)

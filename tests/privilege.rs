@@ -72,7 +72,7 @@ fn the_epilog_reads_job_output_with_the_users_rights() {
         assert!(start.elapsed() < Duration::from_secs(60), "no epilog line for job {job}");
         std::thread::sleep(Duration::from_millis(300));
     };
-    let line = log.lines().filter(|l| l.contains(&format!("job {job}"))).last().unwrap().to_string();
+    let line = log.lines().rfind(|l| l.contains(&format!("job {job}"))).unwrap().to_string();
     assert!(line.contains("cannot scan its output") && line.contains("UNREADABLE"), "{line}");
     assert!(!log.contains("root:"), "shadow content reached CARMA's log");
     let restarts = root(&["scontrol", "show", "job", "-o", &job], 10).stdout;

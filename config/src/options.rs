@@ -267,10 +267,10 @@ impl JobRequest {
     /// values always win over the environment.
     pub fn fill_from_env(&mut self, mut lookup: impl FnMut(&str) -> Option<Vec<u8>>) -> Result<(), OptionError> {
         for option in OptionName::ALL {
-            if self.get(option).is_none() {
-                if let Some(raw) = lookup(option.env()) {
-                    self.set(option, &raw, option.env())?;
-                }
+            if self.get(option).is_none()
+                && let Some(raw) = lookup(option.env())
+            {
+                self.set(option, &raw, option.env())?;
             }
         }
         Ok(())

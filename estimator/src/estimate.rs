@@ -4,6 +4,7 @@
 //!   the analytic model;
 //! - CNNs and MLPs: the continuous per-sample model, or GPUMemNet's bin
 //!   when the admin chose `method: gpumemnet`. Both are reported.
+//!
 //! A declared `--carma-mem` and an observed history are applied by the
 //! caller (they need no model file).
 

@@ -104,20 +104,21 @@ pub fn parse(text: &str, name: &str) -> Result<Listing, ParseError> {
                     }
                 }
                 "Linear" => {
-                    if let (Some(inp), Some(outf)) = (named(args, "in_features"), named(args, "out_features")) {
-                        if outf > inp {
-                            widen(&mut widening, outf);
-                        }
+                    if let (Some(inp), Some(outf)) = (named(args, "in_features"), named(args, "out_features"))
+                        && outf > inp
+                    {
+                        widen(&mut widening, outf);
                     }
                 }
                 // GPT-2's MLP up-projection prints as a bare `Conv1D()`: its
                 // width comes from its count, hidden × width weights + width
                 // biases. (Its `c_attn` is 3 × hidden wide: not the MLP.)
                 "Conv1D" if lname == "c_fc" => {
-                    if let Some(h) = out.hidden {
-                        if n % (h + 1) == 0 && n / (h + 1) > h {
-                            widen(&mut widening, n / (h + 1));
-                        }
+                    if let Some(h) = out.hidden
+                        && n % (h + 1) == 0
+                        && n / (h + 1) > h
+                    {
+                        widen(&mut widening, n / (h + 1));
                     }
                 }
                 _ => {}

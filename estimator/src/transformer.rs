@@ -20,6 +20,7 @@
 //!   that size at once. fp32: 4 + 4 + 4 + 4; bf16 logits: 2 + 4 + 4 + 4
 //!   and the 2-byte gradient handed back to them;
 //! - the embeddings' sum, LayerNorm and dropout mask.
+//!
 //! Without a sequence length the model's maximum positions are used: the
 //! worst case a training script can feed.
 //!

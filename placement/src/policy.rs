@@ -260,8 +260,8 @@ pub fn choose(
     ok.sort_by_key(|(g, _)| g.index);
     match if need_whole { Policy::FirstFit } else { demand.policy } {
         Policy::Exclusive | Policy::FirstFit => {}
-        Policy::Magm => ok.sort_by(|a, b| b.1.cmp(&a.1)),
-        Policy::BestFit => ok.sort_by(|a, b| a.1.cmp(&b.1)),
+        Policy::Magm => ok.sort_by_key(|a| std::cmp::Reverse(a.1)),
+        Policy::BestFit => ok.sort_by_key(|a| a.1),
         Policy::LeastUtilized => {
             ok.sort_by(|a, b| a.0.activity(params.metric).total_cmp(&b.0.activity(params.metric)).then(b.1.cmp(&a.1)))
         }

@@ -91,7 +91,7 @@ impl Check {
 pub fn throughput_checks(rows: &[Measured], a: &Assumptions) -> Result<Vec<Check>, String> {
     let solo = solos(rows);
     let mut out = Vec::new();
-    for r in rows.iter().filter(|r| !r.jobs.is_empty() && !(r.sharing == Sharing::Timeslice && r.jobs.len() == 1)) {
+    for r in rows.iter().filter(|r| !r.jobs.is_empty() && (r.sharing != Sharing::Timeslice || r.jobs.len() != 1)) {
         let mut readings = Vec::new();
         let mut measured = 0.0;
         for (j, t) in r.jobs.iter().zip(&r.throughputs) {

@@ -507,16 +507,16 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         t = t_next;
 
         // An OOM: the job that allocated last on that GPU crashes.
-        if let Some((when, victim)) = oom {
-            if (when - t).abs() < EPS {
-                let r = runs.remove(victim);
-                states[r.node].release_holder(r.pid, r.pid);
-                results[r.job].ooms += 1;
-                dirty = true;
-                ooms += 1;
-                recoveries += 1;
-                recovery.push_back(r.job);
-            }
+        if let Some((when, victim)) = oom
+            && (when - t).abs() < EPS
+        {
+            let r = runs.remove(victim);
+            states[r.node].release_holder(r.pid, r.pid);
+            results[r.job].ooms += 1;
+            dirty = true;
+            ooms += 1;
+            recoveries += 1;
+            recovery.push_back(r.job);
         }
         let mut i = 0;
         while i < runs.len() {

@@ -105,10 +105,10 @@ pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> 
         };
         let mut estimates = HashMap::new();
         for (i, c) in h.iter().enumerate() {
-            if let Some(name) = c.strip_suffix("_estimate_mib") {
-                if let Ok(v) = get(i).parse::<u64>() {
-                    estimates.insert(name.to_string(), v);
-                }
+            if let Some(name) = c.strip_suffix("_estimate_mib")
+                && let Ok(v) = get(i).parse::<u64>()
+            {
+                estimates.insert(name.to_string(), v);
             }
         }
         let sm = match ism.map(get).filter(|s| !s.is_empty()) {

@@ -134,7 +134,7 @@ pub fn resolve(pattern: &str, f: &JobFields) -> Resolved {
         let pieces = expand_component(&comp, f);
         let mut next = Vec::new();
         for base in &candidates {
-            if !pieces.iter().any(|p| *p == Piece::Any) {
+            if !pieces.contains(&Piece::Any) {
                 let lit: String = pieces.iter().map(|p| if let Piece::Lit(l) = p { l.as_str() } else { "" }).collect();
                 next.push(base.join(lit));
                 continue;

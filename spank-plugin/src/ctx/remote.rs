@@ -296,10 +296,10 @@ fn shards_on_node(sp: &Spank) -> Result<Option<u32>, Error> {
 /// GPUs Slurm itself allocated to the step (gres/gpu), if any.
 fn slurm_gpus(sp: &Spank) -> Result<Option<String>, Error> {
     for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
-        if let Some(v) = sp.getenv(var)? {
-            if !v.is_empty() {
-                return Ok(Some(v));
-            }
+        if let Some(v) = sp.getenv(var)?
+            && !v.is_empty()
+        {
+            return Ok(Some(v));
         }
     }
     Ok(None)
