@@ -613,7 +613,8 @@ const READING: &str = "## Reading these numbers\n\n\
   collocation pays (mean over the policies +1.8% under MPS, +1.7% time-sliced with the busy cap) and on\n\
   trace_t1 time-sliced (+3.3%), but +8.0% behind it on trace_t1 under MPS (best policy against best: −36.0%\n\
   against −39.2% makespan), so the 5% goal is not met there. With the model files and the table's batch\n\
-  alone the gaps were +9.9%, +3.5%, +4.7% and +1.5%: gpt2-large's listing names no sequence length, so the\n\
+  alone the gaps were +9.9% and +4.7% on trace_t1, +3.5% and +1.5% on trace_t2 (MPS, then time-sliced):\n\
+  gpt2-large's listing names no sequence length, so the\n\
   analytic model took its 1024 positions, and the table's batch of 8 is what the script's DataParallel splits\n\
   over the row's 2 GPUs: 113 GB per GPU, whole GPUs. With `--carma-batch-size=4 --carma-seq-len=512` it is\n\
   31.9 GB for 28.4 GB measured (1.12×), and still leads the attribution table: with the 2 GiB headroom it\n\
