@@ -8,8 +8,9 @@
 //! Adam step, with fused attention as on a GPU. A GPU keeps the same
 //! tensors and more (its runtime, allocator rounding, kernel workspaces),
 //! save dropout's (a CPU keeps float noise, CUDA a bool mask: the CPU
-//! figure is the higher there): the CPU figure plus the 700 MiB runtime is
-//! a floor for its peak, a strict one where dropout is on. The
+//! figure is the higher there, save the rows run with CUDA's bool masks,
+//! `dropout_kept: bool`): the CPU figure plus the 700 MiB runtime is a
+//! floor for its peak, a strict one where dropout kept float noise. The
 //! paper's BERT rows, measured both ways, say by how much more at most (the
 //! ratio after the runtime); the bound is the CPU figure times that ratio,
 //! never less than the CPU figure. The ratio is an fp32 one; applied to

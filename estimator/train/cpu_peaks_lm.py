@@ -27,6 +27,15 @@ back to composite attention and keeps every probability: the paper's
 BERT-base then measures 935-992 MiB per sample here against 535 on the
 A100.
 
+XLNet rows (the paper's xlnet-*-cased jobs: XLNetForSequenceClassification,
+sequences of 512) are measured with dropout as CUDA keeps it: a CPU's
+dropout saves float32 noise (4 B per element) where CUDA's fused kernel
+saves a bool mask (1 B), so these rows run torch.native_dropout, which
+saves the bool mask on a CPU too (`dropout_kept`: bool). The other rows keep
+the CPU's float noise (`float32`): their figures read higher than a GPU
+keeps. XLNet's attention has no fused kernel: it keeps its probabilities on
+a GPU as here. Measured at batches 1 and 2, extrapolated to 32.
+
     python3 estimator/train/cpu_peaks_lm.py > data/cpu/lm-training-memory.csv
 
 Needs torch and transformers (CPU is enough; no weights are downloaded).
@@ -49,6 +58,14 @@ PAPER = [
      num_attention_heads=12, intermediate_size=3072), 32, (4, 8), "BERT_base"),
     ("data/carma/model-summaries/BERT_large.model", dict(hidden_size=1024, num_hidden_layers=24,
      num_attention_heads=16, intermediate_size=4096), 8, (2, 4), "BERT_large"),
+]
+
+# The paper's XLNet rows: (model file, XLNetConfig fields, batch extrapolated to, batches measured).
+XLNET = [
+    ("data/carma/model-summaries/xlnet_base_cased.model", dict(d_model=768, n_layer=12, n_head=12, d_inner=3072),
+     32, (1, 2)),
+    ("data/carma/model-summaries/xlnet_large_cased.model", dict(d_model=1024, n_layer=24, n_head=16, d_inner=4096),
+     32, (1, 2)),
 ]
 
 # Our configs (data/hf/), each precision: (directory, batch, sequence).
@@ -87,20 +104,41 @@ def fused_attention(cfg):
     return cfg
 
 
-def measure(model, vocab, batch, seq, precision):
+def xlnet_model(fields):
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
+    cfg = XLNetConfig(vocab_size=32000, ff_activation="gelu", **fields)
+    return XLNetForSequenceClassification(cfg), cfg.vocab_size
+
+
+def cuda_like_dropout(input, p=0.5, training=True, inplace=False):
+    """F.dropout as CUDA runs it: the autograd node keeps a bool mask."""
+    if not training or p == 0.0:
+        return input
+    return torch.native_dropout(input, p, True)[0]
+
+
+def measure(model, vocab, batch, seq, precision, classify=False):
     torch.manual_seed(0)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
     model.train()
     opt = torch.optim.Adam(model.parameters())
     ids = torch.randint(0, vocab, (batch, seq))
+    # A classifier's inputs as the paper's Trainer passes them (a padding
+    # mask, segment ids, one label per sequence); a language model learns
+    # its own tokens.
+    inputs = dict(input_ids=ids, labels=ids)
+    if classify:
+        inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
+                      labels=torch.ones(batch, dtype=torch.long))
 
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "mixed"):
             # The output kept through the backward pass, as training loops
             # keep theirs (its logits stay alive).
-            out = model(input_ids=ids, labels=ids)
+            out = model(**inputs)
         out.loss.backward()
         opt.step()
 
@@ -113,7 +151,7 @@ def measure(model, vocab, batch, seq, precision):
 def main():
     torch.set_num_threads(os.cpu_count() or 1)
     only = sys.argv[1:]  # optional model files/directories to run
-    print("model,batch,seq,precision,params,cpu_peak_mib,workload,extrapolated_from")
+    print("model,batch,seq,precision,params,cpu_peak_mib,workload,extrapolated_from,dropout_kept")
     for file, fields, batch, small, workload in PAPER:
         if only and file not in only:
             continue
@@ -125,7 +163,24 @@ def main():
             del model
         (b1, m1), (b2, m2) = points
         mib = m1 + (m2 - m1) / (b2 - b1) * (batch - b1)
-        print(f"{file},{batch},512,fp32,{params},{mib:.0f},{workload},{b1}:{m1:.0f};{b2}:{m2:.0f}", flush=True)
+        print(f"{file},{batch},512,fp32,{params},{mib:.0f},{workload},{b1}:{m1:.0f};{b2}:{m2:.0f},float32", flush=True)
+    for file, fields, batch, small in XLNET:
+        if only and file not in only:
+            continue
+        plain = torch.nn.functional.dropout
+        torch.nn.functional.dropout = cuda_like_dropout
+        try:
+            points = []
+            for b in small:
+                model, vocab = xlnet_model(fields)
+                params, mib = measure(model, vocab, b, 512, "fp32", classify=True)
+                points.append((b, mib))
+                del model
+        finally:
+            torch.nn.functional.dropout = plain
+        (b1, m1), (b2, m2) = points
+        mib = m1 + (m2 - m1) / (b2 - b1) * (batch - b1)
+        print(f"{file},{batch},512,fp32,{params},{mib:.0f},,{b1}:{m1:.0f};{b2}:{m2:.0f},bool", flush=True)
     for directory, batch, seq in OURS:
         if only and directory not in only:
             continue
@@ -133,7 +188,7 @@ def main():
             model, vocab = our_model(directory)
             params, mib = measure(model, vocab, batch, seq, precision)
             del model
-            print(f"{directory},{batch},{seq},{precision},{params},{mib:.0f},,", flush=True)
+            print(f"{directory},{batch},{seq},{precision},{params},{mib:.0f},,,float32", flush=True)
 
 
 if __name__ == "__main__":

@@ -626,7 +626,9 @@ const READING: &str = "## Reading these numbers\n\n\
   probabilities its estimate would fall 3 GB below its measured peak (DataParallel's gathered outputs and\n\
   per-replica gradients on GPU 0 are not modelled). It under-estimates four workloads (UNet by 264 MiB, inside\n\
   the headroom; the dlrm and mnist summaries, which do not describe the rows' jobs; the 2-GPU XLNet-large\n\
-  row); no run left a job unrecovered. Some over-estimates *help* (Mask R-CNN's, negative in the table): they\n\
+  row, whose model keeps 12.2 GiB at 4 per GPU as measured on a CPU with CUDA's dropout masks, under the\n\
+  estimate's 13.6: the A100's 18.9 GiB holds more than the model's tensors, docs/estimator.md); no run left a\n\
+  job unrecovered. Some over-estimates *help* (Mask R-CNN's, negative in the table): they\n\
   refuse collocations that would slow the trace.\n\
 - **GPUMemNet's coarse bins** happen to help under time-slicing with the SM cap: they refuse the harmful\n\
   collocations that finer estimates allow.\n\
