@@ -7,6 +7,7 @@ use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use carma_placement::Params;
 use carma_sim::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
 use carma_sim::engine::Outcome;
+use carma_sim::input::read_job_options;
 use carma_sim::report::{Summary, csv, pct, summarize, table};
 use carma_sim::svg::line_chart;
 use carma_sim::{
@@ -495,7 +496,6 @@ fn options_section(
     ours: &HashMap<String, Option<u64>>,
     plain: &HashMap<String, Option<u64>>,
 ) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut md = String::from(
         "The options each language-model job's user gives srun/sbatch (`--carma-batch-size` per GPU,\n\
          `--carma-seq-len`), read from the paper's training scripts (`data/carma/job-options.csv`; the other rows'\n\
@@ -505,20 +505,20 @@ fn options_section(
     );
     let mib =
         |m: &HashMap<String, Option<u64>>, n: &str| m.get(n).copied().flatten().map_or("—".into(), |v| v.to_string());
-    for line in text.lines().skip(1).filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.splitn(4, ',').collect();
-        let (name, source) = (f[0], f.get(3).copied().unwrap_or(""));
-        let x = w.get(name).ok_or_else(|| format!("{}: no workload '{name}'", path.display()))?;
+    for o in read_job_options(path)? {
+        let name = o.workload.as_str();
+        let x = w.get(name).ok_or_else(|| format!("{} line {}: no workload '{name}'", path.display(), o.line))?;
         let opt = |flag: &str, v: Option<u32>| v.map(|v| format!("`--carma-{flag}={v}`"));
         let opts: Vec<String> =
             [opt("batch-size", x.batch_size), opt("seq-len", x.seq_len)].into_iter().flatten().collect();
         md.push_str(&format!(
-            "| {name} | {} | {} | {} | {} | {} | {source} |\n",
+            "| {name} | {} | {} | {} | {} | {} | {} |\n",
             x.gpus,
             opts.join(" "),
             mib(ours, name),
             mib(plain, name),
-            x.peak_mib
+            x.peak_mib,
+            o.source
         ));
     }
     md.push('\n');

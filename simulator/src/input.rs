@@ -190,16 +190,27 @@ pub fn apply_activity(
     Ok(set)
 }
 
-/// Sets the options each job's user would give srun/sbatch from a file of
-/// `workload,batch_size,seq_len[,source]` rows (an empty cell keeps what the
-/// table says; `batch_size` is per GPU); returns how many rows it applied.
-/// A row naming no workload of the table is an error: a typo would
-/// otherwise leave a job's estimate silently unchanged.
-pub fn apply_job_options(workloads: &mut HashMap<String, Workload>, path: &Path) -> Result<usize, String> {
+/// One row of a job-options file: the options a workload's user gives
+/// srun/sbatch (`--carma-batch-size` per GPU, `--carma-seq-len`; `None`:
+/// not given) and where they were read (`source`, free text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOptions {
+    pub line: usize,
+    pub workload: String,
+    pub batch_size: Option<u32>,
+    pub seq_len: Option<u32>,
+    pub source: String,
+}
+
+/// Reads `workload,batch_size,seq_len[,source]` rows; an empty cell is an
+/// option not given, anything else must be a whole number > 0.
+pub fn read_job_options(path: &Path) -> Result<Vec<JobOptions>, String> {
     let (h, body) = rows(path)?;
     let col =
         |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
     let (iw, ib, is) = (col("workload")?, col("batch_size")?, col("seq_len")?);
+    let isrc = h.iter().position(|c| c == "source");
+    let mut out = Vec::new();
     for (n, r) in body.iter().enumerate() {
         let get = |i: usize| r.get(i).map(String::as_str).unwrap_or("");
         let whole =
@@ -209,12 +220,31 @@ pub fn apply_job_options(workloads: &mut HashMap<String, Workload>, path: &Path)
                     format!("{} line {}: {what} '{v}' is not a whole number > 0", path.display(), n + 2)
                 }),
             };
-        let (batch, seq) = (whole(ib, "batch_size")?, whole(is, "seq_len")?);
-        let w = workloads
-            .get_mut(get(iw))
-            .ok_or_else(|| format!("{} line {}: no workload '{}' in the table", path.display(), n + 2, get(iw)))?;
-        w.batch_size = batch.or(w.batch_size);
-        w.seq_len = seq.or(w.seq_len);
+        out.push(JobOptions {
+            line: n + 2,
+            workload: get(iw).to_string(),
+            batch_size: whole(ib, "batch_size")?,
+            seq_len: whole(is, "seq_len")?,
+            // The last column may hold commas.
+            source: isrc.map(|i| r.get(i..).unwrap_or_default().join(",")).unwrap_or_default(),
+        });
     }
-    Ok(body.len())
+    Ok(out)
+}
+
+/// Sets the options each job's user would give srun/sbatch from a
+/// job-options file ([`read_job_options`]; `batch_size` is per GPU, an
+/// option not given keeps what the table says); returns the rows read.
+/// A row naming no workload of the table is an error: a typo would
+/// otherwise leave a job's estimate silently unchanged.
+pub fn apply_job_options(workloads: &mut HashMap<String, Workload>, path: &Path) -> Result<Vec<JobOptions>, String> {
+    let opts = read_job_options(path)?;
+    for o in &opts {
+        let w = workloads
+            .get_mut(&o.workload)
+            .ok_or_else(|| format!("{} line {}: no workload '{}' in the table", path.display(), o.line, o.workload))?;
+        w.batch_size = o.batch_size.or(w.batch_size);
+        w.seq_len = o.seq_len.or(w.seq_len);
+    }
+    Ok(opts)
 }

@@ -69,7 +69,9 @@ fn underestimates_cause_ooms_that_recovery_completes() {
 fn job_options_set_per_gpu_batch_and_sequence_length() {
     let mut w = read_workloads(&data().join("workloads.csv")).unwrap();
     let before = w.clone();
-    assert_eq!(apply_job_options(&mut w, &data().join("job-options.csv")).unwrap(), 5);
+    let rows = apply_job_options(&mut w, &data().join("job-options.csv")).unwrap();
+    assert_eq!(rows.len(), 5);
+    assert!(rows.iter().all(|r| r.source.starts_with("workloads/")), "{rows:?}");
     let gpt2 = &w["gpt2_large_2"];
     assert_eq!((gpt2.gpus, gpt2.batch_size, gpt2.seq_len), (2, Some(4), Some(512)));
     assert_eq!(before["gpt2_large_2"].batch_size, Some(8));
@@ -97,7 +99,7 @@ fn job_options_refuse_unknown_workloads_and_bad_numbers() {
     assert!(e.contains("line 2") && e.contains("batch_size '0'"), "{e}");
     let e = run("BERT_base,32,long,x").unwrap_err();
     assert!(e.contains("seq_len 'long'"), "{e}");
-    let w = run("BERT_base,,384,x").unwrap();
+    let w = run("BERT_base,,384,x, with a comma").unwrap();
     assert_eq!((w["BERT_base"].batch_size, w["BERT_base"].seq_len), (Some(32), Some(384)));
     std::fs::remove_dir_all(&dir).ok();
 }
