@@ -62,9 +62,11 @@ fn setup(dir: &Path, gpus: usize) -> PathBuf {
 /// The node's placer as slurmstepd opens it from carma.yaml, reading the
 /// published readings (never stale during the bench).
 fn published_placer(dir: &Path) -> Placer {
-    let mut cfg = carma_config::Config::default();
-    cfg.state_dir = dir.join("state");
-    cfg.gpu_source = carma_config::GpuSource::Simulated(dir.join("gpus.yaml"));
+    let mut cfg = carma_config::Config {
+        state_dir: dir.join("state"),
+        gpu_source: carma_config::GpuSource::Simulated(dir.join("gpus.yaml")),
+        ..Default::default()
+    };
     cfg.monitor.published = true;
     cfg.monitor.stale_after = Duration::from_secs(24 * 3600);
     Placer::from_config(&cfg, |_| {}).unwrap()

@@ -170,11 +170,14 @@ impl Processes for LinuxProcesses {
 
 const GC_INTERVAL_MS: u64 = 1000;
 
+/// What a GPU source is opened with: carma.yaml and the log sink.
+type SourceConfig = (Config, fn(&str));
+
 pub struct Placer {
     store: StateStore,
     /// Opened on first use: releasing or recording holdings needs no GPU readings.
     source: Option<Box<dyn GpuSource>>,
-    source_config: Option<(Config, fn(&str))>,
+    source_config: Option<SourceConfig>,
     params: Params,
     learn: LearnRuntime,
     processes: Box<dyn Processes>,

@@ -659,8 +659,10 @@ mod tests {
 
     #[test]
     fn garbage_collection_and_release() {
-        let mut st = NodeState::default();
-        st.reservations = vec![res(1, 10), res(2, 20), Reservation { holders: vec![30, 31], ..res(3, 30) }];
+        let mut st = NodeState {
+            reservations: vec![res(1, 10), res(2, 20), Reservation { holders: vec![30, 31], ..res(3, 30) }],
+            ..NodeState::default()
+        };
         st.reservations.push(Reservation { holders: vec![], ..res(4, 0) });
         st.reservations.push(Reservation { holders: vec![], ..res(5, 0) });
         let gone = st.collect_garbage(|pid| pid != 20 && pid != 30, |job| job == 4);

@@ -12,11 +12,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// One sample's readings: per GPU index, SM activity and busy.
+type Readings = Vec<(u32, f64, f64)>;
+
 /// The samples of one window.
 pub struct Window {
     span: Duration,
-    /// (when, per GPU index: SM activity, busy)
-    samples: VecDeque<(Instant, Vec<(u32, f64, f64)>)>,
+    samples: VecDeque<(Instant, Readings)>,
 }
 
 impl Window {
@@ -175,9 +177,11 @@ mod tests {
         let gpus = d.join("gpus.yaml");
         std::fs::write(&gpus, "gpus:\n  - {index: 0, uuid: GPU-m, memory_total: 16G}\n").unwrap();
         let state = d.join("state");
-        let mut cfg = Config::default();
-        cfg.state_dir = state.clone();
-        cfg.gpu_source = carma_config::GpuSource::Simulated(gpus);
+        let cfg = Config {
+            state_dir: state.clone(),
+            gpu_source: carma_config::GpuSource::Simulated(gpus),
+            ..Config::default()
+        };
         run(&cfg, &AtomicBool::new(false), true, |_| {}).unwrap();
         let p = published::fresh(&state, Duration::from_secs(10)).unwrap();
         assert_eq!((p.gpus[0].uuid.as_str(), p.gpus[0].total_mib, p.samples), ("GPU-m", 16384, 1));
@@ -225,9 +229,11 @@ mod tests {
             "HTTP/1.0 500 Internal Server Error\r\n\r\n".into(),
             ok("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-m\"} 92\n"),
         ]);
-        let mut cfg = Config::default();
-        cfg.state_dir = d.join("state");
-        cfg.gpu_source = carma_config::GpuSource::Simulated(gpus);
+        let mut cfg = Config {
+            state_dir: d.join("state"),
+            gpu_source: carma_config::GpuSource::Simulated(gpus),
+            ..Config::default()
+        };
         cfg.monitor.dcgm_exporter =
             Some(carma_config::HttpEndpoint::parse(&format!("http://127.0.0.1:{port}/metrics")).unwrap());
         let log: fn(&str) = |m| LOG.lock().unwrap().push(m.to_string());

@@ -46,8 +46,11 @@ impl Scrape {
     }
 }
 
+/// A metric sample: (name, labels, value).
+type Sample<'a> = (&'a str, Vec<(String, String)>, f64);
+
 /// `name{label="value",...} value [timestamp]` → (name, labels, value).
-fn sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn sample(line: &str) -> Option<Sample<'_>> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;

@@ -188,9 +188,11 @@ mod tests {
         let d = TempDir::new();
         let gpus = d.0.join("gpus.yaml");
         std::fs::write(&gpus, "gpus:\n  - {index: 0, uuid: GPU-direct, memory_total: 16G}\n").unwrap();
-        let mut cfg = Config::default();
-        cfg.state_dir = d.0.clone();
-        cfg.gpu_source = carma_config::GpuSource::Simulated(gpus);
+        let cfg = Config {
+            state_dir: d.0.clone(),
+            gpu_source: carma_config::GpuSource::Simulated(gpus),
+            ..Config::default()
+        };
         let mut src = PublishedSource::new(&cfg, |_| {});
         publish(&d.0, &publication(now_ms(), 0.5)).unwrap();
         assert_eq!(src.read().unwrap()[0].uuid, "GPU-x");
