@@ -73,10 +73,15 @@ fn rows(path: &Path) -> Result<(Vec<String>, Vec<Vec<String>>), String> {
     Ok((header, body))
 }
 
+/// The index of a required column, or an error naming the file and column.
+fn column(header: &[String], name: &str, path: &Path) -> Result<usize, String> {
+    header.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()))
+}
+
 pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> {
     let (h, body) = rows(path)?;
     let col = |name: &str| h.iter().position(|c| c == name);
-    let need = |name: &str| col(name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let need = |name: &str| column(&h, name, path);
     let (iw, ig, ipk) = (need("workload")?, need("gpus")?, need("measured_peak_mib")?);
     let (iex, imin, iep) = (col("exclusive_minutes"), col("minutes_per_epoch"), col("epochs"));
     let (ids, ism, ibusy) = (col("dataset"), col("sm_activity"), col("busy"));
@@ -138,8 +143,7 @@ pub fn read_workloads(path: &Path) -> Result<HashMap<String, Workload>, String> 
 
 pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, String> {
     let (h, body) = rows(path)?;
-    let col =
-        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let col = |name: &str| column(&h, name, path);
     let (is, io, iw) = (col("seq")?, col("submit_offset_s")?, col("workload")?);
     let mut jobs = Vec::new();
     for (n, r) in body.iter().enumerate() {
@@ -172,8 +176,7 @@ pub fn apply_activity(
     measured: &HashMap<String, (f64, f64)>,
 ) -> Result<usize, String> {
     let (h, body) = rows(map)?;
-    let col =
-        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", map.display()));
+    let col = |name: &str| column(&h, name, map);
     let (iw, im) = (col("workload")?, col("measured_as")?);
     let mut set = 0;
     for (n, r) in body.iter().enumerate() {
@@ -206,8 +209,7 @@ pub struct JobOptions {
 /// option not given, anything else must be a whole number > 0.
 pub fn read_job_options(path: &Path) -> Result<Vec<JobOptions>, String> {
     let (h, body) = rows(path)?;
-    let col =
-        |name: &str| h.iter().position(|c| c == name).ok_or_else(|| format!("{}: no column '{name}'", path.display()));
+    let col = |name: &str| column(&h, name, path);
     let (iw, ib, is) = (col("workload")?, col("batch_size")?, col("seq_len")?);
     let isrc = h.iter().position(|c| c == "source");
     let mut out = Vec::new();
