@@ -148,6 +148,21 @@ def measure(model, vocab, batch, seq, precision, classify=False):
     return params, (before + peak_live_bytes(step)) / 2**20
 
 
+def extrapolated(make, small, batch, classify=False):
+    """fp32 at 512 tokens, measured at the two batches `small` and
+    extrapolated linearly to `batch`: (params, MiB, the points as
+    `b1:m1;b2:m2`)."""
+    points = []
+    for b in small:
+        model, vocab = make()
+        params, mib = measure(model, vocab, b, 512, "fp32", classify)
+        points.append((b, mib))
+        del model
+    (b1, m1), (b2, m2) = points
+    mib = m1 + (m2 - m1) / (b2 - b1) * (batch - b1)
+    return params, mib, f"{b1}:{m1:.0f};{b2}:{m2:.0f}"
+
+
 def main():
     torch.set_num_threads(os.cpu_count() or 1)
     only = sys.argv[1:]  # optional model files/directories to run
@@ -155,32 +170,18 @@ def main():
     for file, fields, batch, small, workload in PAPER:
         if only and file not in only:
             continue
-        points = []
-        for b in small:
-            model, vocab = paper_model(fields)
-            params, mib = measure(model, vocab, b, 512, "fp32")
-            points.append((b, mib))
-            del model
-        (b1, m1), (b2, m2) = points
-        mib = m1 + (m2 - m1) / (b2 - b1) * (batch - b1)
-        print(f"{file},{batch},512,fp32,{params},{mib:.0f},{workload},{b1}:{m1:.0f};{b2}:{m2:.0f},float32", flush=True)
+        params, mib, points = extrapolated(lambda: paper_model(fields), small, batch)
+        print(f"{file},{batch},512,fp32,{params},{mib:.0f},{workload},{points},float32", flush=True)
     for file, fields, batch, small in XLNET:
         if only and file not in only:
             continue
         plain = torch.nn.functional.dropout
         torch.nn.functional.dropout = cuda_like_dropout
         try:
-            points = []
-            for b in small:
-                model, vocab = xlnet_model(fields)
-                params, mib = measure(model, vocab, b, 512, "fp32", classify=True)
-                points.append((b, mib))
-                del model
+            params, mib, points = extrapolated(lambda: xlnet_model(fields), small, batch, classify=True)
         finally:
             torch.nn.functional.dropout = plain
-        (b1, m1), (b2, m2) = points
-        mib = m1 + (m2 - m1) / (b2 - b1) * (batch - b1)
-        print(f"{file},{batch},512,fp32,{params},{mib:.0f},,{b1}:{m1:.0f};{b2}:{m2:.0f},bool", flush=True)
+        print(f"{file},{batch},512,fp32,{params},{mib:.0f},,{points},bool", flush=True)
     for directory, batch, seq in OURS:
         if only and directory not in only:
             continue
