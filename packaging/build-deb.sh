@@ -3,16 +3,19 @@
 #
 #   packaging/build-deb.sh [BIN_DIR] [OUT_DIR]
 #
-# BIN_DIR defaults to target/release (cargo build --release --workspace);
-# OUT_DIR to target/debian. Writes:
-#   carma-slurm_VERSION_ARCH.deb      the SPANK plugin, carma, carma-epilog,
+# BIN_DIR defaults to target/release (cargo build --release --workspace;
+# the plugin from BIN_DIR/slurm-SERIES/, made by packaging/build-plugin.sh
+# for the host's Slurm series); OUT_DIR to target/debian. Writes:
+#   carma-slurm_VERSION+slurmSERIES_ARCH.deb
+#                                     the SPANK plugin, carma, carma-epilog,
 #                                     example configuration, docs
-#   carma-slurm-sim_VERSION_ARCH.deb  carma-fakejob and an example file of
+#   carma-slurm-sim_VERSION+slurmSERIES_ARCH.deb
+#                                     carma-fakejob and an example file of
 #                                     simulated GPUs (demos and tests only)
 #
 # A SPANK plugin loads only into the Slurm major.minor whose headers it was
 # built against, so the package depends on exactly that release series of
-# the Slurm it was built with (read from the installed libslurm-dev).
+# the Slurm it was built for (the series marked in the plugin).
 # Needs only dpkg-deb (part of dpkg); no debhelper.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,22 +23,35 @@ bin=${1:-$repo/target/release}
 out=${2:-$repo/target/debian}
 
 die() { echo "build-deb.sh: $*" >&2; exit 1; }
-for f in libcarma_spank.so carma carma-epilog carma-fakejob; do
+for f in carma carma-epilog carma-monitor carma-fakejob; do
     [ -f "$bin/$f" ] || die "$bin/$f missing: run cargo build --release --workspace first"
 done
 
-version=${CARMA_DEB_VERSION:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml")}
-[ -n "$version" ] || die "no version in Cargo.toml [workspace.package]"
 arch=$(dpkg --print-architecture)
-slurm=$(dpkg-query -W -f '${Version}' libslurm-dev 2>/dev/null) || die "libslurm-dev is not installed: the plugin must be built against Slurm's headers"
-# 22.05.8-4+deb12u3 -> 22.05, and the next series 22.06.
-series=$(echo "$slurm" | sed -n 's/^\([0-9]*\)\.\([0-9]*\)\..*/\1.\2/p')
-[ -n "$series" ] || die "cannot read a Slurm release series from libslurm-dev $slurm"
+# The series to package for: CARMA_SLURM_SERIES (one build host packages
+# every series), else this host's Slurm (22.05.8-4+deb12u3 -> 22.05).
+series=${CARMA_SLURM_SERIES:-}
+if [ -z "$series" ]; then
+    slurm=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || dpkg-query -W -f '${Version}' libslurm-dev 2>/dev/null) ||
+        die "no Slurm installed here: name the series to package for (CARMA_SLURM_SERIES=26.05)"
+    series=$(echo "$slurm" | sed -n 's/^\([0-9]*\)\.\([0-9]*\)\..*/\1.\2/p')
+fi
+echo "$series" | grep -qxE '[0-9]+\.[0-9]{2}' || die "'$series' is not a Slurm release series (like 26.05)"
+# and the next series (22.06): the dependency admits exactly one.
 next=$(echo "$series" | awk -F. '{ printf "%d.%02d", $1, $2 + 1 }')
-# The plugin's plugin_version must name the same series (built from slurm_version.h).
-hdr=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' /usr/include/slurm/slurm_version.h)
-[ "$(printf '%d.%02d' "0x${hdr:0:2}" "0x${hdr:2:2}")" = "$series" ] || die "slurm_version.h ($hdr) is not libslurm-dev $slurm"
 slurm_dep="slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
+# The plugin built for this series (packaging/build-plugin.sh), else the
+# workspace build's; either way it must carry this series' mark.
+plugin=$bin/slurm-$series/libcarma_spank.so
+[ -f "$plugin" ] || plugin=$bin/libcarma_spank.so
+[ -f "$plugin" ] || die "$plugin missing: run packaging/build-plugin.sh first"
+built_for=$(grep -ao 'carma-slurm-series=[0-9.]*;' "$plugin" | head -1 | sed 's/.*=\(.*\);/\1/') || true
+[ "$built_for" = "$series" ] ||
+    die "$plugin was built for Slurm ${built_for:-an unknown series}, not $series: run packaging/build-plugin.sh with Slurm $series's include directory"
+# The version names the series: one carma-slurm per Slurm series.
+base=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml")
+[ -n "$base" ] || die "no version in Cargo.toml [workspace.package]"
+version=${CARMA_DEB_VERSION:-$base+slurm$series}
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -44,7 +60,7 @@ install -d "$out"
 # --- carma-slurm -------------------------------------------------------------
 p=$work/carma-slurm
 doc=$p/usr/share/doc/carma-slurm
-install -D -m 0644 "$bin/libcarma_spank.so" "$p/usr/lib/carma/carma_spank.so"
+install -D -m 0644 "$plugin" "$p/usr/lib/carma/carma_spank.so"
 install -D -m 0755 "$bin/carma" "$p/usr/bin/carma"
 install -D -m 0755 "$bin/carma-epilog" "$p/usr/sbin/carma-epilog"
 install -D -m 0755 "$bin/carma-monitor" "$p/usr/sbin/carma-monitor"
@@ -76,8 +92,8 @@ Description: safe GPU collocation of training jobs on Slurm (SPANK plugin)
  CARMA estimates a job's GPU memory before placement, watches each GPU's
  SM activity and free memory, places several training jobs on one GPU only
  where they fit, and requeues a job that crashed with GPU out-of-memory on a
- GPU of its own. Built against Slurm $slurm; a SPANK plugin loads only into
- the Slurm $series series.
+ GPU of its own. Built against Slurm $series headers; a SPANK plugin loads
+ only into the Slurm $series series.
 EOF
 
 # --- carma-slurm-sim ---------------------------------------------------------

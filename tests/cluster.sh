@@ -203,12 +203,29 @@ CONF
     chmod 0755 "$N2/epilog"
 }
 
+# The release series of the Slurm installed here (26.05).
+slurm_series() {
+    local v
+    v=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' /usr/include/slurm/slurm_version.h 2>/dev/null)
+    [ -n "$v" ] || die "no /usr/include/slurm/slurm_version.h: install libslurm-dev"
+    printf '%d.%02d' "0x${v:0:2}" "0x${v:2:2}"
+}
+
 install_carma() {
-    local t=$TARGET/$PROFILE debs=$TARGET/debian
-    [ -f "$t/libcarma_spank.so" ] || die "$t/libcarma_spank.so missing: run cargo build --profile $PROFILE --workspace first"
-    rm -f "$debs"/carma-slurm*.deb
+    local t=$TARGET/$PROFILE debs=$TARGET/debian series
+    series=$(slurm_series)
+    [ -f "$t/carma" ] || die "$t/carma missing: run cargo build --profile $PROFILE --workspace first"
+    # The plugin for this Slurm series (tests/releases.sh builds the other
+    # releases' before entering their chroots, where there is no cargo).
+    if [ ! -f "$t/slurm-$series/libcarma_spank.so" ]; then
+        command -v cargo >/dev/null || die "$t/slurm-$series/libcarma_spank.so missing: run packaging/build-plugin.sh"
+        "$repo/packaging/build-plugin.sh" /usr/include >/dev/null
+    fi
+    # The target directory is shared by every release's cluster: only this
+    # series' packages are replaced.
+    rm -f "$debs"/carma-slurm*+slurm"$series"_*.deb
     "$repo/packaging/build-deb.sh" "$t" "$debs"
-    dpkg -i "$debs"/carma-slurm_*.deb "$debs"/carma-slurm-sim_*.deb >/dev/null
+    dpkg -i "$debs"/carma-slurm_*+slurm"$series"_*.deb "$debs"/carma-slurm-sim_*+slurm"$series"_*.deb >/dev/null
     # Copies an earlier version of this script installed by hand would
     # shadow the package's (/usr/local/bin comes first on PATH).
     rm -f /usr/local/bin/carma /usr/local/bin/carma-fakejob /usr/local/sbin/carma-epilog
@@ -244,7 +261,9 @@ stop() {
 }
 
 start_munge() {
-    if pid_of /run/munge/munged.pid >/dev/null || pgrep -x munged >/dev/null; then return; fi
+    # This root's own munged (its pid file and socket): a cluster in a
+    # chroot (tests/releases.sh) has its own /run beside the host's munged.
+    if pid_of /run/munge/munged.pid >/dev/null && [ -S /run/munge/munge.socket.2 ]; then return; fi
     install -d -o munge -g munge -m 0755 /run/munge
     [ -f /etc/munge/munge.key ] || { dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 2>/dev/null; chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key; }
     runuser -u munge -- /usr/sbin/munged

@@ -34,6 +34,22 @@ pub static plugin_type: [u8; 6] = *b"spank\0";
 #[unsafe(no_mangle)]
 pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
 
+/// The Slurm series this plugin was built for, as text in the .so:
+/// packaging/build-deb.sh reads it to refuse packaging a plugin built
+/// against another release's headers.
+#[used]
+static SLURM_SERIES: &str = concat!("carma-slurm-series=", env!("CARMA_SLURM_SERIES"), ";");
+
+/// 25.05+ reads this when a required plugin's `slurm_spank_init` fails:
+/// ESPANK_JOB_FAILURE fails the job instead of draining the node (Slurm's
+/// default, ESPANK_NODE_FAILURE). CARMA's init fails only in srun/sbatch
+/// (a bad plugstack line, refused before anything is submitted); in
+/// slurmstepd it logs and lets task_init fail CARMA steps, so this is the
+/// floor under that rule, not the rule. Older releases never look it up.
+#[cfg(slurm_init_failure_mode)]
+#[unsafe(no_mangle)]
+pub static slurm_spank_init_failure_mode: c_int = sys::slurm_err_t::ESPANK_JOB_FAILURE as c_int;
+
 /// A step as Slurm names it (`scontrol`, `sacct`): `batch`, `extern`,
 /// `interactive`, or its number.
 pub fn step_name(id: u32) -> String {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the SPANK plugin against one Slurm release's headers:
+#
+#   packaging/build-plugin.sh [INCLUDE_DIR]
+#
+# INCLUDE_DIR holds that release's slurm/ headers (default /usr/include, the
+# host's libslurm-dev; for another release, e.g. a chroot's usr/include).
+# Writes target/$PROFILE/slurm-SERIES/libcarma_spank.so (SERIES: 26.05) and
+# prints its path. Only the plugin crate is built again; carma, carma-epilog,
+# carma-monitor and carma-fakejob do not depend on Slurm and are built once.
+# A SPANK plugin loads only into the major.minor it was built for, so every
+# series gets its own .so and its own package (packaging/build-deb.sh).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+inc=${1:-/usr/include}
+PROFILE=${PROFILE:-release}
+target=${CARGO_TARGET_DIR:-$repo/target}
+
+die() { echo "build-plugin.sh: $*" >&2; exit 1; }
+v=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' "$inc/slurm/slurm_version.h" 2>/dev/null) ||
+    true
+[ -n "$v" ] || die "no Slurm headers in $inc (install libslurm-dev, or name a release's include directory)"
+series=$(printf '%d.%02d' "0x${v:0:2}" "0x${v:2:2}")
+
+# The host's headers build with the variable unset, as a plain
+# `cargo build` does: the two then share one build of the plugin.
+if [ "$(realpath "$inc")" = /usr/include ]; then
+    unset CARMA_SLURM_INCLUDE
+else
+    export CARMA_SLURM_INCLUDE=$inc
+fi
+# The same targets as the workspace build (tests/run.sh): the same feature
+# resolution, so only the plugin crate and its tests are built again
+# (seconds), where `-p carma-spank --lib` builds every dependency anew.
+(cd "$repo" && cargo build -q --profile "$PROFILE" --workspace --all-targets)
+out=$target/$PROFILE/slurm-$series
+install -d "$out"
+install -m 0644 "$target/$PROFILE/libcarma_spank.so" "$out/libcarma_spank.so.tmp"
+grep -qa "carma-slurm-series=$series;" "$out/libcarma_spank.so.tmp" || die "the plugin built is not marked for Slurm $series"
+mv "$out/libcarma_spank.so.tmp" "$out/libcarma_spank.so"
+echo "$out/libcarma_spank.so"

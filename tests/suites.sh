@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs real-Slurm suites (tests/*.rs, already built) against the cluster
+# that is up in this root: the host's, or a release's chroot
+# (tests/releases.sh enter CODENAME tests/suites.sh ...). There is no cargo
+# in a chroot, so the suites are run as the test binaries cargo built.
+#
+#   tests/suites.sh LIST SUITE...   LIST: "name executable" lines
+#                                   (tests/run.sh writes it); SUITE: a name,
+#                                   or `all`
+#
+# Runs every suite named, one test at a time (they share one cluster), and
+# exits non-zero if any failed. Prints how long each took.
+set -uo pipefail
+list=${1:?usage: suites.sh LIST SUITE...}
+shift
+[ -s "$list" ] || { echo "suites.sh: $list is empty: build the tests first (tests/run.sh)" >&2; exit 1; }
+
+# The tests' work directory: job scripts and outputs of the test user, and
+# the reliability log; emptied first, so that an earlier run's outputs are
+# not read as this run's.
+rm -rf /tmp/carma-tests
+install -d -o carmatest /tmp/carma-tests
+: >/tmp/carma-tests/reliability.log
+
+series=$(sed -n 's/^#define SLURM_VERSION_STRING "\(.*\)"/\1/p' /usr/include/slurm/slurm_version.h)
+names=("$@")
+[ "${names[*]}" = all ] && mapfile -t names < <(awk '{print $1}' "$list")
+failed=()
+for name in "${names[@]}"; do
+    exe=$(awk -v n="$name" '$1 == n {print $2}' "$list")
+    [ -n "$exe" ] || { echo "suites.sh: no suite '$name' in $list" >&2; failed+=("$name"); continue; }
+    echo "== suite $name on Slurm $series"
+    start=$SECONDS
+    "$exe" --test-threads=1 || failed+=("$name")
+    echo "== suite $name on Slurm $series: $((SECONDS - start)) s"
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "suites.sh: failed on Slurm $series: ${failed[*]}" >&2
+    exit 1
+fi
