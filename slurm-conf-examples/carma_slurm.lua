@@ -133,7 +133,11 @@ end
 
 -- "gres:gpu:2,gres:foo:1" -> "gres:shard:2,gres:foo:1", 2; nil when the
 -- spec asks for no untyped GPUs or for typed ones (left to Slurm).
-local function to_shards(spec)
+-- Slurm 22.05 spells a GRES in a TRES string "gres:gpu:2", 23.11 and later
+-- "gres/gpu:2", and each refuses the other's spelling ("Invalid Trackable
+-- RESource (TRES) specification"): a shard is written the way its GPU
+-- came, and a bare "gpu:2" with the prefix `bare` (default "gres:").
+local function to_shards(spec, bare)
 	if spec == nil or spec == "" then
 		return nil
 	end
@@ -142,6 +146,7 @@ local function to_shards(spec)
 	end
 	local out, gpus, typed = {}, 0, false
 	for item in string.gmatch(spec, "[^,]+") do
+		local prefix = string.match(item, "^gres[:/]") or bare or "gres:"
 		local base = string.gsub(item, "^gres[:/]", "")
 		local n
 		if base == "gpu" then
@@ -154,7 +159,7 @@ local function to_shards(spec)
 		end
 		if n ~= nil and n > 0 then
 			gpus = gpus + n
-			table.insert(out, "gres:shard:" .. n)
+			table.insert(out, prefix .. "shard:" .. n)
 		else
 			table.insert(out, item)
 		end
@@ -301,7 +306,9 @@ function carma.cli_pre_submit(options, pack_offset)
 	if options.type ~= "srun" or os.getenv("SLURM_JOB_ID") == nil or os.getenv("SLURM_SHARDS_ON_NODE") == nil then
 		return slurm.SUCCESS
 	end
-	local spec = to_shards(options["gres"])
+	-- srun prefixes a bare "shard:N" with its release's spelling itself
+	-- (gres_prepend_tres_type: "gres:" up to 23.02, "gres/" since 23.11).
+	local spec = to_shards(options["gres"], "")
 	if spec ~= nil then
 		options["gres"] = spec
 	end
@@ -309,7 +316,7 @@ function carma.cli_pre_submit(options, pack_offset)
 		local n = tonumber(options[key])
 		local gres = options["gres"]
 		if n ~= nil and n > 0 and (gres == nil or not string.find(gres, "shard", 1, true)) then
-			options["gres"] = (gres and gres .. "," or "") .. "gres:shard:" .. n
+			options["gres"] = (gres and gres .. "," or "") .. "shard:" .. n
 			options[key] = ""
 		end
 	end

@@ -22,7 +22,7 @@ rm -rf /tmp/carma-tests
 install -d -o carmatest /tmp/carma-tests
 : >/tmp/carma-tests/reliability.log
 
-series=$(sed -n 's/^#define SLURM_VERSION_STRING "\(.*\)"/\1/p' /usr/include/slurm/slurm_version.h)
+series=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || echo unknown)
 names=("$@")
 [ "${names[*]}" = all ] && mapfile -t names < <(awk '{print $1}' "$list")
 failed=()

@@ -34,6 +34,18 @@ fn field(job: &str, key: &str) -> String {
         .to_string()
 }
 
+/// A TRES string in one spelling: Slurm 22.05 writes `gres:gpu:1`, 23.11
+/// and later `gres/gpu:1` (and each accepts only its own: the rewrite
+/// keeps the spelling it was given).
+fn one_spelling(tres: &str) -> String {
+    tres.replace("gres/", "gres:")
+}
+
+/// The job's TresPerNode, in 22.05's spelling.
+fn tres(job: &str) -> String {
+    one_spelling(&field(job, "TresPerNode"))
+}
+
 /// Waits for a final state that stays put (an OOM-requeued job is briefly
 /// FAILED before it restarts).
 fn wait_final(job: &str, secs: u64) -> String {
@@ -118,8 +130,8 @@ fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is
     assert_eq!(per_gpu.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "{per_gpu:?} {what:?}");
     jobs.push((big_id.clone(), big_out.clone()));
     for (id, _) in &jobs {
-        assert_eq!(field(id, "TresPerNode"), "gres:shard:1", "job {id}");
-        assert!(field(id, "Comment").contains("gres:gpu:1 -> gres:shard:1"), "job {id}: {}", field(id, "Comment"));
+        assert_eq!(tres(id), "gres:shard:1", "job {id}");
+        assert!(one_spelling(&field(id, "Comment")).contains("gres:gpu:1 -> gres:shard:1"), "job {id}: {}", field(id, "Comment"));
     }
     for (id, out) in &jobs[..7] {
         assert_eq!(wait_final(id, 120), "COMPLETED", "job {id}");
@@ -172,7 +184,7 @@ fn the_same_jobs_outside_every_scope_get_whole_gpus() {
     for (id, out) in &jobs {
         wait_completed(id);
         assert_eq!(field(id, "JobState"), "COMPLETED", "job {id}");
-        assert_eq!(field(id, "TresPerNode"), "gres:gpu:1");
+        assert_eq!(tres(id), "gres:gpu:1");
         assert!(!field(id, "Comment").contains("carma"), "job {id}");
         assert_eq!(output_line(out, "DECISION "), "none");
     }
@@ -186,7 +198,7 @@ fn opting_out_with_exclusive_keeps_a_whole_gpu_in_the_scope() {
         "echo \"DECISION $CARMA_DECISION\"\necho \"JOBGPUS ${SLURM_JOB_GPUS:-}\"\ncarma-fakejob --mem 2G --seconds 6";
     let s = script(&unique("optout"), body);
     let (id, out) = submit(&["-p", "shared", "--gres=gpu:1", "--carma-policy=exclusive"], "optout", &s);
-    assert_eq!(field(&id, "TresPerNode"), "gres:gpu:1");
+    assert_eq!(tres(&id), "gres:gpu:1");
     assert!(!field(&id, "Comment").contains("carma"));
     wait_reservations(1);
     // A transparent job placed meanwhile does not share its GPU.
@@ -226,7 +238,7 @@ fn multi_gpu_multi_node_and_srun_jobs_get_a_decision_on_every_node() {
     );
     assert_eq!(r.code, 0, "{text}");
     assert!(text.contains("gpu_count=2 "), "{text}");
-    assert!(text.contains("Comment=mine; carma: gres:gpu:2 -> gres:shard:2"), "{text}");
+    assert!(one_spelling(&text).contains("Comment=mine; carma: gres:gpu:2 -> gres:shard:2"), "{text}");
     // Steps that ask for GPUs inside such a job (cli_filter.lua turns
     // their request into the job's shards).
     let body = "srun --gres=gpu:1 printenv CARMA_DECISION\nsrun --gpus=1 printenv CARMA_DECISION";
@@ -280,9 +292,9 @@ fn requests_the_rewrite_cannot_keep_are_left_whole() {
     let s = script(&unique("held"), "true");
     let (moved, _) = submit(&["-H", "-p", "debug", "--gres=gpu:1"], "held", &s);
     user(&["scontrol", "update", &format!("jobid={moved}"), "partition=shared"], 20).ok();
-    assert_eq!((field(&moved, "Partition"), field(&moved, "TresPerNode")), ("shared".into(), "gres:gpu:1".into()));
+    assert_eq!((field(&moved, "Partition"), tres(&moved)), ("shared".into(), "gres:gpu:1".into()));
     let (updated, _) = submit(&["-H", "-p", "shared"], "held", &s);
     user(&["scontrol", "update", &format!("jobid={updated}"), "gres=gpu:1"], 20).ok();
-    assert_eq!(field(&updated, "TresPerNode"), "gres:shard:1");
+    assert_eq!(tres(&updated), "gres:shard:1");
     root(&["scancel", &moved, &updated], 20).ok();
 }
