@@ -119,3 +119,101 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
         "upgrade of carma-slurm under a running CARMA job: the job finished, its reservation was kept, new steps were placed",
     );
 }
+
+/// The running Slurm's series ("26.05"), and a plugin built for another one
+/// (tests/run.sh builds one per release it tests).
+fn series_and_other_plugin() -> (String, PathBuf) {
+    let slurm = dpkg_query(&["-W", "-f", "${Version}", "slurmd"]);
+    let series: String = slurm.split('.').take(2).collect::<Vec<_>>().join(".");
+    let other = std::fs::read_dir(bin_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("slurm-") && name != format!("slurm-{series}") && p.join("libcarma_spank.so").is_file()
+        })
+        .unwrap_or_else(|| panic!("no plugin built for a Slurm series other than {series} in {}: run tests/run.sh", bin_dir().display()));
+    (series, other.join("libcarma_spank.so"))
+}
+
+#[test]
+fn a_plugin_or_package_for_another_slurm_series_is_refused() {
+    require_cluster();
+    let (series, other) = series_and_other_plugin();
+    let other_series = other.parent().unwrap().file_name().unwrap().to_string_lossy().trim_start_matches("slurm-").to_string();
+    let out = std::env::temp_dir().join(format!("carma-other-{}", std::process::id()));
+    let build = |bin: &std::path::Path, series: &str| {
+        Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/build-deb.sh"))
+            .arg(bin)
+            .arg(&out)
+            .env("CARMA_SLURM_SERIES", series)
+            .output()
+            .unwrap()
+    };
+    // Packaging refuses a plugin that was built for another series than the
+    // package would depend on.
+    let fake_bin = out.join("bin");
+    std::fs::create_dir_all(fake_bin.join(format!("slurm-{series}"))).unwrap();
+    for tool in ["carma", "carma-epilog", "carma-monitor", "carma-fakejob"] {
+        std::os::unix::fs::symlink(bin_dir().join(tool), fake_bin.join(tool)).unwrap();
+    }
+    std::fs::copy(&other, fake_bin.join(format!("slurm-{series}/libcarma_spank.so"))).unwrap();
+    let r = build(&fake_bin, &series);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "packaged a {other_series} plugin as {series}");
+    assert!(err.contains(&format!("built for Slurm {other_series}, not {series}")), "{err}");
+
+    // The package built for the other series installs nowhere else: apt
+    // refuses it by its dependency, and what is installed stays.
+    let before = dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]);
+    let r = build(&bin_dir(), &other_series);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let deb = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("carma-slurm_0")))
+        .unwrap();
+    let r = root(&["apt-get", "install", "-s", "-q", deb.to_str().unwrap()], 120);
+    let said = format!("{}{}", r.stdout, r.stderr);
+    assert_ne!(r.code, 0, "apt would install a plugin for Slurm {other_series} on {series}: {said}");
+    assert!(said.contains("slurm-wlm-basic-plugins") && said.contains("unmet dependencies"), "{said}");
+    assert_eq!(dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]), before);
+    let _ = std::fs::remove_dir_all(&out);
+    report("package", &format!("Slurm {series}: a plugin built for {other_series} is refused by build-deb.sh, its package by apt"));
+}
+
+/// Puts node 2's plugstack back and resumes the node, however the test ends.
+struct Plugstack(PathBuf, String, String);
+
+impl Drop for Plugstack {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, &self.1);
+        root(&["scontrol", "update", &format!("nodename={}", self.2), "state=resume"], 20);
+    }
+}
+
+#[test]
+fn a_plugin_for_another_series_is_named_in_slurmds_log_as_slurm_refuses_it() {
+    require_cluster();
+    let (series, other) = series_and_other_plugin();
+    let node2 = format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim());
+    // An admin copies the wrong .so onto node 2 by hand (the package would
+    // have refused it): Slurm's plugin loader refuses it at the next step.
+    let so = std::env::temp_dir().join(format!("carma-mismatched-{}.so", std::process::id()));
+    std::fs::copy(&other, &so).unwrap();
+    let path = PathBuf::from("/etc/slurm/node2/plugstack.conf");
+    let saved = std::fs::read_to_string(&path).unwrap();
+    let _restore = Plugstack(path.clone(), saved.clone(), node2.clone());
+    std::fs::write(&path, saved.replace("/usr/lib/carma/carma_spank.so", so.to_str().unwrap())).unwrap();
+    let r = user(&["srun", "-p", "multi", "-w", &node2, "true"], 60);
+    assert_ne!(r.code, 0, "a step ran with a plugin built for another series");
+    let log = std::fs::read_to_string(format!("/var/log/carma-cluster/slurmd-{node2}.log")).unwrap();
+    let named = log.lines().filter(|l| l.contains(so.to_str().unwrap())).collect::<Vec<_>>().join("\n");
+    assert!(named.contains("Incompatible"), "slurmd's log does not name {}: {named}", so.display());
+    drop(_restore);
+    // Put right, the node runs steps again.
+    let r = user(&["srun", "-p", "multi", "-w", &node2, "printenv", "SLURMD_NODENAME"], 60).ok();
+    assert_eq!(r.stdout.trim(), node2);
+    let _ = std::fs::remove_file(&so);
+    report("package", &format!("Slurm {series}: a plugin built for another series named in slurmd's log (Incompatible plugin version); node resumed"));
+}

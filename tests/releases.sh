@@ -6,6 +6,7 @@
 #
 #   tests/releases.sh make CODENAME      debootstrap + Slurm (cached in $CACHE)
 #   tests/releases.sh series CODENAME    prints the release series (26.05)
+#   tests/releases.sh root CODENAME      prints the chroot's directory
 #   tests/releases.sh plugin CODENAME    builds the plugin against its headers
 #                                        (target/$PROFILE/slurm-SERIES/)
 #   tests/releases.sh enter CODENAME CMD...  runs CMD inside, as root, with
@@ -140,8 +141,9 @@ plugin() {
 case "${1:-}" in
     make) make_root "${2:?codename}" ;;
     series) series "${2:?codename}" ;;
+    root) root_of "${2:?codename}" ;;
     plugin) plugin "${2:?codename}" ;;
     enter) shift; enter "$@" ;;
     umount) umount_root "${2:?codename}" ;;
-    *) die "usage: $0 make|series|plugin|enter|umount CODENAME [CMD...]" ;;
+    *) die "usage: $0 make|series|root|plugin|enter|umount CODENAME [CMD...]" ;;
 esac

@@ -1,12 +1,31 @@
 #!/usr/bin/env bash
-# The project's test command: builds everything, starts the local Slurm
-# cluster with the freshly built plugin, runs unit and integration tests,
-# and stops the cluster. Run as root on a throwaway Debian 12 machine.
+# The project's test command: builds everything, runs the unit tests,
+# benchmarks and bounded fuzzing, then the real-Slurm suites on three Slurm
+# releases, one cluster at a time (they share Slurm's ports):
+#
+#   Slurm 22.05  this Debian 12 host            SLURM_22_05 suites
+#   Slurm 24.11  Debian trixie chroot           SLURM_24_11 suites
+#   Slurm 26.05  Debian sid chroot (newest)     every suite
+#
+# The chroots are made by tests/releases.sh (debootstrap, cached in
+# /var/cache/carma-releases); the plugin is built once per release against
+# its headers (packaging/build-plugin.sh), the rest of the workspace once.
+# Run as root on a throwaway Debian 12 machine. CARMA_RELEASES=host limits
+# a local run to the host's Slurm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PROFILE=release
 export CARGO_TERM_COLOR=never
+TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+# Suites per release: every suite on the newest; on the older ones those
+# that meet what differs between releases (options and SPANK contexts,
+# job_submit/cli_filter Lua, requeue and epilog, slurmd restarts, packages).
+SLURM_22_05="foundation transparent recovery package"
+SLURM_24_11="foundation transparent recovery faults privilege package monitor mps"
+SLURM_26_05=all
+RELEASES=${CARMA_RELEASES:-host trixie sid}
+
 tests/cluster.sh deps
 command -v cargo >/dev/null || { echo "run.sh: cargo not found (install Rust via rustup)" >&2; exit 1; }
 
@@ -14,14 +33,27 @@ echo "== build"
 # All targets at once: tests and benches share one feature resolution, so
 # nothing (tract-onnx above all) is compiled twice.
 cargo build --profile "$PROFILE" --workspace --all-targets
+# One plugin per Slurm release; the host's last, so that the workspace
+# build (and cargo test below) stays the host's.
+for r in $RELEASES; do
+    [ "$r" = host ] && continue
+    tests/releases.sh make "$r"
+    packaging/build-plugin.sh "$(tests/releases.sh root "$r")/usr/include"
+done
+packaging/build-plugin.sh /usr/include
+# The real-Slurm suites as built binaries: the chroots have no cargo.
+suites=$TARGET/suites.txt
+cargo test --profile "$PROFILE" -p carma-spank --tests --no-run 2>&1 |
+    sed -n 's#^ *Executable tests/\([a-z_]*\)\.rs (\(.*\))$#\1 \2#p' |
+    while read -r name exe; do echo "$name $(realpath "$exe")"; done >"$suites"
+[ -s "$suites" ] || { echo "run.sh: found no built suites" >&2; exit 1; }
+
 tests/cluster.sh start
 trap 'tests/cluster.sh stop' EXIT
-# Tests append what they injected and survived here (tests/reliability-report.sh);
-# the directory is also where the test user's job scripts and outputs go.
-# Emptied first: an earlier run's outputs must not be read as this run's.
+# Tests append what they injected and survived here (tests/reliability-report.sh).
 rm -rf /tmp/carma-tests
 install -d -o carmatest /tmp/carma-tests
-: > /tmp/carma-tests/reliability.log
+: >/tmp/carma-tests/reliability.log
 
 echo "== benchmarks (figures, not pass/fail)"
 # --workspace, not -p: the features stay those of the build above, so
@@ -33,6 +65,31 @@ cargo bench -q --workspace --bench estimate
 echo "== fuzzing (bounded)"
 tests/fuzz.sh | tee -a /tmp/carma-tests/reliability.log
 
-echo "== tests"
-# Integration tests share one cluster and its 4 GPUs: run them one at a time.
-cargo test --profile "$PROFILE" --workspace -- --test-threads=1
+echo "== unit tests"
+cargo test --profile "$PROFILE" --workspace --exclude carma-spank
+cargo test --profile "$PROFILE" -p carma-spank --lib
+
+failed=()
+for r in $RELEASES; do
+    if [ "$r" = host ]; then
+        echo "== real-Slurm suites on the host's Slurm ($SLURM_22_05)"
+        tests/suites.sh "$suites" $SLURM_22_05 || failed+=(host)
+        tests/cluster.sh stop
+        trap - EXIT
+        continue
+    fi
+    case $r in trixie) chosen=$SLURM_24_11 ;; sid) chosen=$SLURM_26_05 ;; esac
+    echo "== real-Slurm suites on $r's Slurm $(tests/releases.sh series "$r") ($chosen)"
+    tests/cluster.sh stop
+    trap "tests/releases.sh enter $r tests/cluster.sh stop; tests/releases.sh umount $r" EXIT
+    tests/releases.sh enter "$r" tests/cluster.sh start
+    tests/releases.sh enter "$r" tests/suites.sh "$suites" $chosen || failed+=("$r")
+    tests/releases.sh enter "$r" tests/cluster.sh stop
+    tests/releases.sh umount "$r"
+    trap - EXIT
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "run.sh: real-Slurm suites failed on: ${failed[*]}" >&2
+    exit 1
+fi
+echo "run.sh: all suites passed on: $RELEASES"

@@ -15,12 +15,11 @@ list=${1:?usage: suites.sh LIST SUITE...}
 shift
 [ -s "$list" ] || { echo "suites.sh: $list is empty: build the tests first (tests/run.sh)" >&2; exit 1; }
 
-# The tests' work directory: job scripts and outputs of the test user, and
-# the reliability log; emptied first, so that an earlier run's outputs are
-# not read as this run's.
-rm -rf /tmp/carma-tests
+# The tests' work directory: job scripts and outputs of the test user,
+# emptied first, so that an earlier run's outputs are not read as this
+# run's; and the reliability log (tests/reliability-report.sh), appended to.
 install -d -o carmatest /tmp/carma-tests
-: >/tmp/carma-tests/reliability.log
+find /tmp/carma-tests -mindepth 1 ! -name reliability.log -delete
 
 series=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || echo unknown)
 names=("$@")
