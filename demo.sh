@@ -3,14 +3,35 @@
 # simulated A100-40GB GPUs and submits training-like jobs (carma-fakejob)
 # under different policies, printing where each landed.
 # Run as root on a throwaway Debian 12 machine: sudo ./demo.sh
+#
+# The cluster runs the newest supported Slurm, 26.05 (Debian sid, in a
+# debootstrap chroot made by tests/releases.sh: about a minute the first
+# time). CARMA_DEMO_SLURM=trixie runs it on 24.11, =host on this host's
+# Debian 12 Slurm 22.05 (out of support).
 set -euo pipefail
 cd "$(dirname "$0")"
 export PROFILE=release
-tests/cluster.sh deps
-echo "== building (first build takes a few minutes)"
-cargo build --profile "$PROFILE" --workspace --bins --lib -q
-tests/cluster.sh start
 
+if [ "${1:-}" != --jobs ]; then
+    release=${CARMA_DEMO_SLURM:-sid}
+    tests/cluster.sh deps
+    echo "== building (first build takes a few minutes)"
+    # The same targets as the tests: one feature resolution, one build.
+    cargo build --profile "$PROFILE" --workspace --all-targets -q
+    if [ "$release" = host ]; then
+        tests/cluster.sh start
+        exec ./demo.sh --jobs
+    fi
+    tests/cluster.sh stop
+    tests/releases.sh make "$release"
+    packaging/build-plugin.sh "$(tests/releases.sh root "$release")/usr/include" >/dev/null
+    # The workspace build stays the host's.
+    packaging/build-plugin.sh /usr/include >/dev/null
+    tests/releases.sh enter "$release" tests/cluster.sh start
+    exec tests/releases.sh enter "$release" ./demo.sh --jobs
+fi
+
+echo "== Slurm $(sinfo -V | awk '{print $2}'), CARMA plugin $(dpkg-query -W -f '${Version}' carma-slurm)"
 user=carmatest
 out=/tmp/carma-demo
 rm -rf "$out"; install -d -o "$user" "$out"
@@ -52,4 +73,9 @@ echo "== what slurmctld recorded for the plain jobs (scontrol show job: Comment)
 for i in 1 2 3; do
     squeue -h -t all -n "plain-$i" -o '%i' | while read -r id; do scontrol show job "$id" | grep -o 'Comment=.*'; done
 done
-echo "== CARMA's log: /var/log/carma/carma.log; stop the cluster with: sudo tests/cluster.sh stop"
+if [ -f /etc/debian_version ] && [ "$(cut -d. -f1 /etc/debian_version)" = 12 ]; then
+    echo "== CARMA's log: /var/log/carma/carma.log; stop the cluster with: sudo tests/cluster.sh stop"
+else
+    echo "== CARMA's log: /var/log/carma/carma.log inside $(tests/releases.sh root "${CARMA_DEMO_SLURM:-sid}" 2>/dev/null || echo the chroot)"
+    echo "== stop the cluster with: sudo tests/releases.sh enter ${CARMA_DEMO_SLURM:-sid} tests/cluster.sh stop"
+fi

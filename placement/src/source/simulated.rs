@@ -155,6 +155,27 @@ impl SimulatedGpus {
         &self.file
     }
 
+    /// The GPU indices a `CUDA_VISIBLE_DEVICES` value names, read as CUDA
+    /// reads it: indices, or GPU UUIDs (Slurm 26.05's gres.conf
+    /// `Flags=env_uuid` puts UUIDs there; SLURM_STEP_GPUS and SLURM_JOB_GPUS
+    /// keep indices).
+    pub fn visible_indices(&self, visible: &str) -> Result<Vec<u32>, String> {
+        visible
+            .split(',')
+            .map(str::trim)
+            .map(|g| {
+                let by_uuid = || self.gpus.iter().find(|s| s.uuid == g).map(|s| s.index);
+                match g.parse::<u32>() {
+                    Ok(i) if (i as usize) < self.gpus.len() => Ok(i),
+                    Ok(_) => Err(format!("CUDA_VISIBLE_DEVICES={visible}: no GPU {g} in {}", self.file.display())),
+                    Err(_) => by_uuid().ok_or_else(|| {
+                        format!("CUDA_VISIBLE_DEVICES={visible}: {g} is neither a GPU index nor the UUID of one")
+                    }),
+                }
+            })
+            .collect()
+    }
+
     pub fn process_dir(&self) -> &Path {
         &self.process_dir
     }
@@ -299,6 +320,21 @@ mod tests {
         )
         .unwrap();
         SimulatedGpus::load(&f).unwrap()
+    }
+
+    #[test]
+    fn visible_devices_are_read_as_indices_or_uuids() {
+        let d = TempDir::new();
+        let s = sim(&d.0, "");
+        assert_eq!(s.visible_indices("1"), Ok(vec![1]));
+        assert_eq!(s.visible_indices("1,0"), Ok(vec![1, 0]));
+        // The form env_uuid gives (UUIDs as NVML names them, here the
+        // simulated GPUs' default UUIDs).
+        assert_eq!(s.visible_indices("GPU-sim-1"), Ok(vec![1]));
+        assert_eq!(s.visible_indices("GPU-sim-0, 1"), Ok(vec![0, 1]));
+        let e = s.visible_indices("GPU-8932f937-d72c-4106-c12f-20bd9faed9f6").unwrap_err();
+        assert!(e.contains("neither a GPU index nor the UUID"), "{e}");
+        assert!(s.visible_indices("2").unwrap_err().contains("no GPU 2"));
     }
 
     #[test]

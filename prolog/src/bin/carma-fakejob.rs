@@ -63,12 +63,7 @@ fn run() -> Result<i32, String> {
     let sim = SimulatedGpus::load(file).map_err(|e| e.to_string())?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES")
         .map_err(|_| "CUDA_VISIBLE_DEVICES is not set: no GPU visible".to_string())?;
-    let gpus: Vec<u32> = visible
-        .split(',')
-        .map(|g| {
-            g.trim().parse::<u32>().map_err(|_| format!("CUDA_VISIBLE_DEVICES={visible}: not a list of GPU indices"))
-        })
-        .collect::<Result<_, _>>()?;
+    let gpus = sim.visible_indices(&visible)?;
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
