@@ -182,13 +182,34 @@ fn a_plugin_or_package_for_another_slurm_series_is_refused() {
     report("package", &format!("Slurm {series}: a plugin built for {other_series} is refused by build-deb.sh, its package by apt"));
 }
 
-/// Puts node 2's plugstack back and resumes the node, however the test ends.
+fn node_state(node: &str) -> String {
+    root(&["sinfo", "-h", "-N", "-n", node, "-o", "%T"], 10).stdout.trim().to_string()
+}
+
+/// Waits (at most `secs`) until the node's state passes `ok`; returns the last state.
+fn wait_node(node: &str, secs: u64, ok: impl Fn(&str) -> bool) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let state = node_state(node);
+        if ok(&state) || start.elapsed().as_secs() >= secs {
+            return state;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// Puts node 2's plugstack back and resumes the node, however the test
+/// ends, until it takes jobs again (bounded): the suites after this one
+/// need it, and a drained node fails them.
 struct Plugstack(PathBuf, String, String);
 
 impl Drop for Plugstack {
     fn drop(&mut self) {
         let _ = std::fs::write(&self.0, &self.1);
-        root(&["scontrol", "update", &format!("nodename={}", self.2), "state=resume"], 20);
+        wait_node(&self.2, 30, |s| {
+            root(&["scontrol", "update", &format!("nodename={}", self.2), "state=resume"], 20);
+            !s.contains("drain") && !s.contains("down") && !s.contains("drng")
+        });
     }
 }
 
@@ -207,13 +228,18 @@ fn a_plugin_for_another_series_is_named_in_slurmds_log_as_slurm_refuses_it() {
     std::fs::write(&path, saved.replace("/usr/lib/carma/carma_spank.so", so.to_str().unwrap())).unwrap();
     let r = user(&["srun", "-p", "multi", "-w", &node2, "true"], 60);
     assert_ne!(r.code, 0, "a step ran with a plugin built for another series");
+    // Slurm fails the job's prolog and drains the node, after srun returns.
+    let state = wait_node(&node2, 30, |s| s.contains("drain") || s.contains("drng"));
+    assert!(state.contains("drain") || state.contains("drng"), "node {node2}: {state}");
     let log = std::fs::read_to_string(format!("/var/log/carma-cluster/slurmd-{node2}.log")).unwrap();
     let named = log.lines().filter(|l| l.contains(so.to_str().unwrap())).collect::<Vec<_>>().join("\n");
     assert!(named.contains("Incompatible"), "slurmd's log does not name {}: {named}", so.display());
     drop(_restore);
+    let state = node_state(&node2);
+    assert!(["idle", "mixed", "allocated"].contains(&state.as_str()), "node {node2} not back: {state}");
     // Put right, the node runs steps again.
     let r = user(&["srun", "-p", "multi", "-w", &node2, "printenv", "SLURMD_NODENAME"], 60).ok();
     assert_eq!(r.stdout.trim(), node2);
     let _ = std::fs::remove_file(&so);
-    report("package", &format!("Slurm {series}: a plugin built for another series named in slurmd's log (Incompatible plugin version); node resumed"));
+    report("package", &format!("Slurm {series}: a plugin built for another series named in slurmd's log (Incompatible plugin version); Slurm drained the node; resumed"));
 }

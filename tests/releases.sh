@@ -56,7 +56,11 @@ make_root() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
     }
     umount_root "$codename"
-    rm -rf "$dir"
+    # Never into a mount that is still there (/dev, /sys, the checkout: a
+    # bind mount of the same disk, which --one-file-system would not see).
+    ! awk -v d="$dir/" 'index($2, d) == 1 {found = 1} END {exit !found}' /proc/mounts ||
+        die "mounts remain under $dir; not removing it"
+    rm -rf --one-file-system "$dir"
     install -d "$CACHE"
     local t=$SECONDS
     echo "releases.sh: debootstrap $codename into $dir"
