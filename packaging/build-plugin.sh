@@ -17,10 +17,7 @@ PROFILE=${PROFILE:-release}
 target=${CARGO_TARGET_DIR:-$repo/target}
 
 die() { echo "build-plugin.sh: $*" >&2; exit 1; }
-v=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' "$inc/slurm/slurm_version.h" 2>/dev/null) ||
-    true
-[ -n "$v" ] || die "no Slurm headers in $inc (install libslurm-dev, or name a release's include directory)"
-series=$(printf '%d.%02d' "0x${v:0:2}" "0x${v:2:2}")
+series=$("$repo/packaging/slurm-series.sh" "$inc") || die "name an include directory holding a release's slurm/ headers"
 
 # The host's headers build with the variable unset, as a plain
 # `cargo build` does: the two then share one build of the plugin.

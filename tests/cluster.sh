@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A real Slurm 22.05 cluster on 127.0.0.1 with the CARMA plugin installed,
+# A real Slurm cluster on 127.0.0.1 with the CARMA plugin installed (the
+# host's Slurm 22.05, or a newer release inside a tests/releases.sh chroot),
 # used by the tests, CI and the demo: node $NODE with 4 simulated GPUs, and
 # a second node ${NODE}b (4 more) for multi-node jobs. Both slurmd run on this
 # host: Debian's Slurm is not built with --enable-multiple-slurmd, but a
@@ -203,17 +204,9 @@ CONF
     chmod 0755 "$N2/epilog"
 }
 
-# The release series of the Slurm installed here (26.05).
-slurm_series() {
-    local v
-    v=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' /usr/include/slurm/slurm_version.h 2>/dev/null)
-    [ -n "$v" ] || die "no /usr/include/slurm/slurm_version.h: install libslurm-dev"
-    printf '%d.%02d' "0x${v:0:2}" "0x${v:2:2}"
-}
-
 install_carma() {
     local t=$TARGET/$PROFILE debs=$TARGET/debian series
-    series=$(slurm_series)
+    series=$("$repo/packaging/slurm-series.sh")
     [ -f "$t/carma" ] || die "$t/carma missing: run cargo build --profile $PROFILE --workspace first"
     # The plugin for this Slurm series (tests/releases.sh builds the other
     # releases' before entering their chroots, where there is no cargo).

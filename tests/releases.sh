@@ -79,13 +79,9 @@ make_root() {
     echo "releases.sh: $codename ready with Slurm $(series "$codename") in $((SECONDS - t)) s"
 }
 
-# "26.05" from the chroot's slurm_version.h.
+# "26.05" from the chroot's headers.
 series() {
-    local dir v
-    dir=$(root_of "$1")
-    v=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-f]*\).*/\1/p' "$dir/usr/include/slurm/slurm_version.h")
-    [ -n "$v" ] || die "no Slurm headers in $dir"
-    printf '%d.%02d\n' "0x${v:0:2}" "0x${v:2:2}"
+    "$repo/packaging/slurm-series.sh" "$(root_of "$1")/usr/include"
 }
 
 is_mounted() { mountpoint -q "$1" 2>/dev/null; }
