@@ -206,9 +206,13 @@ struct Plugstack(PathBuf, String, String);
 impl Drop for Plugstack {
     fn drop(&mut self) {
         let _ = std::fs::write(&self.0, &self.1);
+        // Resumed while drained; done once it reads plainly idle (a `*`,
+        // not responding, clears within a second of a resume).
         wait_node(&self.2, 30, |s| {
-            root(&["scontrol", "update", &format!("nodename={}", self.2), "state=resume"], 20);
-            !s.contains("drain") && !s.contains("down") && !s.contains("drng")
+            if s.contains("drain") || s.contains("drng") || s.contains("down") {
+                root(&["scontrol", "update", &format!("nodename={}", self.2), "state=resume"], 20);
+            }
+            ["idle", "mixed", "allocated"].contains(&s)
         });
     }
 }
@@ -231,6 +235,13 @@ fn a_plugin_for_another_series_is_named_in_slurmds_log_as_slurm_refuses_it() {
     // Slurm fails the job's prolog and drains the node, after srun returns.
     let state = wait_node(&node2, 30, |s| s.contains("drain") || s.contains("drng"));
     assert!(state.contains("drain") || state.contains("drng"), "node {node2}: {state}");
+    // The job's epilog fails too (the plugin loads there neither) and drains
+    // the node again: put it right only once the job has left the node.
+    let start = std::time::Instant::now();
+    while !root(&["squeue", "-h", "-w", &node2, "-t", "R,CG", "-o", "%i"], 10).stdout.trim().is_empty() {
+        assert!(start.elapsed().as_secs() < 30, "the failed job stayed on {node2}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
     let log = std::fs::read_to_string(format!("/var/log/carma-cluster/slurmd-{node2}.log")).unwrap();
     let named = log.lines().filter(|l| l.contains(so.to_str().unwrap())).collect::<Vec<_>>().join("\n");
     assert!(named.contains("Incompatible"), "slurmd's log does not name {}: {named}", so.display());
