@@ -132,7 +132,12 @@ fn series_and_other_plugin() -> (String, PathBuf) {
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
             name.starts_with("slurm-") && name != format!("slurm-{series}") && p.join("libcarma_spank.so").is_file()
         })
-        .unwrap_or_else(|| panic!("no plugin built for a Slurm series other than {series} in {}: run tests/run.sh", bin_dir().display()));
+        .unwrap_or_else(|| {
+            panic!(
+                "no plugin built for a Slurm series other than {series} in {}: run tests/run.sh",
+                bin_dir().display()
+            )
+        });
     (series, other.join("libcarma_spank.so"))
 }
 
@@ -140,7 +145,8 @@ fn series_and_other_plugin() -> (String, PathBuf) {
 fn a_plugin_or_package_for_another_slurm_series_is_refused() {
     require_cluster();
     let (series, other) = series_and_other_plugin();
-    let other_series = other.parent().unwrap().file_name().unwrap().to_string_lossy().trim_start_matches("slurm-").to_string();
+    let other_series =
+        other.parent().unwrap().file_name().unwrap().to_string_lossy().trim_start_matches("slurm-").to_string();
     let out = std::env::temp_dir().join(format!("carma-other-{}", std::process::id()));
     let build = |bin: &std::path::Path, series: &str| {
         Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/build-deb.sh"))
@@ -171,7 +177,10 @@ fn a_plugin_or_package_for_another_slurm_series_is_refused() {
     let deb = std::fs::read_dir(&out)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("carma-slurm_0")))
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("carma-slurm_") && name.contains(&format!("+slurm{other_series}_"))
+        })
         .unwrap();
     let r = root(&["apt-get", "install", "-s", "-q", deb.to_str().unwrap()], 120);
     let said = format!("{}{}", r.stdout, r.stderr);
@@ -179,7 +188,10 @@ fn a_plugin_or_package_for_another_slurm_series_is_refused() {
     assert!(said.contains("slurm-wlm-basic-plugins") && said.contains("unmet dependencies"), "{said}");
     assert_eq!(dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]), before);
     let _ = std::fs::remove_dir_all(&out);
-    report("package", &format!("Slurm {series}: a plugin built for {other_series} is refused by build-deb.sh, its package by apt"));
+    report(
+        "package",
+        &format!("Slurm {series}: a plugin built for {other_series} is refused by build-deb.sh, its package by apt"),
+    );
 }
 
 fn node_state(node: &str) -> String {
@@ -252,5 +264,10 @@ fn a_plugin_for_another_series_is_named_in_slurmds_log_as_slurm_refuses_it() {
     let r = user(&["srun", "-p", "multi", "-w", &node2, "printenv", "SLURMD_NODENAME"], 60).ok();
     assert_eq!(r.stdout.trim(), node2);
     let _ = std::fs::remove_file(&so);
-    report("package", &format!("Slurm {series}: a plugin built for another series named in slurmd's log (Incompatible plugin version); Slurm drained the node; resumed"));
+    report(
+        "package",
+        &format!(
+            "Slurm {series}: a plugin built for another series named in slurmd's log (Incompatible plugin version); Slurm drained the node; resumed"
+        ),
+    );
 }

@@ -147,7 +147,11 @@ fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is
     jobs.push((big_id.clone(), big_out.clone()));
     for (id, _) in &jobs {
         assert_eq!(tres(id), "gres:shard:1", "job {id}");
-        assert!(one_spelling(&field(id, "Comment")).contains("gres:gpu:1 -> gres:shard:1"), "job {id}: {}", field(id, "Comment"));
+        assert!(
+            one_spelling(&field(id, "Comment")).contains("gres:gpu:1 -> gres:shard:1"),
+            "job {id}: {}",
+            field(id, "Comment")
+        );
     }
     for (id, out) in &jobs[..7] {
         assert_eq!(wait_final(id, 120), "COMPLETED", "job {id}");
