@@ -13,7 +13,9 @@ cd "$(dirname "$0")"
 export PROFILE=release
 
 if [ "${1:-}" != --jobs ]; then
-    release=${CARMA_DEMO_SLURM:-sid}
+    # Exported: the jobs part, run inside the chroot, says where it ran.
+    export CARMA_DEMO_SLURM=${CARMA_DEMO_SLURM:-sid}
+    release=$CARMA_DEMO_SLURM
     tests/cluster.sh deps
     echo "== building (first build takes a few minutes)"
     # The same targets as the tests: one feature resolution, one build.
@@ -23,8 +25,7 @@ if [ "${1:-}" != --jobs ]; then
         exec ./demo.sh --jobs
     fi
     tests/cluster.sh stop
-    tests/releases.sh make "$release"
-    packaging/build-plugin.sh "$(tests/releases.sh root "$release")/usr/include" >/dev/null
+    tests/releases.sh plugin "$release" >/dev/null
     # The workspace build stays the host's.
     packaging/build-plugin.sh /usr/include >/dev/null
     tests/releases.sh enter "$release" tests/cluster.sh start
@@ -73,9 +74,10 @@ echo "== what slurmctld recorded for the plain jobs (scontrol show job: Comment)
 for i in 1 2 3; do
     squeue -h -t all -n "plain-$i" -o '%i' | while read -r id; do scontrol show job "$id" | grep -o 'Comment=.*'; done
 done
-if [ -f /etc/debian_version ] && [ "$(cut -d. -f1 /etc/debian_version)" = 12 ]; then
+release=${CARMA_DEMO_SLURM:-host}
+if [ "$release" = host ]; then
     echo "== CARMA's log: /var/log/carma/carma.log; stop the cluster with: sudo tests/cluster.sh stop"
 else
-    echo "== CARMA's log: /var/log/carma/carma.log inside $(tests/releases.sh root "${CARMA_DEMO_SLURM:-sid}" 2>/dev/null || echo the chroot)"
-    echo "== stop the cluster with: sudo tests/releases.sh enter ${CARMA_DEMO_SLURM:-sid} tests/cluster.sh stop"
+    echo "== CARMA's log: /var/log/carma/carma.log inside $(tests/releases.sh root "$release")"
+    echo "== stop the cluster with: sudo tests/releases.sh enter $release tests/cluster.sh stop"
 fi

@@ -29,13 +29,10 @@ done
 
 arch=$(dpkg --print-architecture)
 # The series to package for: CARMA_SLURM_SERIES (one build host packages
-# every series), else this host's Slurm (22.05.8-4+deb12u3 -> 22.05).
-series=${CARMA_SLURM_SERIES:-}
-if [ -z "$series" ]; then
-    slurm=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || dpkg-query -W -f '${Version}' libslurm-dev 2>/dev/null) ||
-        die "no Slurm installed here: name the series to package for (CARMA_SLURM_SERIES=26.05)"
-    series=$(echo "$slurm" | sed -n 's/^\([0-9]*\)\.\([0-9]*\)\..*/\1.\2/p')
-fi
+# every series), else that of this host's Slurm headers, which
+# build-plugin.sh built against by default.
+series=${CARMA_SLURM_SERIES:-$("$repo/packaging/slurm-series.sh" 2>/dev/null)} ||
+    die "no Slurm headers here: name the series to package for (CARMA_SLURM_SERIES=26.05)"
 echo "$series" | grep -qxE '[0-9]+\.[0-9]{2}' || die "'$series' is not a Slurm release series (like 26.05)"
 # and the next series (22.06): the dependency admits exactly one.
 next=$(echo "$series" | awk -F. '{ printf "%d.%02d", $1, $2 + 1 }')

@@ -97,7 +97,7 @@ fn srun_estimates_too_and_declared_memory_wins() {
 fn a_node_learns_its_fixed_memory_from_finished_jobs() {
     require_cluster();
     const N2: &str = "/etc/slurm/node2/carma.yaml";
-    let node = format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim());
+    let node = node2();
     let model = user_copy("carma/model-summaries/resnet18_cifar100.model");
     let m = format!("--carma-model={model}");
     let on_node2 = ["-p", "multi", "-w", node.as_str(), "--gres=shard:1", "--carma-policy=exclusive", m.as_str()];

@@ -13,10 +13,6 @@ const N2_CONFIG: &str = "/etc/slurm/node2/carma.yaml";
 const N2_STATE: &str = "/run/carma2";
 const MONITOR_PID: &str = "/run/carma-cluster/b/carma-monitor.pid";
 
-fn node2() -> String {
-    format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim())
-}
-
 fn published() -> serde_json::Value {
     let text = std::fs::read_to_string(format!("{N2_STATE}/readings.json")).unwrap_or_default();
     serde_json::from_str(&text).unwrap_or_default()

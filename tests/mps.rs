@@ -14,10 +14,6 @@ use std::time::{Duration, Instant};
 const USER2: &str = "carmatest2";
 const PIPE: &str = "/run/carma-mps";
 
-fn node2() -> String {
-    format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim())
-}
-
 fn on_node2<'a>(node: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["srun", "-p", "multi", "-w", node, "--gres=shard:1"];
     v.extend_from_slice(extra);

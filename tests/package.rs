@@ -233,7 +233,7 @@ impl Drop for Plugstack {
 fn a_plugin_for_another_series_is_named_in_slurmds_log_as_slurm_refuses_it() {
     require_cluster();
     let (series, other) = series_and_other_plugin();
-    let node2 = format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim());
+    let node2 = node2();
     // An admin copies the wrong .so onto node 2 by hand (the package would
     // have refused it): Slurm's plugin loader refuses it at the next step.
     let so = std::env::temp_dir().join(format!("carma-mismatched-{}.so", std::process::id()));

@@ -37,8 +37,7 @@ cargo build --profile "$PROFILE" --workspace --all-targets
 # build (and cargo test below) stays the host's.
 for r in $RELEASES; do
     [ "$r" = host ] && continue
-    tests/releases.sh make "$r"
-    packaging/build-plugin.sh "$(tests/releases.sh root "$r")/usr/include"
+    tests/releases.sh plugin "$r"
 done
 packaging/build-plugin.sh /usr/include
 # The real-Slurm suites as built binaries: the chroots have no cargo.

@@ -70,6 +70,11 @@ fn clean_env(c: &mut Command) {
     }
 }
 
+/// The second node's name: `tests/cluster.sh` names it after this host.
+pub fn node2() -> String {
+    format!("{}b", root(&["hostname", "-s"], 10).ok().stdout.trim())
+}
+
 /// A directory the test user can write job scripts and output to.
 pub fn work_dir() -> PathBuf {
     let d = PathBuf::from("/tmp/carma-tests");
