@@ -50,9 +50,10 @@ fn main() {
     });
     let net = torchsummary::parse(&resnet, "r").unwrap();
     println!("inference (resnet50, batch 128)");
-    time("continuous model (features + formula)", 20000, || {
+    time("layer model (features + what autograd keeps + formula)", 20000, || {
         let p = features::profile(&net);
-        layers_model::parts(&p, 700).at_batch(128)
+        let k = carma_estimator::kept::kept(&net, carma_config::Precision::Fp32);
+        layers_model::parts(&p, &k, 700, carma_config::Precision::Fp32).at_batch(128)
     });
     let act = features::profile(&net).activation;
     time("GPUMemNet classifier (tract-onnx)", 20000, || gpumemnet::classify(&net, 128, &act, true).unwrap());

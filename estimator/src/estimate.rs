@@ -12,7 +12,7 @@ use crate::features::{self, Family};
 use crate::input::{Network, ParseError, text};
 use crate::layers_model::{self, Parts};
 use crate::transformer::{self, Shape};
-use crate::{hf_config, listing, torchinfo, torchsummary};
+use crate::{hf_config, kept, listing, torchinfo, torchsummary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
@@ -139,7 +139,8 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
         Described::Layers(net) => {
             let batch = batch.or(net.batch_in_file).ok_or_else(|| no_batch(name))?;
             let profile = features::profile(&net);
-            let parts = layers_model::parts(&profile, s.runtime_mib);
+            let kept = kept::kept(&net, s.precision);
+            let parts = layers_model::parts(&profile, &kept, s.runtime_mib, s.precision);
             let continuous = parts.at_batch(batch);
             let gpumemnet = gpumemnet(&net, batch, &profile.activation, profile.family == Family::Cnn);
             let (mib, source) = match (s.method, &gpumemnet) {
@@ -147,23 +148,35 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 _ => (continuous, "layers"),
             };
             let why = format!(
-                "{} of {} layers, {:.1} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB weights/gradients/Adam \
-                 + {:.1} MiB per sample ({:.1} M elements kept x 4 B x alpha {:.3}) = {continuous} MiB; GPUMemNet bin {}",
+                "{} of {} layers, {:.1} M parameters, batch {batch}, precision {}: {} MiB runtime + {:.0} MiB \
+                 weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample ({:.1} MiB saved for the backward pass: \
+                 activations at {} B{}, pooling indices, dropout masks; {:.1} MiB gradients in flight) = {continuous} MiB; \
+                 GPUMemNet bin {}",
                 if net.attention_blocks > 0 {
-                    format!(
-                        "image transformer ({} attention blocks, every operator's output counted)",
-                        net.attention_blocks
-                    )
+                    format!("image transformer ({} attention blocks)", net.attention_blocks)
                 } else {
                     profile.family.name().to_string()
                 },
                 profile.layers,
                 profile.params as f64 / 1e6,
+                s.precision.name(),
                 parts.runtime_mib,
                 parts.params_mib,
+                layers_model::param_bytes(s.precision),
+                if s.precision == carma_config::Precision::Mixed {
+                    ": fp32 master weights and Adam, bf16 copies"
+                } else {
+                    ""
+                },
                 parts.per_sample_mib,
-                profile.retained_per_sample / 1e6,
-                parts.alpha,
+                kept.saved_bytes / (1024.0 * 1024.0),
+                kept.half_bytes,
+                if s.precision == carma_config::Precision::Mixed {
+                    " for convolutions and matmuls, 4 B for norms and softmax"
+                } else {
+                    ""
+                },
+                layers_model::transient(&kept) * kept.largest_bytes / (1024.0 * 1024.0),
                 match &gpumemnet {
                     Ok(b) => format!("<= {b} MiB"),
                     Err(e) => format!("unavailable ({e})"),
@@ -235,22 +248,30 @@ fn listing_shape(l: &listing::Listing, text: &str, name: &str) -> Result<Shape, 
             "the module listing has no repeated transformer blocks; for other networks give a torchsummary table or an ONNX file",
         ));
     }
+    let heads = Shape::default_heads(hidden);
+    let activation = listing_activation(text);
+    // A listing names module classes, not how attention ran: its
+    // probabilities are counted as kept.
     Ok(Shape {
         blocks: l.blocks.into(),
         hidden,
-        heads: Shape::default_heads(hidden),
+        heads,
         intermediate: l.intermediate.unwrap_or(4 * hidden),
         vocab: l.vocab.unwrap_or(0),
         seq: l.max_positions.unwrap_or(512),
         params: l.root_params,
-        ff_kept: listing_ff_kept(text),
+        ff_kept: Shape::ff_kept(text.contains("(gate_proj)"), activation),
+        ff_fp32: Shape::ff_fp32(activation),
+        kv_heads: heads,
+        fused_attention: false,
+        rms_norm: text.contains("RMSNorm"),
     })
 }
 
-/// `ff_kept` from the module classes a listing names: a gated MLP has a
-/// `gate_proj`; `NewGELUActivation` is GPT-2's `gelu_new`.
-fn listing_ff_kept(text: &str) -> u64 {
-    let activation = if text.contains("NewGELUActivation") {
+/// The MLP's activation from the module classes a listing names
+/// (`NewGELUActivation` is GPT-2's `gelu_new`).
+fn listing_activation(text: &str) -> Option<&'static str> {
+    if text.contains("NewGELUActivation") {
         Some("gelu_new")
     } else if text.contains("FastGELUActivation") {
         Some("gelu_fast")
@@ -258,6 +279,5 @@ fn listing_ff_kept(text: &str) -> u64 {
         Some("quick_gelu")
     } else {
         None
-    };
-    Shape::ff_kept(text.contains("(gate_proj)"), activation)
+    }
 }

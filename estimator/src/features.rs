@@ -27,9 +27,10 @@ impl Family {
 pub struct Profile {
     pub family: Family,
     pub params: u64,
-    /// Elements kept per sample for the backward pass, plus two buffers of
-    /// the largest layer's size (the gradients in flight at the peak).
-    pub retained_per_sample: f64,
+    /// Elements kept per sample at least, for descriptions whose rows fold
+    /// blocks (torchinfo): [`PARAM_LEAF_RETENTION`] per output element of
+    /// every leaf module with parameters. 0 where rows are complete.
+    pub param_leaf_floor: f64,
     pub layers: usize,
     /// GPUMemNet's features.
     pub total_activations: u64,
@@ -45,25 +46,6 @@ pub struct KindCounts {
     pub pool: u32,
     pub linear: u32,
     pub activation: u32,
-}
-
-/// Output elements autograd keeps per output element of a layer of this kind.
-pub fn retention(kind: &str) -> f64 {
-    let k = kind.to_ascii_lowercase();
-    if is_view(&k) {
-        0.0
-    } else if k.starts_with("maxpool") {
-        3.0 // the output and int64 indices
-    } else if k == "dropout" {
-        1.25 // the output and a bool mask
-    } else {
-        1.0
-    }
-}
-
-/// Layers that alias their input (no new memory).
-fn is_view(lower: &str) -> bool {
-    matches!(lower, "flatten" | "identity" | "reshape" | "squeeze" | "unsqueeze" | "view")
 }
 
 /// The activation functions GPUMemNet's features encode, in its order
@@ -101,17 +83,11 @@ pub fn param_leaf_elems(net: &Network) -> u64 {
 }
 
 pub fn profile(net: &Network) -> Profile {
-    let mut retained = 0f64;
-    let mut largest = 0u64;
     let mut total = 0u64;
     let mut counts = [0u32; 6];
     let mut acts: Vec<(String, u32)> = Vec::new();
     for l in &net.layers {
         let lower = l.kind.to_ascii_lowercase();
-        retained += retention(&lower) * l.out_elems as f64;
-        if !is_view(&lower) {
-            largest = largest.max(l.out_elems);
-        }
         total = total.saturating_add(l.out_elems);
         if let Some(g) = group(&lower) {
             counts[g] += 1;
@@ -128,10 +104,7 @@ pub fn profile(net: &Network) -> Profile {
     Profile {
         family,
         params: net.params(),
-        // Rows folded by a depth limit hide activations; a footer count
-        // of every leaf module with parameters does not.
-        retained_per_sample: (retained + 2.0 * largest as f64)
-            .max(net.param_leaf_elems.map_or(0.0, |e| PARAM_LEAF_RETENTION * e as f64)),
+        param_leaf_floor: net.param_leaf_elems.map_or(0.0, |e| PARAM_LEAF_RETENTION * e as f64),
         layers: net.layers.len(),
         total_activations: total,
         counts: KindCounts {
@@ -156,7 +129,7 @@ mod tests {
     }
 
     #[test]
-    fn retention_counts_pool_indices_dropout_masks_and_skips_views() {
+    fn counts_kinds_and_the_common_activation() {
         let net = Network {
             layers: vec![
                 layer("Conv2d", 100, 10),
@@ -169,12 +142,12 @@ mod tests {
             ..Default::default()
         };
         let p = profile(&net);
-        // 100 + 100 + 3*25 + 0 + 1.25*25 + 10, plus 2 x the largest (100)
-        assert_eq!(p.retained_per_sample, 100.0 + 100.0 + 75.0 + 31.25 + 10.0 + 200.0);
         assert_eq!(p.family, Family::Cnn);
         assert_eq!(p.params, 270);
+        assert_eq!(p.total_activations, 285);
         assert_eq!(p.activation, "relu");
         assert_eq!((p.counts.conv, p.counts.pool, p.counts.dropout, p.counts.linear), (1, 1, 1, 1));
+        assert_eq!(p.param_leaf_floor, 0.0);
     }
 
     #[test]

@@ -74,6 +74,7 @@ struct Counted {
     blocks: u128,
     hidden: u128,
     heads: u128,
+    kv_heads: u128,
     intermediate: u128,
     vocab: u128,
     seq: u128,
@@ -96,7 +97,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let types = k.opt(&["type_vocab_size"])?.unwrap_or(2);
             // embeddings + LayerNorm, blocks, pooler (as published: the base model)
             let params = (v + p + types) * h + 2 * h + l * classic_block(h, i) + h * h + h;
-            Counted { blocks: l, hidden: h, heads, intermediate: i, vocab: v, seq: p, params }
+            Counted { blocks: l, hidden: h, heads, kv_heads: heads, intermediate: i, vocab: v, seq: p, params }
         }
         Family::DistilBert => {
             let (h, l) = (k.need(&["dim", "hidden_size"])?, k.need(&["n_layers", "num_hidden_layers"])?);
@@ -104,7 +105,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let (v, p) = (k.need(&["vocab_size"])?, k.need(&["max_position_embeddings"])?);
             let i = k.opt(&["hidden_dim", "intermediate_size"])?.unwrap_or(4 * h);
             let params = (v + p) * h + 2 * h + l * classic_block(h, i);
-            Counted { blocks: l, hidden: h, heads, intermediate: i, vocab: v, seq: p, params }
+            Counted { blocks: l, hidden: h, heads, kv_heads: heads, intermediate: i, vocab: v, seq: p, params }
         }
         Family::Gpt2 => {
             let (h, l) = (k.need(&["n_embd", "hidden_size"])?, k.need(&["n_layer", "num_hidden_layers"])?);
@@ -113,7 +114,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let i = k.opt(&["n_inner", "intermediate_size"])?.unwrap_or(4 * h);
             // token and position embeddings, blocks, final LayerNorm; the LM head is tied
             let params = (v + p) * h + l * classic_block(h, i) + 2 * h;
-            Counted { blocks: l, hidden: h, heads, intermediate: i, vocab: v, seq: p, params }
+            Counted { blocks: l, hidden: h, heads, kv_heads: heads, intermediate: i, vocab: v, seq: p, params }
         }
         Family::Llama => {
             let (h, l) = (k.need(&["hidden_size"])?, k.need(&["num_hidden_layers"])?);
@@ -130,7 +131,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             // transformers ties the head unless the config says otherwise.
             let head = if k.flag("tie_word_embeddings", true) { 0 } else { v * h };
             let params = v * h + l * block + h + head;
-            Counted { blocks: l, hidden: h, heads, intermediate: i, vocab: v, seq: p, params }
+            Counted { blocks: l, hidden: h, heads, kv_heads: kv, intermediate: i, vocab: v, seq: p, params }
         }
         Family::Phi => {
             let (h, l) = (k.need(&["hidden_size"])?, k.need(&["num_hidden_layers"])?);
@@ -141,7 +142,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let block = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * h;
             let head = if k.flag("tie_word_embeddings", true) { 0 } else { v * h } + v;
             let params = v * h + l * block + 2 * h + head;
-            Counted { blocks: l, hidden: h, heads, intermediate: i, vocab: v, seq: p, params }
+            Counted { blocks: l, hidden: h, heads, kv_heads: heads, intermediate: i, vocab: v, seq: p, params }
         }
         Family::T5 => {
             let (d, heads) = (k.need(&["d_model"])?, k.need(&["num_heads"])?);
@@ -159,7 +160,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let head = if k.flag("tie_word_embeddings", true) { 0 } else { v * d };
             let params = v * d + encoder + decoder + head;
             let seq = k.opt(&["n_positions"])?.unwrap_or(512);
-            Counted { blocks: enc + dec, hidden: d, heads, intermediate: f, vocab: v, seq, params }
+            Counted { blocks: enc + dec, hidden: d, heads, kv_heads: heads, intermediate: f, vocab: v, seq, params }
         }
         Family::Bart => {
             let d = k.need(&["d_model"])?;
@@ -171,7 +172,7 @@ fn count(k: &Keys, fam: Family) -> Result<Counted, ParseError> {
             let ffn = |f: u128| (d * f + f) + (f * d + d) + 2 * d;
             // learned positions carry an offset of 2; a LayerNorm on each side's embeddings
             let params = v * d + 2 * ((p + 2) * d + 2 * d) + enc * (attn + ffn(fe)) + dec * (2 * attn + ffn(fd));
-            Counted { blocks: enc + dec, hidden: d, heads, intermediate: fe, vocab: v, seq: p, params }
+            Counted { blocks: enc + dec, hidden: d, heads, kv_heads: heads, intermediate: fe, vocab: v, seq: p, params }
         }
     })
 }
@@ -198,7 +199,40 @@ pub fn parse(text: &str, name: &str) -> Result<Shape, ParseError> {
         seq: small(c.seq, "positions")?,
         params,
         ff_kept: Shape::ff_kept(gated(&v, fam), activation(&v, fam).as_deref()),
+        ff_fp32: Shape::ff_fp32(activation(&v, fam).as_deref()),
+        kv_heads: small(c.kv_heads, "key/value heads")?,
+        fused_attention: fused_attention(&v, fam),
+        rms_norm: matches!(fam, Family::Llama | Family::T5),
     })
+}
+
+/// Whether transformers runs this family's attention through PyTorch's
+/// `scaled_dot_product_attention` (its default since 4.36 for these):
+/// named families only, and not where the config asks for `eager`. T5's
+/// relative attention and families we do not know keep probabilities.
+fn fused_attention(v: &Value, fam: Family) -> bool {
+    let named = v.get("model_type").and_then(Value::as_str).is_some_and(|t| {
+        matches!(
+            t,
+            "bert"
+                | "roberta"
+                | "distilbert"
+                | "gpt2"
+                | "llama"
+                | "mistral"
+                | "qwen2"
+                | "gemma"
+                | "gemma2"
+                | "phi3"
+                | "phi"
+                | "bart"
+                | "mbart"
+        )
+    });
+    let eager = ["attn_implementation", "_attn_implementation"]
+        .iter()
+        .any(|k| v.get(*k).and_then(Value::as_str).is_some_and(|s| s == "eager"));
+    named && !eager && fam != Family::T5
 }
 
 /// Whether the MLP is gated: the Llama family's always is; T5's where

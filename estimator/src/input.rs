@@ -33,6 +33,12 @@ pub struct Network {
     /// transformer, estimated by its layers like a CNN, not as a language
     /// model (ONNX graphs only).
     pub attention_blocks: u32,
+    /// Per layer, the layers whose outputs it consumes (empty: the data
+    /// batch), where the description has a graph (ONNX). `None`: a table
+    /// listing modules in the order they ran, each consuming the row before.
+    pub edges: Option<Vec<Vec<usize>>>,
+    /// Elements per sample of the data batch, where the description says.
+    pub input_elems: Option<u64>,
 }
 
 impl Network {

@@ -1,40 +1,40 @@
-//! The continuous estimate for CNNs and MLPs: a fixed runtime part, 16 bytes
-//! per parameter (weights, gradients, Adam's two moments) and a per-sample
-//! part proportional to the activations autograd keeps. Linear in batch
-//! size, as the paper's measurements are. `alpha` (per family) comes from
-//! `estimator/models/layers.json`, fitted on GPUMemNet's data by
-//! `estimator/train/train.py` with a safety factor.
+//! The estimate for networks described by their layers (CNNs, MLPs, image
+//! transformers): a fixed runtime part, bytes per parameter (weights,
+//! gradients, Adam's two moments, autocast's bf16 copies), and a per-sample
+//! part: what autograd keeps for the backward pass (`kept.rs`, tensor by
+//! tensor, in the job's precision) plus the largest operator's output
+//! [`transient`] times. Linear in batch size, as measured.
 
-use crate::features::{Family, Profile};
-use once_cell::sync::Lazy;
+use crate::features::Profile;
+use crate::kept::Kept;
+use carma_config::Precision;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-#[derive(Debug, serde::Deserialize)]
-struct Shipped {
-    version: u32,
-    bytes_per_param: f64,
-    alpha: Alpha,
+/// Blocks of the largest operator's output size held at the peak beyond the
+/// saved tensors: the gradient arriving at that operator and the one it
+/// hands back, and the blocks of that size the caching allocator keeps
+/// reserved beside them (cuDNN's workspaces for it; freed blocks of the
+/// forward pass that later requests of other sizes cannot reuse). Measured
+/// as reserved minus live bytes (data/h100/training-peaks.csv, and the
+/// paper's A100 rows): 1.9–3.8 blocks per sample for MobileNetV2,
+/// EfficientNet-B0, ConvNeXt-T and ViT-B/16 beside the two gradients, but
+/// 5.1–6.1 for ResNet-18/50, VGG-16 and DenseNet-121, and about 7 for
+/// Inception-v3 on the A100: the networks that max-pool their largest
+/// activations, whose backward pass scatters into a zeroed gradient of the
+/// pool's input size.
+pub fn transient(k: &Kept) -> f64 {
+    if k.max_pools { 7.0 } else { 6.0 }
 }
-
-#[derive(Debug, serde::Deserialize)]
-struct Alpha {
-    cnn: f64,
-    mlp: f64,
-}
-
-static SHIPPED: Lazy<Shipped> = Lazy::new(|| {
-    let s: Shipped = serde_json::from_str(include_str!("../models/layers.json")).expect("layers.json is valid");
-    assert_eq!(s.version, 1, "layers.json version");
-    s
-});
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Parts {
     pub runtime_mib: u64,
     pub params_mib: f64,
     pub per_sample_mib: f64,
-    pub alpha: f64,
+    /// The largest single operator output per sample (MiB), which sizes
+    /// the gradients in flight; 0 for the analytic transformer model.
+    pub largest_mib: f64,
 }
 
 impl Parts {
@@ -43,30 +43,39 @@ impl Parts {
     }
 }
 
-pub fn parts(p: &Profile, runtime_mib: u64) -> Parts {
-    let s = &*SHIPPED;
-    let alpha = match p.family {
-        Family::Cnn => s.alpha.cnn,
-        Family::Mlp | Family::Transformer => s.alpha.mlp,
-    };
+/// Bytes per parameter: fp32 weights, gradients and Adam's two moments
+/// (16); under autocast also the bf16 copy of each weight it caches for
+/// the forward pass (18); a bf16 model with bf16 Adam state (8).
+pub fn param_bytes(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp32 => 16.0,
+        Precision::Mixed => 18.0,
+        Precision::Bf16 => 8.0,
+    }
+}
+
+pub fn parts(p: &Profile, k: &Kept, runtime_mib: u64, precision: Precision) -> Parts {
+    // Rows folded by a depth limit hide activations; a footer count of
+    // every leaf module with parameters does not (fp32 bytes: safe).
+    let saved = k.saved_bytes.max(p.param_leaf_floor * 4.0);
     Parts {
         runtime_mib,
-        params_mib: s.bytes_per_param * p.params as f64 / MIB,
-        per_sample_mib: alpha * 4.0 * p.retained_per_sample / MIB,
-        alpha,
+        params_mib: param_bytes(precision) * p.params as f64 / MIB,
+        per_sample_mib: (saved + transient(k) * k.largest_bytes) / MIB,
+        largest_mib: k.largest_bytes / MIB,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::KindCounts;
+    use crate::features::{Family, KindCounts};
 
-    fn cnn(params: u64, retained: f64) -> Profile {
+    fn cnn(params: u64) -> Profile {
         Profile {
             family: Family::Cnn,
             params,
-            retained_per_sample: retained,
+            param_leaf_floor: 0.0,
             layers: 1,
             total_activations: 0,
             counts: KindCounts::default(),
@@ -76,19 +85,29 @@ mod tests {
 
     #[test]
     fn linear_and_monotone_in_batch() {
-        let parts = parts(&cnn(25_000_000, 30e6), 700);
+        let k = Kept { saved_bytes: 100.0 * MIB, largest_bytes: 3.0 * MIB, half_bytes: 4.0, max_pools: false };
+        let parts = parts(&cnn(25_000_000), &k, 700, Precision::Fp32);
         let m: Vec<u64> = [1, 2, 32, 64, 96].iter().map(|&b| parts.at_batch(b)).collect();
         assert!(m.windows(2).all(|w| w[0] < w[1]), "{m:?}");
         // equal steps for equal batch increments (up to rounding)
         assert!((m[4] - m[3]).abs_diff(m[3] - m[2]) <= 1, "{m:?}");
+        assert_eq!(parts.per_sample_mib, 100.0 + 6.0 * 3.0);
         assert!(m[0] > 700 + 381, "runtime and 16 B per parameter come first: {m:?}");
     }
 
     #[test]
-    fn shipped_alphas_are_fitted_values_not_placeholders() {
-        let s = &*SHIPPED;
-        assert!(s.alpha.cnn > 0.5 && s.alpha.cnn < 3.0, "{}", s.alpha.cnn);
-        assert!(s.alpha.mlp > 0.5 && s.alpha.mlp < 5.0, "{}", s.alpha.mlp);
-        assert_eq!(s.bytes_per_param, 16.0);
+    fn autocast_keeps_fp32_master_weights_beside_bf16_copies() {
+        assert_eq!(
+            (param_bytes(Precision::Fp32), param_bytes(Precision::Mixed), param_bytes(Precision::Bf16)),
+            (16.0, 18.0, 8.0)
+        );
+    }
+
+    #[test]
+    fn a_folded_table_is_held_to_its_footer() {
+        let k = Kept { saved_bytes: 0.0, largest_bytes: 0.0, half_bytes: 4.0, max_pools: false };
+        let p = Profile { param_leaf_floor: 1_000_000.0, ..cnn(0) };
+        let parts = parts(&p, &k, 0, Precision::Fp32);
+        assert!((parts.per_sample_mib - 4e6 / MIB).abs() < 1e-9);
     }
 }

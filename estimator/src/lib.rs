@@ -9,6 +9,7 @@ pub mod features;
 pub mod gpumemnet;
 pub mod hf_config;
 pub mod input;
+pub mod kept;
 pub mod layers_model;
 pub mod listing;
 #[cfg(feature = "onnx")]

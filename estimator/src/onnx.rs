@@ -51,10 +51,10 @@ fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError>
     // The fast walk knows the operators training exports use; anything
     // else goes to tract's general (and ~20x slower) shape inference.
     if let Some(w) = crate::onnx_shapes::walk(graph, data_input).filter(|_| fast) {
-        return finish(w.ops, w.params, w.fixed_batch, &err);
+        return finish(w.ops, w.input_elems, w.params, w.fixed_batch, &err);
     }
-    let (ops, params, fixed_batch) = tract_walk(&tract_onnx::onnx(), &proto, data_input, &err)?;
-    finish(ops, params, fixed_batch, &err)
+    let (ops, input_elems, params, fixed_batch) = tract_walk(&tract_onnx::onnx(), &proto, data_input, &err)?;
+    finish(ops, input_elems, params, fixed_batch, &err)
 }
 
 /// The fast shape walk alone on any bytes, for the fuzz target: this
@@ -68,8 +68,11 @@ pub fn fuzz_fast_walk(bytes: &[u8]) {
     }
 }
 
-/// Operator outputs that carry the batch: (operator, dims at batch 1).
-type Ops = Vec<(String, Vec<u64>)>;
+use crate::kept::FOLDED_BATCHNORM;
+use crate::onnx_shapes::BatchedOp;
+
+/// Operator outputs that carry the batch.
+type Ops = Vec<BatchedOp>;
 
 /// The operator outputs, weight elements and the batch fixed in the file,
 /// by tract's shape inference.
@@ -78,7 +81,7 @@ fn tract_walk(
     proto: &pb::ModelProto,
     data_input: usize,
     err: &dyn Fn(String) -> ParseError,
-) -> Result<(Ops, u64, Option<u64>), ParseError> {
+) -> Result<(Ops, Option<u64>, u64, Option<u64>), ParseError> {
     let graph = proto.graph.as_ref().ok_or_else(|| err("the ONNX model has no graph".into()))?;
     let mut model =
         onnx.model_for_proto_model(proto).map_err(|e| err(format!("cannot read the ONNX graph ({})", one_line(&e))))?;
@@ -116,6 +119,9 @@ fn tract_walk(
     let mut ops = Vec::new();
     let mut params: u64 = 0;
     let data_node = model.input_outlets().map_err(|e| err(one_line(&e)))?[data_input].node;
+    let mut input_elems = None;
+    // Which batched operator each tract node is.
+    let mut producer: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
     for node in model.nodes() {
         // tract's names for the views our retention rule skips.
         let op = match node.op.name().as_ref() {
@@ -132,6 +138,10 @@ fn tract_walk(
             if weight {
                 params = params.saturating_add(n.unwrap_or(0));
             }
+            if node.id == data_node {
+                input_elems =
+                    shape.iter().try_fold(1u64, |acc, d| acc.checked_mul(u64::try_from(d.eval(&one).as_i64()?).ok()?));
+            }
             continue;
         }
         if !batched {
@@ -142,14 +152,18 @@ fn tract_walk(
             .map(|d| d.eval(&one).as_i64().and_then(|v| u64::try_from(v).ok()))
             .collect::<Option<Vec<u64>>>()
             .ok_or_else(|| err(format!("cannot size the output of {}", node.name)))?;
-        ops.push((op, dims));
+        let mut inputs: Vec<usize> = node.inputs.iter().filter_map(|o| producer.get(&o.node).copied()).collect();
+        inputs.dedup();
+        producer.insert(node.id, ops.len());
+        ops.push(BatchedOp { op, dims, inputs });
     }
-    Ok((ops, params, fixed_batch))
+    Ok((ops, input_elems, params, fixed_batch))
 }
 
 /// The layer list, the transformer's shape and the folded BatchNorms.
 fn finish(
     ops: Ops,
+    input_elems: Option<u64>,
     params: u64,
     fixed_batch: Option<u64>,
     err: &dyn Fn(String) -> ParseError,
@@ -159,8 +173,10 @@ fn finish(
     }
     let mut net = Network::default();
     let mut seen = Seen::default();
-    for (kind, dims) in ops {
+    let mut edges = Vec::with_capacity(ops.len());
+    for BatchedOp { op: kind, dims, inputs } in ops {
         seen.note(&kind, &dims);
+        edges.push(inputs);
         let out_elems = dims
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
@@ -170,18 +186,25 @@ fn finish(
     net.total_params = Some(params);
     net.batch_in_file = fixed_batch;
     // An eval-mode export folds each BatchNormalization into the Conv
-    // before it; training keeps both outputs. Without any BatchNorm in the
-    // graph, every Conv is assumed to have had one (over-counts networks
-    // that never had BatchNorm, such as VGG, which is the safe side).
-    if !net.layers.iter().any(|l| l.kind.contains("BatchNorm")) {
-        let folded: Vec<Layer> = net
-            .layers
-            .iter()
-            .filter(|l| l.kind.starts_with("Conv"))
-            .map(|l| Layer { kind: "BatchNorm(folded)".into(), out_elems: l.out_elems, params: 0 })
-            .collect();
-        net.layers.extend(folded);
+    // before it: the Conv's output stands for the BatchNorm's, and training
+    // also keeps the convolution's own output (the BatchNorm's input).
+    // Every Conv that does not feed a BatchNormalization is taken to have
+    // had one (DenseNet keeps its pre-activation BatchNorms, which cannot
+    // fold; VGG never had any, and is over-counted: the safe side). Each is
+    // one more tensor of the Conv's size.
+    let feeds_batchnorm: std::collections::HashSet<usize> = (0..net.layers.len())
+        .filter(|&j| net.layers[j].kind.contains("BatchNorm"))
+        .flat_map(|j| edges[j].iter().copied())
+        .collect();
+    let convs: Vec<usize> = (0..net.layers.len())
+        .filter(|&i| net.layers[i].kind.starts_with("Conv") && !feeds_batchnorm.contains(&i))
+        .collect();
+    for i in convs {
+        net.layers.push(Layer { kind: FOLDED_BATCHNORM.into(), out_elems: net.layers[i].out_elems, params: 0 });
+        edges.push(vec![i]);
     }
+    net.edges = Some(edges);
+    net.input_elems = input_elems;
     let transformer = seen.shape(params);
     if seen.conv {
         net.attention_blocks = seen.softmax.len() as u32;
@@ -233,7 +256,22 @@ impl Seen {
         // A language-model head is the widest output; without one, none.
         let vocab = if self.widest > intermediate { self.widest } else { 0 };
         // Exports fuse or decompose the activation alike: counted as fused.
-        Some(Shape { blocks: self.softmax.len() as u64, hidden, heads, intermediate, vocab, seq, params, ff_kept: 2 })
+        // How PyTorch ran attention cannot be read from an export: the
+        // probabilities are counted as kept.
+        Some(Shape {
+            blocks: self.softmax.len() as u64,
+            hidden,
+            heads,
+            intermediate,
+            vocab,
+            seq,
+            params,
+            ff_kept: 2,
+            ff_fp32: 0,
+            kv_heads: heads,
+            fused_attention: false,
+            rms_norm: false,
+        })
     }
 }
 

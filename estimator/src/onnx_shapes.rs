@@ -14,9 +14,21 @@ use tract_onnx::pb;
 use tract_onnx::pb::tensor_shape_proto::dimension::Value as Dim;
 use tract_onnx::pb::type_proto::Value as TypeValue;
 
+/// An operator output that carries the batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchedOp {
+    pub op: String,
+    /// Its dims at batch 1.
+    pub dims: Vec<u64>,
+    /// The batched operators (indices in the walk's list) whose outputs it
+    /// consumes; none: it reads only the data batch and weights.
+    pub inputs: Vec<usize>,
+}
+
 pub struct Walk {
-    /// Each operator output that carries the batch: (operator, dims at batch 1).
-    pub ops: Vec<(String, Vec<u64>)>,
+    pub ops: Vec<BatchedOp>,
+    /// Elements of the data input at batch 1.
+    pub input_elems: Option<u64>,
     /// Elements of weights: graph inputs other than the data, initializers
     /// and constants of more than one element.
     pub params: u64,
@@ -62,15 +74,23 @@ pub fn walk(graph: &pb::GraphProto, data_input: usize) -> Option<Walk> {
     let one = Pass::run(graph, &index, data_input, batch_param, 1)?;
     let three = Pass::run(graph, &index, data_input, batch_param, 3)?;
     let mut ops = Vec::new();
-    for (node, outs) in graph.node.iter().zip(&index.node_outs) {
+    // Which batched operator produced each tensor slot.
+    let mut producer: Vec<Option<usize>> = vec![None; index.slots];
+    for ((node, outs), ins) in graph.node.iter().zip(&index.node_outs).zip(&index.node_ins) {
         let Some(&out) = outs.first() else { continue };
         let (a, b) = (one.tensors[out].as_ref()?, three.tensors[out].as_ref()?);
         if a.shape != b.shape && node.op_type != "Constant" && node.op_type != "Shape" {
             let dims = a.shape.iter().map(|&d| u64::try_from(d).ok()).collect::<Option<Vec<u64>>>()?;
-            ops.push((node.op_type.clone(), dims));
+            let mut inputs: Vec<usize> = ins.iter().flatten().filter_map(|&s| producer[s]).collect();
+            inputs.dedup();
+            for &o in outs {
+                producer[o] = Some(ops.len());
+            }
+            ops.push(BatchedOp { op: node.op_type.clone(), dims, inputs });
         }
     }
-    Some(Walk { ops, params: one.params, fixed_batch })
+    let input_elems = one.tensors[index.inputs[data_input]].as_ref().and_then(T::numel);
+    Some(Walk { ops, input_elems, params: one.params, fixed_batch })
 }
 
 fn input_dims(v: &pb::ValueInfoProto) -> Option<Vec<&Dim>> {

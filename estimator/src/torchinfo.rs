@@ -141,7 +141,7 @@ fn shape(s: &str) -> (Option<u64>, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::{PARAM_LEAF_RETENTION, param_leaf_elems, profile};
+    use crate::features::{PARAM_LEAF_RETENTION, param_leaf_elems};
 
     fn data(name: &str) -> std::path::PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/carma/model-summaries").join(name)
@@ -176,7 +176,8 @@ mod tests {
                 continue;
             }
             let n = crate::torchsummary::parse(&text, "t").unwrap();
-            let ratio = profile(&n).retained_per_sample / param_leaf_elems(&n) as f64;
+            let kept_elems = crate::kept::kept(&n, carma_config::Precision::Fp32).saved_bytes / 4.0;
+            let ratio = kept_elems / param_leaf_elems(&n) as f64;
             if ratio > worst.0 {
                 worst = (ratio, e.file_name().to_string_lossy().into_owned());
             }

@@ -50,6 +50,15 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
         if let Some(v) = line.trim().strip_prefix("Total params:") {
             net.total_params = Some(number(v).map_err(|m| err(i + 1, format!("Total params: {m}")))?);
         }
+        // torchsummary's input size is fp32 MB for the batch it was made
+        // with (or 1 for -1): the data batch's elements per sample.
+        if let Some(v) = line.trim().strip_prefix("Input size (MB):") {
+            let mb: f64 = v.trim().parse().unwrap_or(0.0);
+            let per = mb * 1024.0 * 1024.0 / 4.0 / net.batch_in_file.unwrap_or(1) as f64;
+            if (0.0..1e15).contains(&per) {
+                net.input_elems = Some(per.round() as u64);
+            }
+        }
     }
     Ok(net)
 }

@@ -1,41 +1,47 @@
-//! The analytic estimate for transformer training (no training set exists
-//! for them): weights, gradients and Adam's two moments at 16 bytes per
-//! parameter, plus what autograd keeps per token in fp32:
-//! - per block, 8.5 x hidden floats (LayerNorm inputs and outputs, Q, K, V,
-//!   attention context, two dropout masks), `ff_kept` x feed-forward width
-//!   floats and 9 bytes per head and key position (softmax output, dropout
-//!   mask, dropout output);
-//! - `ff_kept` counts the feed-forward-wide tensors autograd keeps: 2 for
-//!   one fused activation (its input, and its output for the second
-//!   matmul); 4 for a gated MLP (gate, its activation, up, their product);
-//!   3 more for a tanh GELU written as separate operations (GPT-2's
-//!   `gelu_new`: tanh, 1 + tanh and x/2 are kept for the backward pass).
-//!   Measured on a CPU (data/cpu/lm-training-memory.csv): GPT-2 at 2 kept
-//!   tensors fell below its measured need;
+//! The analytic estimate for transformer training: weights, gradients and
+//! Adam's two moments per parameter, plus what autograd keeps per token,
+//! tensor by tensor (PyTorch's `derivatives.yaml`; `kept.rs` does the same
+//! for layer lists). Per block and token, with `a` bytes for tensors made
+//! by matrix products (4 in fp32, 2 under autocast or in bf16) and `n` for
+//! normalisations (4, and 4 under autocast, whose fp32 list has them):
+//! - 7 hidden-wide tensors saved by matrix products and attention: the
+//!   block's input (saved by the Q/K/V projections), Q, K and V (saved by
+//!   attention), attention's output (saved by it) and its head-merged copy
+//!   (saved by the output projection), the MLP's input (saved by its first
+//!   projection);
+//! - the normalisations' inputs: 2 LayerNorms; RMSNorm, written out as
+//!   Llama's and T5's are, keeps its input and the normalised tensor: 4;
+//! - two dropout masks of 1 byte;
+//! - `ff_kept` feed-forward-wide tensors: 2 for one fused activation (its
+//!   input, and its output for the second projection); 4 for a gated MLP
+//!   (gate, its activation, up, their product); 3 more for a tanh GELU
+//!   written as separate operations (GPT-2's `gelu_new`: tanh, 1 + tanh and
+//!   x/2), two of which autocast computes in fp32 (`pow` is on its fp32
+//!   list, so everything after it is promoted);
+//! - attention itself: the fused kernels PyTorch's `scaled_dot_product_attention`
+//!   runs for the families transformers sends to it (flash and
+//!   memory-efficient attention) keep no probabilities, only 4 bytes of
+//!   log-sum-exp per head. In fp32 with grouped-query attention neither
+//!   fused kernel applies (flash has no fp32; the memory-efficient kernel
+//!   takes no grouped heads) and PyTorch's math path keeps the fp32
+//!   probabilities and the mask: 5 bytes per head and key position.
+//!   Families without the fused path (T5's relative attention, XLNet, and
+//!   any family we do not know) keep probabilities, dropout mask and
+//!   dropout output: 9 bytes (5 in bf16);
 //! - the language-model head: 16 bytes per vocabulary entry in every
-//!   precision. The logits stay alive with the model's output (training
-//!   loops keep it through the backward pass); the loss takes their
-//!   log-softmax in fp32 (transformers upcasts causal-LM logits; autocast
-//!   runs it in fp32), and its backward pass holds two fp32 gradients of
-//!   that size at once. fp32: 4 + 4 + 4 + 4; bf16 logits: 2 + 4 + 4 + 4
-//!   and the 2-byte gradient handed back to them;
-//! - the embeddings' sum, LayerNorm and dropout mask.
+//!   precision: the logits, their fp32 log-softmax, and the two gradients
+//!   of that size the loss's backward pass holds (bf16 logits: 2 + the fp32
+//!   copy the loss makes); an MLM head's transform keeps 3 hidden tensors;
+//! - the embeddings' sum, LayerNorm and dropout mask (fp32: embeddings are
+//!   not autocast).
+//!
+//! Parameters: 16 bytes in fp32; under autocast also the bf16 copy of each
+//! weight it caches (18); a bf16 model with bf16 Adam state, 8.
 //!
 //! Without a sequence length the model's maximum positions are used: the
 //! worst case a training script can feed.
-//!
-//! Precision (`--carma-precision`), an analytic assumption not yet checked
-//! on a GPU (docs/estimator.md):
-//! - fp32: 16 B per parameter, 4 B per kept activation;
-//! - mixed (autocast): fp32 weights, gradients and Adam plus the half
-//!   copies autocast caches (18 B per parameter); matmul inputs and outputs
-//!   are kept in half while LayerNorm and softmax stay fp32: 3 B per kept
-//!   hidden activation on average, attention probabilities and the head's
-//!   log-softmax unchanged;
-//! - bf16 (the model itself in bf16, Adam state in bf16 too): 8 B per
-//!   parameter, 2 B per kept activation, 5 B per head and key position.
 
-use crate::layers_model::Parts;
+use crate::layers_model::{Parts, param_bytes};
 use carma_config::Precision;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -51,6 +57,14 @@ pub struct Shape {
     pub params: u64,
     /// Feed-forward-wide tensors kept per token and block (module doc).
     pub ff_kept: u64,
+    /// Of those, the ones autocast computes in fp32 (`gelu_new`'s).
+    pub ff_fp32: u64,
+    /// Key/value heads (grouped-query attention: fewer than `heads`).
+    pub kv_heads: u64,
+    /// The family runs PyTorch's fused attention (module doc).
+    pub fused_attention: bool,
+    /// RMSNorm written out (Llama, T5): 2 tensors kept per norm, not 1.
+    pub rms_norm: bool,
 }
 
 impl Shape {
@@ -72,22 +86,55 @@ impl Shape {
         };
         if gated { 4 + composite } else { 2 + composite }
     }
+
+    /// Of [`Shape::ff_kept`], the tensors autocast computes in fp32: tanh
+    /// and 1 + tanh of a GELU written with `pow`.
+    pub fn ff_fp32(activation: Option<&str>) -> u64 {
+        match activation.unwrap_or("") {
+            "gelu_new" | "gelu_fast" => 2,
+            _ => 0,
+        }
+    }
 }
 
+/// Bytes per vocabulary entry and token of a language-model head: the
+/// logits, their fp32 log-softmax and the two gradients of that size the
+/// loss's backward pass holds (16), and two more blocks of that size the
+/// caching allocator holds beside them (8; see `layers_model::transient`).
+pub const HEAD_BYTES: f64 = 24.0;
+
 pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
-    let (h, i, v, seq) = (s.hidden as f64, s.intermediate as f64, s.vocab as f64, s.seq as f64);
-    // Bytes per parameter, per kept hidden activation, per attention
-    // (head, key position), per vocabulary entry of the head (module doc).
-    let (param_b, act_b, attn_b, vocab_b) = match precision {
-        Precision::Fp32 => (16.0, 4.0, 9.0, 16.0),
-        Precision::Mixed => (18.0, 3.0, 9.0, 16.0),
-        Precision::Bf16 => (8.0, 2.0, 5.0, 16.0),
+    let (h, i, v, seq, heads) = (s.hidden as f64, s.intermediate as f64, s.vocab as f64, s.seq as f64, s.heads as f64);
+    // Bytes per tensor element made by a matrix product, by a
+    // normalisation, and by a composite GELU's fp32 part (module doc).
+    let (a, n, composite) = match precision {
+        Precision::Fp32 => (4.0, 4.0, 4.0),
+        Precision::Mixed => (2.0, 4.0, 4.0),
+        Precision::Bf16 => (2.0, 2.0, 2.0),
     };
-    let block_per_token = act_b * (8.5 * h + s.ff_kept as f64 * i) + attn_b * s.heads as f64 * seq;
-    let head_per_token = vocab_b * v + act_b * 3.0 * h;
-    let embed_per_token = act_b * 2.25 * h;
+    let norms = if s.rms_norm { 4.0 } else { 2.0 };
+    let ff = (s.ff_kept.saturating_sub(s.ff_fp32)) as f64 * a + s.ff_fp32 as f64 * composite;
+    let grouped = s.kv_heads < s.heads;
+    let attention = match (s.fused_attention, precision) {
+        (true, Precision::Fp32) if grouped => 5.0 * heads * seq,
+        (true, _) => 4.0 * heads,
+        (false, Precision::Bf16) => 5.0 * heads * seq,
+        (false, _) => 9.0 * heads * seq,
+    };
+    let block_per_token = 7.0 * a * h + norms * n * h + 2.0 * h + ff * i + attention;
+    let head_per_token = HEAD_BYTES * v + a * 3.0 * h;
+    let embed_per_token = n * 2.25 * h;
     let per_sample = seq * (s.blocks as f64 * block_per_token + head_per_token + embed_per_token);
-    Parts { runtime_mib, params_mib: param_b * s.params as f64 / MIB, per_sample_mib: per_sample / MIB, alpha: 1.0 }
+    // Under autocast the embedding's (or tied head's) gradient arrives in
+    // bf16 and is copied to fp32 before it is accumulated: 6 bytes per
+    // element of the largest weight, in flight once.
+    let cast_grad = if precision == Precision::Mixed { 6.0 * v * h } else { 0.0 };
+    Parts {
+        runtime_mib,
+        params_mib: (param_bytes(precision) * s.params as f64 + cast_grad) / MIB,
+        per_sample_mib: per_sample / MIB,
+        largest_mib: 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +151,10 @@ mod tests {
             seq,
             params: 110_000_000,
             ff_kept: 2,
+            ff_fp32: 0,
+            kv_heads: 12,
+            fused_attention: false,
+            rms_norm: false,
         }
     }
 

@@ -17,6 +17,16 @@ const SKIP: [(&str, &str); 3] = [
     ("dlrm.model", "known bad: the table is for batch 32768, the measured row for batch 8"),
 ];
 
+/// Tables that omit operators their network calls as functions, so their
+/// rows cannot show what those keep: held, like torchinfo's folded rows,
+/// to "never short by the placement headroom". Their ONNX exports list
+/// every operator and are held to "never short" below.
+const PARTIAL: [(&str, &str); 1] = [(
+    "Inception_",
+    "torchvision's Inception-v3 calls F.avg_pool2d (A, C, E blocks), F.max_pool2d (B, D) and F.relu as \
+     functions: torchsummary lists no row for them",
+)];
+
 struct Row {
     workload: String,
     batch: u64,
@@ -82,8 +92,10 @@ fn default_estimator_never_underestimates_the_papers_workloads() {
     let dir = data().join("carma/model-summaries");
     let (mut ours, mut paper) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
     let mut skipped = Vec::new();
-    // (workload, measured - estimate) of torchinfo rows, MiB.
+    // (workload, measured - estimate) of torchinfo rows and of partial
+    // tables, MiB.
     let mut folded: Vec<(String, f64)> = Vec::new();
+    let mut partial: Vec<(String, f64)> = Vec::new();
     println!("{:<30} {:>6} {:>8} {:>6}  source", "workload", "batch", "measured", "ours");
     for r in rows().into_iter().filter(|r| r.gpus == 1) {
         if let Some((_, why)) = SKIP.iter().find(|(f, _)| *f == r.summary) {
@@ -97,6 +109,9 @@ fn default_estimator_never_underestimates_the_papers_workloads() {
         println!("{:<30} {:>6} {:>8} {:>6}  {} {:.2}x", r.workload, r.batch, r.measured, e.mib, e.source, ratio);
         if e.format == "torchinfo" {
             folded.push((r.workload.clone(), r.measured - e.mib as f64));
+        } else if let Some((_, why)) = PARTIAL.iter().find(|(p, _)| r.summary.starts_with(p)) {
+            println!("  {}: partial table ({why})", r.workload);
+            partial.push((r.workload.clone(), r.measured - e.mib as f64));
         } else {
             assert!(ratio >= 1.0, "{}: {} MiB estimated, {} measured", r.workload, e.mib, r.measured);
         }
@@ -114,6 +129,8 @@ fn default_estimator_never_underestimates_the_papers_workloads() {
     assert_eq!(folded.len(), 2, "UNet and Mask R-CNN from their torchinfo tables: {folded:?}");
     let headroom = carma_config::Config::default().headroom_mib as f64;
     assert!(folded.iter().all(|(_, short)| *short < headroom), "short by more than the headroom: {folded:?}");
+    assert_eq!(partial.len(), 3, "Inception at three batch sizes: {partial:?}");
+    assert!(partial.iter().all(|(_, short)| *short < headroom), "short by more than the headroom: {partial:?}");
     assert!(median(ours.clone()) <= 1.25, "{}", summarize("ours", &ours));
 }
 

@@ -1,0 +1,425 @@
+//! What autograd keeps for the backward pass, tensor by tensor, in bytes.
+//!
+//! Each operator saves what its derivative needs (PyTorch's
+//! `derivatives.yaml`): a convolution, a linear layer, a normalisation or
+//! a pooling saves its *input*; ReLU, sigmoid, tanh and softmax save their
+//! *result*; additions, concatenations and views save nothing; max-pooling
+//! adds its int64 indices, dropout its bool mask. A tensor is kept once,
+//! whoever saves it (a Conv → BatchNorm → ReLU → Conv chain keeps the
+//! convolution's output for the BatchNorm and the ReLU's result for both
+//! the ReLU and the next convolution, whether the ReLU ran in place or
+//! not: two tensors, not three). Views (flatten, reshape) alias their
+//! input: saving a view keeps its input.
+//!
+//! Under autocast (`mixed`), convolutions and matrix products compute in
+//! bf16, 2 bytes per element, and save a bf16 copy of an fp32 input;
+//! normalisations other than BatchNorm, softmax and the other ops of
+//! autocast's fp32 list produce fp32; element-wise operators produce the
+//! wider of their inputs. The data batch is fp32.
+//!
+//! Descriptions without edges (torchsummary and torchinfo tables list
+//! modules in the order they ran) are taken as a chain: each row consumes
+//! the row before it. ONNX graphs give the real edges.
+
+use crate::input::Network;
+use carma_config::Precision;
+
+/// What an operator's backward needs of its forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Saves {
+    /// Its input(s): convolutions, matrix products, normalisations, pooling,
+    /// SiLU/GELU/Hardswish and other activations whose derivative reads x.
+    Input,
+    /// Its own output: ReLU, sigmoid, tanh, softmax.
+    Result,
+    /// Nothing of the activations (add, concat, pad; dropout's mask aside).
+    Nothing,
+    /// An alias of its input (flatten, reshape, transpose, identity).
+    View,
+    /// Not known: counted as saving both input and output.
+    Unknown,
+}
+
+/// How an operator's output dtype follows from its inputs under autocast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Computes {
+    /// bf16 under autocast: convolutions and matrix products.
+    Half,
+    /// fp32 under autocast (its fp32 list: layer/group norm, softmax, pow,
+    /// exp, log, reductions, losses).
+    Single,
+    /// The widest of its inputs (element-wise operators, BatchNorm, pooling).
+    Follows,
+}
+
+struct Op {
+    saves: Saves,
+    computes: Computes,
+    /// Extra bytes kept per output element: max-pooling's int64 indices,
+    /// dropout's bool mask.
+    extra_bytes: f64,
+}
+
+/// The convolution output an eval-mode ONNX export folded away with its
+/// BatchNorm: a tensor of the Conv's size that training keeps.
+pub const FOLDED_BATCHNORM: &str = "BatchNorm(folded)";
+
+fn op(kind: &str) -> Op {
+    if kind == FOLDED_BATCHNORM {
+        return Op { saves: Saves::Result, computes: Computes::Follows, extra_bytes: 0.0 };
+    }
+    let k = kind.to_ascii_lowercase();
+    let k = k.as_str();
+    let (saves, computes, extra_bytes) =
+        if k.starts_with("conv") || matches!(k, "linear" | "gemm" | "matmul" | "conv1d") {
+            (Saves::Input, Computes::Half, 0.0)
+        } else if k.starts_with("batchnorm") || k == "batchnormalization" {
+            (Saves::Input, Computes::Follows, 0.0)
+        } else if k.contains("layernorm")
+            || k == "layernormalization"
+            || k.starts_with("groupnorm")
+            || k.starts_with("instancenorm")
+            || k == "groupnormalization"
+            || k == "instancenormalization"
+        {
+            (Saves::Input, Computes::Single, 0.0)
+        } else if k.starts_with("maxpool") {
+            (Saves::Input, Computes::Follows, 8.0)
+        } else if k.contains("avgpool") || k.contains("averagepool") || k == "globalaveragepool" {
+            (Saves::Input, Computes::Follows, 0.0)
+        } else if matches!(k, "relu" | "sigmoid" | "tanh" | "elu") {
+            (Saves::Result, Computes::Follows, 0.0)
+        } else if matches!(k, "softmax" | "logsoftmax" | "softmin" | "exp") {
+            (Saves::Result, Computes::Single, 0.0)
+        } else if matches!(k, "pow" | "log" | "sqrt" | "reciprocal" | "softplus" | "reducemean" | "reducesum") {
+            (Saves::Input, Computes::Single, 0.0)
+        } else if matches!(
+            k,
+            "silu"
+                | "swish"
+                | "gelu"
+                | "hardswish"
+                | "hardsigmoid"
+                | "mish"
+                | "leakyrelu"
+                | "prelu"
+                | "relu6"
+                | "hardtanh"
+                | "clip"
+                | "erf"
+                | "mul"
+                | "div"
+                | "selu"
+                | "celu"
+                | "glu"
+        ) {
+            (Saves::Input, Computes::Follows, 0.0)
+        } else if k.starts_with("dropout") {
+            (Saves::Nothing, Computes::Follows, 1.0)
+        } else if matches!(
+            k,
+            "add"
+                | "sub"
+                | "stochasticdepth"
+                | "concat"
+                | "cat"
+                | "pad"
+                | "zeropad2d"
+                | "constantpad2d"
+                | "neg"
+                | "where"
+                | "expand"
+                | "tile"
+        ) || k.starts_with("upsample")
+            || k == "resize"
+        {
+            (Saves::Nothing, Computes::Follows, 0.0)
+        } else if matches!(
+            k,
+            "flatten"
+                | "identity"
+                | "reshape"
+                | "squeeze"
+                | "unsqueeze"
+                | "view"
+                | "transpose"
+                | "slice"
+                | "split"
+                | "gather"
+                | "shape"
+                | "permute"
+                | "cast"
+        ) {
+            (Saves::View, Computes::Follows, 0.0)
+        } else {
+            (Saves::Unknown, Computes::Follows, 0.0)
+        };
+    Op { saves, computes, extra_bytes }
+}
+
+/// `Mul(x, Sigmoid(x))` pairs of a graph: SiLU written out by an exporter.
+#[derive(Default)]
+struct Silu {
+    sigmoids: std::collections::HashSet<usize>,
+    muls: std::collections::HashSet<usize>,
+}
+
+fn silu_pairs(net: &Network, ops: &[Op]) -> Silu {
+    let mut out = Silu::default();
+    let Some(edges) = &net.edges else { return out };
+    let mut consumers = vec![0u32; net.layers.len()];
+    for ins in edges {
+        for &i in ins {
+            if let Some(c) = consumers.get_mut(i) {
+                *c += 1;
+            }
+        }
+    }
+    for (k, ins) in edges.iter().enumerate() {
+        if !net.layers[k].kind.eq_ignore_ascii_case("mul") || ins.len() != 2 {
+            continue;
+        }
+        for (a, b) in [(ins[0], ins[1]), (ins[1], ins[0])] {
+            let sigmoid = b < net.layers.len()
+                && net.layers[b].kind.eq_ignore_ascii_case("sigmoid")
+                && ops[b].saves == Saves::Result
+                && consumers[b] == 1
+                && edges.get(b).is_some_and(|e| e.as_slice() == [a]);
+            if sigmoid {
+                out.sigmoids.insert(b);
+                out.muls.insert(k);
+            }
+        }
+    }
+    out
+}
+
+/// The scores, their scaling and the softmax of each plain scaled
+/// dot-product attention in a graph: `MatMul(q, k) -> [Mul|Div]* ->
+/// Softmax -> MatMul(., v)`. PyTorch runs such attention fused (flash or
+/// memory-efficient `scaled_dot_product_attention`, which torchvision's
+/// ViT reaches through `nn.MultiheadAttention` with `need_weights=False`):
+/// it keeps q, k, v, the output and a log-sum-exp, never the scores. An
+/// additive bias or mask before the softmax (Swin's relative positions)
+/// marks attention written out by hand, whose probabilities are kept.
+fn fused_attention(net: &Network) -> std::collections::HashSet<usize> {
+    let mut out = std::collections::HashSet::new();
+    let Some(edges) = &net.edges else { return out };
+    for (j, l) in net.layers.iter().enumerate() {
+        if l.kind != "Softmax" || edges[j].len() != 1 {
+            continue;
+        }
+        let mut chain = vec![j];
+        let mut at = edges[j][0];
+        while matches!(net.layers[at].kind.as_str(), "Mul" | "Div") && edges[at].len() == 1 {
+            chain.push(at);
+            at = edges[at][0];
+        }
+        if net.layers[at].kind == "MatMul" && edges[at].len() == 2 {
+            out.extend(chain);
+        }
+    }
+    out
+}
+
+/// What a network keeps per sample, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Kept {
+    /// Saved activations, masks and indices.
+    pub saved_bytes: f64,
+    /// The largest output of one operator (a gradient of its size is what
+    /// the backward pass holds in flight).
+    pub largest_bytes: f64,
+    /// Bytes per element the analysis used for half-precision tensors.
+    pub half_bytes: f64,
+    /// The network max-pools (whose backward pass scatters into a zeroed
+    /// gradient of its input's size).
+    pub max_pools: bool,
+}
+
+/// Per-element bytes of a tensor: 4 for fp32, 2 for bf16 under autocast.
+fn width(precision: Precision, half: bool) -> f64 {
+    match precision {
+        Precision::Fp32 => 4.0,
+        Precision::Mixed => {
+            if half {
+                2.0
+            } else {
+                4.0
+            }
+        }
+        Precision::Bf16 => 2.0,
+    }
+}
+
+pub fn kept(net: &Network, precision: Precision) -> Kept {
+    let n = net.layers.len();
+    let mut ops: Vec<Op> = net.layers.iter().map(|l| op(&l.kind)).collect();
+    if net.edges.is_none() {
+        // A table's rows include containers (torchvision's Bottleneck,
+        // InvertedResidual, ...), listed after their children. A container
+        // as large as the row before it returns that row's tensor; one of
+        // another size returns what a functional call made (a scaling or a
+        // sum the table does not list), which keeps nothing itself.
+        for (j, o) in ops.iter_mut().enumerate() {
+            if o.saves == Saves::Unknown && net.layers[j].params == 0 {
+                let alias = j > 0 && net.layers[j - 1].out_elems == net.layers[j].out_elems;
+                o.saves = if alias { Saves::View } else { Saves::Nothing };
+            }
+        }
+    }
+    // None: the data batch (fp32 images, 4 bytes).
+    let inputs = |j: usize| -> Vec<Option<usize>> {
+        match &net.edges {
+            Some(e) => {
+                let v: Vec<Option<usize>> =
+                    e.get(j).map_or_else(Vec::new, |ins| ins.iter().map(|&i| Some(i)).collect());
+                if v.is_empty() { vec![None] } else { v }
+            }
+            None => vec![j.checked_sub(1)],
+        }
+    };
+    // Views alias their input: resolve to the storage's producer.
+    let mut storage: Vec<Option<usize>> = (0..n).map(Some).collect();
+    // Output is half precision (bf16) under autocast.
+    let mut half = vec![false; n];
+    for j in 0..n {
+        let ins = inputs(j);
+        half[j] = match ops[j].computes {
+            Computes::Half => true,
+            Computes::Single => false,
+            Computes::Follows => ins.iter().all(|i| i.is_some_and(|i| half[i])),
+        };
+        if ops[j].saves == Saves::View {
+            storage[j] = ins.first().copied().flatten().and_then(|i| storage[i]);
+            // A view of the data batch is the data batch.
+        }
+    }
+    // SiLU exported as x * sigmoid(x): PyTorch's SiLU keeps x alone.
+    let silu = silu_pairs(net, &ops);
+    // Plain scaled dot-product attention runs fused: no scores kept.
+    let fused = fused_attention(net);
+    for &j in &fused {
+        ops[j].saves = Saves::Nothing;
+    }
+    // kept[i]: layer i's own storage; cast[i]: a bf16 copy of it.
+    let mut kept = vec![false; n];
+    let mut cast = vec![false; n];
+    let mut data_kept = false;
+    let mut data_cast = false;
+    let mut extra = 0f64;
+    for j in 0..n {
+        let o = &ops[j];
+        extra += o.extra_bytes * net.layers[j].out_elems as f64;
+        if silu.sigmoids.contains(&j) {
+            continue;
+        }
+        if let (Saves::Result | Saves::Unknown, Some(s)) = (o.saves, storage[j]) {
+            kept[s] = true;
+        }
+        if matches!(o.saves, Saves::Input | Saves::Unknown) {
+            for i in inputs(j) {
+                if silu.muls.contains(&j) && i.is_some_and(|i| silu.sigmoids.contains(&i)) {
+                    continue;
+                }
+                if i.is_some_and(|i| fused.contains(&i) && net.layers[i].kind == "Softmax") {
+                    continue;
+                }
+                let s = i.and_then(|i| storage[i]);
+                let src_half = s.is_some_and(|s| half[s]);
+                // A half-precision operator under autocast saves the bf16
+                // copy it made of an fp32 input.
+                let copy = precision == Precision::Mixed && o.computes == Computes::Half && !src_half;
+                match (s, copy) {
+                    (Some(s), false) => kept[s] = true,
+                    (Some(s), true) => cast[s] = true,
+                    (None, false) => data_kept = true,
+                    (None, true) => data_cast = true,
+                }
+            }
+        }
+    }
+    let data_elems = net.input_elems.unwrap_or(0) as f64;
+    let mut saved = extra;
+    let mut largest = 0f64;
+    for i in 0..n {
+        let e = net.layers[i].out_elems as f64;
+        let w = width(precision, half[i]);
+        if storage[i] == Some(i) {
+            largest = largest.max(e * w);
+        }
+        if kept[i] {
+            saved += e * w;
+        }
+        if cast[i] {
+            saved += e * 2.0;
+        }
+    }
+    if data_kept {
+        saved += data_elems * 4.0;
+    }
+    if data_cast {
+        saved += data_elems * 2.0;
+    }
+    let max_pools = net.layers.iter().any(|l| l.kind.to_ascii_lowercase().starts_with("maxpool"));
+    Kept { saved_bytes: saved, largest_bytes: largest, half_bytes: width(precision, true), max_pools }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::Layer;
+
+    fn layer(kind: &str, out_elems: u64) -> Layer {
+        Layer { kind: kind.into(), out_elems, params: 0 }
+    }
+
+    fn chain(kinds: &[(&str, u64)]) -> Network {
+        Network { layers: kinds.iter().map(|&(k, e)| layer(k, e)).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn conv_bn_relu_keeps_two_tensors_in_place_or_not() {
+        let net = chain(&[("Conv2d", 100), ("BatchNorm2d", 100), ("ReLU", 100), ("Conv2d", 50)]);
+        // conv output (BatchNorm's input) and the ReLU's result (kept by
+        // the ReLU and the next convolution); the last output is unused.
+        assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 2.0 * 100.0 * 4.0);
+    }
+
+    #[test]
+    fn pool_indices_dropout_masks_and_views() {
+        let net = chain(&[("MaxPool2d", 25), ("Flatten", 25), ("Dropout", 25), ("Linear", 10)]);
+        let k = kept(&net, Precision::Fp32);
+        // maxpool output (kept by nobody: dropout saves only its mask) +
+        // 8 B indices; the dropout output kept by the linear layer; a 1 B mask.
+        assert_eq!(k.saved_bytes, 25.0 * 8.0 + 25.0 * 4.0 + 25.0 * 1.0);
+    }
+
+    #[test]
+    fn autocast_halves_matmul_tensors_and_keeps_norms_in_fp32() {
+        let net = chain(&[
+            ("Conv2d", 100),
+            ("BatchNorm2d", 100),
+            ("ReLU", 100),
+            ("Conv2d", 100),
+            ("LayerNorm", 100),
+            ("Linear", 10),
+        ]);
+        let f = kept(&net, Precision::Fp32).saved_bytes;
+        let m = kept(&net, Precision::Mixed).saved_bytes;
+        // fp32: conv, relu, conv (LayerNorm input), LayerNorm output: 400 x 4.
+        assert_eq!(f, 1600.0);
+        // mixed: conv, relu, conv in bf16; the LayerNorm's fp32 output is
+        // kept as the linear layer's bf16 copy.
+        assert_eq!(m, 3.0 * 200.0 + 200.0);
+    }
+
+    #[test]
+    fn graph_edges_decide_what_is_kept() {
+        // x -> conv(a) -> add(a, x): the add saves nothing, the conv saves x.
+        let mut net = chain(&[("Conv2d", 10), ("Add", 10)]);
+        net.edges = Some(vec![vec![], vec![0]]);
+        net.input_elems = Some(10);
+        assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 40.0);
+    }
+}
