@@ -108,12 +108,14 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
             let parts = transformer::parts(&shape, s.runtime_mib, s.precision);
             let mib = parts.at_batch(batch);
             let why = format!(
-                "analytic transformer: {} blocks, hidden {}, {} heads, feed-forward {} ({} kept per token), vocabulary {}, \
-                 sequence {} ({seq_from}), precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime + {:.0} MiB \
-                 weights/gradients/Adam + {:.1} MiB per sample",
+                "analytic transformer: {} blocks, hidden {}, {} heads ({} key/value), feed-forward {} ({} kept per token), \
+                 vocabulary {}, sequence {} ({seq_from}), precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime \
+                 + {:.0} MiB weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample (activations at {} B \
+                 for matmul outputs; attention {}; head 24 B per vocabulary entry)",
                 shape.blocks,
                 shape.hidden,
                 shape.heads,
+                shape.kv_heads,
                 shape.intermediate,
                 shape.ff_kept,
                 shape.vocab,
@@ -122,7 +124,15 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 shape.params as f64 / 1e6,
                 parts.runtime_mib,
                 parts.params_mib,
-                parts.per_sample_mib
+                layers_model::param_bytes(s.precision),
+                if s.precision == carma_config::Precision::Mixed {
+                    ": fp32 master weights and Adam, bf16 copies"
+                } else {
+                    ""
+                },
+                parts.per_sample_mib,
+                if s.precision == carma_config::Precision::Fp32 { 4 } else { 2 },
+                if shape.fused_attention { "fused, no probabilities kept" } else { "probabilities kept" },
             );
             Ok(Estimate {
                 mib,
