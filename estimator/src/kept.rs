@@ -255,6 +255,7 @@ fn width(precision: Precision, half: bool) -> f64 {
 pub fn kept(net: &Network, precision: Precision) -> Kept {
     let n = net.layers.len();
     let mut ops: Vec<Op> = net.layers.iter().map(|l| op(&l.kind)).collect();
+    let known: Vec<bool> = ops.iter().map(|o| o.saves != Saves::Unknown).collect();
     if net.edges.is_none() {
         // A table's rows include containers (torchvision's Bottleneck,
         // InvertedResidual, ...), listed after their children. A container
@@ -295,6 +296,23 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
             // A view of the data batch is the data batch.
         }
     }
+    // A table lists modules only: a shape-keeping row (dropout, a norm, an
+    // activation) smaller than the row before it follows a call
+    // the table does not show (`F.max_pool2d` in pytorch/examples' MNIST
+    // net). It is counted as max-pooling, the most such a call keeps: the
+    // row before it, and int64 indices of its output's size.
+    let mut unlisted = vec![false; n];
+    if net.edges.is_none() {
+        for j in 1..n {
+            let shape_keeping = known[j]
+                && matches!(ops[j].saves, Saves::Nothing | Saves::Result | Saves::Input)
+                && ops[j].computes != Computes::Half
+                && !net.layers[j].kind.to_ascii_lowercase().contains("pool");
+            if shape_keeping && net.layers[j].out_elems < net.layers[j - 1].out_elems {
+                unlisted[j - 1] = true;
+            }
+        }
+    }
     // SiLU exported as x * sigmoid(x): PyTorch's SiLU keeps x alone.
     let silu = silu_pairs(net, &ops);
     // Plain scaled dot-product attention runs fused: no scores kept.
@@ -311,6 +329,12 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
     for j in 0..n {
         let o = &ops[j];
         extra += o.extra_bytes * net.layers[j].out_elems as f64;
+        if unlisted[j] {
+            if let Some(s) = storage[j] {
+                kept[s] = true;
+            }
+            extra += 8.0 * net.layers[j + 1].out_elems as f64;
+        }
         if silu.sigmoids.contains(&j) {
             continue;
         }
@@ -412,6 +436,18 @@ mod tests {
         // mixed: conv, relu, conv in bf16; the LayerNorm's fp32 output is
         // kept as the linear layer's bf16 copy.
         assert_eq!(m, 3.0 * 200.0 + 200.0);
+    }
+
+    #[test]
+    fn a_size_change_the_table_does_not_explain_is_an_unlisted_pooling() {
+        // Conv -> (F.relu, F.max_pool2d: not listed) -> Dropout -> Linear.
+        let net = chain(&[("Conv2d", 100), ("Dropout", 25), ("Linear", 10)]);
+        // the conv output (the pooling's input), 8 B indices per pooled
+        // element, the dropout mask and its output (the linear's input).
+        assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 400.0 + 25.0 * 8.0 + 25.0 + 100.0);
+        // Without the size change, nothing of the conv output is kept.
+        let net = chain(&[("Conv2d", 25), ("Dropout", 25), ("Linear", 10)]);
+        assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 25.0 + 100.0);
     }
 
     #[test]
