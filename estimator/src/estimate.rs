@@ -260,8 +260,9 @@ fn listing_shape(l: &listing::Listing, text: &str, name: &str) -> Result<Shape, 
     }
     let heads = Shape::default_heads(hidden);
     let activation = listing_activation(text);
-    // A listing names module classes, not how attention ran: its
-    // probabilities are counted as kept.
+    // A listing names the attention class transformers chose: `...Sdpa...`
+    // or `...FlashAttention...` runs fused (no probabilities kept); any
+    // other (eager, XLNet's relative attention) keeps them.
     Ok(Shape {
         blocks: l.blocks.into(),
         hidden,
@@ -273,7 +274,7 @@ fn listing_shape(l: &listing::Listing, text: &str, name: &str) -> Result<Shape, 
         ff_kept: Shape::ff_kept(text.contains("(gate_proj)"), activation),
         ff_fp32: Shape::ff_fp32(activation),
         kv_heads: heads,
-        fused_attention: false,
+        fused_attention: text.contains("Sdpa") || text.contains("FlashAttention"),
         rms_norm: text.contains("RMSNorm"),
     })
 }
