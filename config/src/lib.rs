@@ -4,8 +4,10 @@
 //! Everything is parsed in two steps, ripgrep-style: a raw form that mirrors
 //! the text, then validation into typed values. Every error is a single line
 //! that names the offending key or option and says what is accepted.
+#![forbid(unsafe_code)]
 
 mod activity;
+mod digest;
 mod file;
 mod options;
 mod plugstack;
@@ -15,6 +17,7 @@ mod sharing;
 mod units;
 
 pub use activity::ActivityMetric;
+pub use digest::fnv1a;
 pub use file::{
     Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource, HttpEndpoint, LearnRuntime,
     MonitorConfig, MpsConfig, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,

@@ -2,6 +2,7 @@
 //! one neutral layer list, then a continuous per-sample model (CNN/MLP),
 //! the paper's GPUMemNet classifier, or an analytic transformer model.
 //! docs/estimator.md has the rule and the measured validation.
+#![forbid(unsafe_code)]
 
 pub mod estimate;
 pub mod features;

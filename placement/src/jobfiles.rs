@@ -133,7 +133,7 @@ pub fn sweep_due(dir: &Path, every: std::time::Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::tests_support::TempDir;
+    use crate::test_support::TempDir;
 
     #[test]
     fn round_trip() {

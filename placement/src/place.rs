@@ -1,114 +1,19 @@
 //! One placement: read the GPUs, then under the state lock collect garbage,
 //! reuse the job's GPUs or choose new ones, and record the reservation.
 
+use crate::clock::{now_ms, now_secs};
 use crate::gpu::GpuReading;
 use crate::learned;
 use crate::policy::{Demand, NoFit, Params, choose, history_estimate, observe};
 use crate::procs;
+use crate::request::{Decision, Request, StepRef};
 use crate::slots::{SlotRef, Slots};
 use crate::source::{GpuSource, SourceError, open_source};
-use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore, now_ms, now_secs};
-use carma_config::{Config, LearnRuntime, Policy};
+use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore};
+use carma_config::{Config, LearnRuntime};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
-
-/// A step of a job on this node; `holder` is its slurmstepd's pid, whose
-/// death releases what the step held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepRef {
-    pub job: u32,
-    pub holder: u32,
-}
-
-/// What the job asks for, with its estimate already resolved.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Request {
-    pub policy: Policy,
-    pub count: u32,
-    /// Per-GPU estimate; `None` = unknown, so whole GPUs.
-    pub estimate_mib: Option<u64>,
-    /// Which source decided the estimate, for logs and status.
-    pub estimate_source: String,
-    /// The step shares its GPUs (shards or no Slurm GPUs): a whole-GPU
-    /// record the prolog made for the job is dropped in the same update.
-    pub shares: bool,
-    /// The job's signature (model file and batch size), for the history.
-    pub signature: Option<String>,
-    /// The job declared nothing (transparent collocation): its history on
-    /// this node is its estimate, even below `estimate_mib` (a scope's
-    /// default) or where that is unknown. Otherwise history only raises.
-    #[serde(default)]
-    pub history_first: bool,
-    /// The job's user when it shares a GPU as an MPS client (`sharing: mps`).
-    #[serde(default)]
-    pub mps_uid: Option<u32>,
-    /// The software stack's fixed part included in `estimate_mib`, where the
-    /// estimate came from a model (the rest is the model's): the node's
-    /// learned fixed memory replaces it where larger.
-    #[serde(default)]
-    pub runtime_mib: Option<u64>,
-}
-
-impl Request {
-    /// One GPU, shared, with a declared per-GPU estimate and nothing else
-    /// known: what `--carma-mem` alone asks for (tools, benches, tests).
-    pub fn declared(policy: Policy, estimate_mib: u64) -> Request {
-        Request {
-            policy,
-            count: 1,
-            estimate_mib: Some(estimate_mib),
-            estimate_source: "declared".into(),
-            shares: true,
-            signature: None,
-            history_first: false,
-            mps_uid: None,
-            runtime_mib: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Decision {
-    pub gpus: Vec<u32>,
-    pub exclusive: bool,
-    /// Per-GPU memory the reservation promises.
-    pub reserve_mib: u64,
-    /// The job already held these GPUs (an earlier step placed it).
-    pub reused: bool,
-    /// Set when this node's history of the job's signature raised the estimate.
-    pub history_mib: Option<u64>,
-    /// Effective free memory of each chosen GPU when chosen (empty if reused).
-    pub free_mib: Vec<u64>,
-    /// The capped reading (`metric`) of each chosen GPU when chosen (empty if reused).
-    pub metric: carma_config::ActivityMetric,
-    pub activity: Vec<f64>,
-    /// Set when the node's learned fixed memory replaced the estimate's
-    /// (and history did not decide instead).
-    #[serde(default)]
-    pub learned_runtime_mib: Option<u64>,
-}
-
-impl fmt::Display for Decision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Indices and count named apart: "gpus=3" read both ways.
-        write!(
-            f,
-            "gpu_count={} gpu_indices={} reserve={}M exclusive={}",
-            self.gpus.len(),
-            crate::gpu::index_list(&self.gpus),
-            self.reserve_mib,
-            self.exclusive
-        )?;
-        if self.reused {
-            write!(f, " reused=yes")
-        } else {
-            let free: Vec<String> = self.free_mib.iter().map(|m| format!("{m}M")).collect();
-            let act: Vec<String> = self.activity.iter().map(|a| format!("{a:.2}")).collect();
-            write!(f, " effective_free={} {}={}", free.join(","), self.metric, act.join(","))
-        }
-    }
-}
 
 #[derive(Debug)]
 pub enum PlaceError {

@@ -25,7 +25,7 @@
 //! All `unsafe` of the queue is here: the mapping, the atomic views of its
 //! header words, payload copies, and the futex system call.
 
-use crate::place::{Decision, Request, StepRef};
+use crate::request::{Decision, Request, StepRef};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -80,6 +80,8 @@ pub struct Slots {
 // SAFETY: the mapping is shared memory accessed through atomics and
 // payload copies ordered by them; usable from any thread.
 unsafe impl Send for Slots {}
+// SAFETY: as for Send: every access goes through the atomics or payload
+// copies they order; `&Slots` gives no unsynchronised access.
 unsafe impl Sync for Slots {}
 
 /// A queued request of ours: slot index and claim id.
@@ -195,7 +197,7 @@ impl Slots {
             self.tag(i).compare_exchange(FREE, tag(id, CLAIMED), Ordering::Acquire, Ordering::Relaxed).is_ok()
         })?;
         self.write_payload(index, &bytes);
-        self.seq(index).store(crate::state::now_nanos() as u64, Ordering::Relaxed);
+        self.seq(index).store(crate::clock::now_nanos() as u64, Ordering::Relaxed);
         // Release: the payload is visible to whoever sees QUEUED.
         self.tag(index)
             .compare_exchange(tag(id, CLAIMED), tag(id, QUEUED), Ordering::Release, Ordering::Relaxed)
@@ -385,7 +387,7 @@ fn create(dir: &Path) -> Option<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::tests_support::TempDir;
+    use crate::test_support::TempDir;
     use carma_config::Policy;
     use std::time::Instant;
 

@@ -12,7 +12,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::slots::Slots;
 
@@ -241,6 +241,7 @@ impl StateStore {
         }
         let meta = fs::symlink_metadata(dir).map_err(io(format!("state_dir {}", dir.display())))?;
         // SAFETY: geteuid touches no memory and cannot fail.
+        #[allow(unsafe_code)]
         let euid = unsafe { libc::geteuid() };
         if !meta.is_dir() {
             return Err(StateError::Dir(format!("state_dir {} is not a directory", dir.display())));
@@ -382,7 +383,7 @@ impl StateStore {
     }
 
     fn set_aside(&self, path: &Path, why: &str) -> NodeState {
-        let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let stamp = crate::clock::now_nanos();
         let aside = self.dir.join(format!("{STATE_FILE}.corrupt.{stamp}"));
         match fs::rename(path, &aside) {
             Ok(()) => (self.log)(&format!(
@@ -480,44 +481,6 @@ impl Locked<'_> {
     }
 }
 
-pub fn now_nanos() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-#[cfg(test)]
-pub(crate) mod tests_support {
-    /// A fresh mode-0755 directory removed on drop.
-    pub struct TempDir(pub std::path::PathBuf);
-    impl TempDir {
-        pub fn new() -> TempDir {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "carma-test-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-            TempDir(p)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,7 +499,7 @@ mod tests {
         (d, s, lines)
     }
 
-    use super::tests_support::TempDir;
+    use crate::test_support::TempDir;
 
     fn res(job: u32, holder: u32) -> Reservation {
         Reservation {
@@ -635,8 +598,8 @@ mod tests {
     fn a_failed_lock_attempt_wakes_nobody() {
         let (_d, s, _) = store();
         let q = s.slots().expect("the queue is mapped");
-        let req = crate::place::Request::declared(Policy::Magm, 1);
-        let slot = q.enqueue(crate::place::StepRef { job: 1, holder: std::process::id() }, &req).unwrap();
+        let req = crate::request::Request::declared(Policy::Magm, 1);
+        let slot = q.enqueue(crate::request::StepRef { job: 1, holder: std::process::id() }, &req).unwrap();
         let seen = q.generation(slot);
         let holder = File::create(s.dir().join(LOCK_FILE)).unwrap();
         holder.lock_exclusive().unwrap();

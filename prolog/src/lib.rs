@@ -1,5 +1,6 @@
 //! Shared pieces of CARMA's command-line tools: `carma` (admin CLI),
 //! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod cli_log;

@@ -3,7 +3,7 @@
 //! time-sliced and under MPS): fits of their parameters and the predicted
 //! vs measured figures `carma simulate-report` prints.
 
-use crate::engine::{Assumptions, PowerProfile, Sharing};
+use crate::model::{Assumptions, PowerProfile, Sharing};
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -163,7 +163,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, String> {
 pub fn read_solo_readings(path: &Path) -> Result<HashMap<String, (f64, f64)>, String> {
     Ok(crate::calibration::read_collocation(path)?
         .into_iter()
-        .filter(|r| r.sharing == crate::engine::Sharing::Timeslice && r.jobs.len() == 1)
+        .filter(|r| r.sharing == crate::model::Sharing::Timeslice && r.jobs.len() == 1)
         .map(|r| (r.jobs[0].clone(), (r.busy, r.sm)))
         .collect())
 }

@@ -5,10 +5,12 @@
 //!
 //! Every modelling assumption is a field of [`Assumptions`], documented there
 //! and in docs/simulation.md.
+#![forbid(unsafe_code)]
 
 pub mod calibration;
 pub mod engine;
 pub mod input;
+pub mod model;
 pub mod report;
 pub mod svg;
 

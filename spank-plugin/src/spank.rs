@@ -1,19 +1,14 @@
-//! The FFI boundary, and the only module with `unsafe`.
-//!
-//! It exports the symbols Slurm looks for, defines every `extern "C"` hook
-//! as a one-liner into [`crate::guard`] + [`crate::dispatch`], and wraps the
-//! `spank_*` calls in a typed handle whose methods return `Result`. C return
-//! codes are turned into errors in exactly one place: [`check`].
+//! Slurm's SPANK interface as Rust: the bindings, a typed handle whose
+//! methods return `Result`, and Slurm's logger. C return codes are turned
+//! into errors in exactly one place: [`check`]. The bottom floor of the
+//! plugin: it calls nothing of it ([`crate::hooks`], above every other
+//! module, exports the entry points).
 
-#![allow(non_upper_case_globals)]
-
-use crate::dispatch;
 use crate::error::Error;
-use crate::guard::guard;
 use carma_config::OptionName;
-use std::ffi::{CStr, CString, c_char, c_int, c_uint};
+use std::ffi::{CStr, CString, c_char, c_int};
 
-mod sys {
+pub(crate) mod sys {
     #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
     include!(concat!(env!("OUT_DIR"), "/spank_sys.rs"));
 }
@@ -23,32 +18,6 @@ mod sys {
 #[cfg(test)]
 #[link(name = "slurmfull")]
 unsafe extern "C" {}
-
-/// Slurm identifies the plugin by this name; `srun` inside `sbatch` inherits
-/// options through `SLURM_SPANK__SLURM_SPANK_OPTION_carma_*`: keep it stable.
-#[unsafe(no_mangle)]
-pub static plugin_name: [u8; 6] = *b"carma\0";
-#[unsafe(no_mangle)]
-pub static plugin_type: [u8; 6] = *b"spank\0";
-/// Must equal the running Slurm's major.minor, taken from its headers.
-#[unsafe(no_mangle)]
-pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
-
-/// The Slurm series this plugin was built for, as text in the .so:
-/// packaging/build-deb.sh reads it to refuse packaging a plugin built
-/// against another release's headers.
-#[used]
-static SLURM_SERIES: &str = concat!("carma-slurm-series=", env!("CARMA_SLURM_SERIES"), ";");
-
-/// 25.05+ reads this when a required plugin's `slurm_spank_init` fails:
-/// ESPANK_JOB_FAILURE fails the job instead of draining the node (Slurm's
-/// default, ESPANK_NODE_FAILURE). CARMA's init fails only in srun/sbatch
-/// (a bad plugstack line, refused before anything is submitted); in
-/// slurmstepd it logs and lets task_init fail CARMA steps, so this is the
-/// floor under that rule, not the rule. Older releases never look it up.
-#[cfg(slurm_init_failure_mode)]
-#[unsafe(no_mangle)]
-pub static slurm_spank_init_failure_mode: c_int = sys::slurm_err_t::ESPANK_JOB_FAILURE as c_int;
 
 /// A step as Slurm names it (`scontrol`, `sacct`): `batch`, `extern`,
 /// `interactive`, or its number.
@@ -119,9 +88,16 @@ pub enum Item {
 /// The handle Slurm passes to each hook.
 pub struct Spank {
     raw: sys::spank_t,
+    /// What Slurm calls with a `--carma-*` option's value.
+    option_cb: sys::spank_opt_cb_f,
 }
 
 impl Spank {
+    /// The handle Slurm passed a hook, and the option callback to register.
+    pub(crate) fn new(raw: sys::spank_t, option_cb: sys::spank_opt_cb_f) -> Spank {
+        Spank { raw, option_cb }
+    }
+
     /// A 32-bit item of the job (ids are `uint32_t*`, uid/gid `uid_t*`).
     pub fn item_u32(&self, item: Item) -> Result<u32, Error> {
         use sys::spank_item::*;
@@ -223,7 +199,7 @@ impl Spank {
                 usage: leak(option.usage()),
                 has_arg: 1,
                 val: option.id(),
-                cb: Some(option_cb),
+                cb: self.option_cb,
             }));
             // SAFETY: opt points to a valid, never-freed spank_option.
             let rc = unsafe { sys::spank_option_register(self.raw, opt) };
@@ -231,20 +207,6 @@ impl Spank {
         }
         Ok(())
     }
-}
-
-/// Plugin arguments from plugstack.conf as strings (non-UTF-8 is replaced).
-fn args(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
-    if av.is_null() || ac <= 0 {
-        return Vec::new();
-    }
-    (0..ac as usize)
-        .map(|i| {
-            // SAFETY: Slurm passes `ac` valid C strings in `av`.
-            let p = unsafe { *av.add(i) };
-            if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
-        })
-        .collect()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -268,32 +230,3 @@ pub fn slurm_log(level: LogLevel, msg: &str) {
         }
     }
 }
-
-extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
-    guard("", || {
-        let value: &[u8] = if optarg.is_null() {
-            b""
-        } else {
-            // SAFETY: Slurm passes the option's argument as a C string.
-            unsafe { CStr::from_ptr(optarg) }.to_bytes()
-        };
-        dispatch::option(val, value, remote != 0)
-    })
-}
-
-/// Defines an exported SPANK hook that runs `handler` behind the guard.
-macro_rules! hook {
-    ($symbol:ident, $label:literal, $handler:path) => {
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $symbol(sp: sys::spank_t, ac: c_int, av: *mut *mut c_char) -> c_int {
-            guard($label, || $handler(&Spank { raw: sp }, &args(ac, av)))
-        }
-    };
-}
-
-hook!(slurm_spank_init, "init", dispatch::init);
-hook!(slurm_spank_init_post_opt, "init_post_opt", dispatch::init_post_opt);
-hook!(slurm_spank_task_init, "task_init", dispatch::task_init);
-hook!(slurm_spank_exit, "exit", dispatch::exit);
-hook!(slurm_spank_job_prolog, "job_prolog", dispatch::job_prolog);
-hook!(slurm_spank_job_epilog, "job_epilog", dispatch::job_epilog);

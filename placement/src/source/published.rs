@@ -142,7 +142,7 @@ impl GpuSource for PublishedSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::tests_support::TempDir;
+    use crate::test_support::TempDir;
 
     fn reading(sm: f64) -> GpuReading {
         GpuReading {

@@ -307,7 +307,7 @@ impl GpuSource for SimulatedGpus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::tests_support::TempDir;
+    use crate::test_support::TempDir;
 
     fn sim(dir: &Path, extra: &str) -> SimulatedGpus {
         let f = dir.join("gpus.yaml");

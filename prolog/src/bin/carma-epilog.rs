@@ -6,6 +6,7 @@
 //!
 //! It always exits 0: a failing epilog drains the node. Everything it
 //! decides goes to syslog, carma.yaml's log_file and stderr.
+#![forbid(unsafe_code)]
 
 use carma_config::{Config, JobRequest, OptionName, RecoveryMode};
 use carma_placement::{eventlog, jobfiles};

@@ -8,6 +8,7 @@
 //!
 //! carma-fakejob --mem 8G [--sm 0.6] [--busy 0.9] [--seconds 30] [--ramp 2]
 //!               [--grow-to 30G --grow-after 5] [--config /etc/slurm/carma.yaml]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use carma_config::{Config, GpuSource, parse_size_mib};
 use carma_placement::source::SimulatedGpus;

@@ -4,6 +4,7 @@
 //! placement (with `monitor: {published: true}`) and `carma status`.
 //!
 //!   carma-monitor [--config /etc/slurm/carma.yaml] [--once]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use carma_config::Config;
 use carma_tools::args::Args;

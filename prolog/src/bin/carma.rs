@@ -5,10 +5,12 @@
 //!   carma place --dry-run [--mem SIZE] [--policy P] [--gpus N]   where a job would go now, and why not elsewhere
 //!   carma transparent-scopes [--config FILE]   the scopes job_submit.lua rewrites (one line each)
 //!   carma simulate ...                       replay a job trace under CARMA's policies
+#![forbid(unsafe_code)]
 
 use carma_config::{Config, JobRequest, OptionName};
 use carma_placement::Placer;
 use carma_placement::policy::Demand;
+use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
 use carma_tools::args::Args;
 use carma_tools::status;
 use std::path::Path;
@@ -160,7 +162,20 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     }
     let cfg = config(&a)?;
     let req = request(&a, &[("mem", OptionName::Mem), ("policy", OptionName::Policy), ("gpus", OptionName::Gpus)])?;
-    let (mem, policy, count) = (req.mem_mib, req.policy.unwrap_or(cfg.default_policy), req.gpu_count());
+    // The plugin's own resolution: carma.yaml's defaults (policy, unknown
+    // estimate) apply as they would to the job.
+    let mut request = req;
+    if request.is_empty() {
+        // A job of one GPU that named nothing else.
+        request.gpus = Some(1);
+    }
+    let facts = StepFacts { request, ..StepFacts::default() };
+    let plan = match resolve::resolve(&facts, &NodeFacts::default(), &cfg)? {
+        Resolution::Place(plan) => plan,
+        _ => return Err("give --mem, --policy or --gpus: a job without CARMA options is not placed by CARMA".into()),
+    };
+    let r = &plan.request;
+    let (mem, policy, count) = (r.estimate_mib, r.policy, r.count);
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     let p = placer.params();

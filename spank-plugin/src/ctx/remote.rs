@@ -10,10 +10,10 @@ use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::{Item, Spank};
-use carma_config::{Config, JobRequest, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate};
-use carma_placement::{Placer, Request, StepRef, jobfiles};
+use carma_config::{Config, JobRequest};
+use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
+use carma_placement::{Placer, StepRef, jobfiles};
 use once_cell::sync::OnceCell;
-use std::time::Duration;
 
 /// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
@@ -43,28 +43,27 @@ fn request(sp: &Spank) -> Result<JobRequest, Error> {
     Ok(req)
 }
 
-/// The per-GPU estimate and where it came from: `--carma-mem`, else the
-/// estimate srun/sbatch made from `--carma-model` (the step's own
-/// CARMA_ESTIMATE first: an inner srun may name another model), else the
-/// configured rule for unknown jobs. Model files are never opened here:
-/// this runs as root.
-/// The last item is the estimate's fixed part, where it came from a model.
-fn estimate(sp: &Spank, req: &JobRequest, cfg: &Config) -> Result<Estimated, Error> {
-    if let Some(mib) = req.mem_mib {
-        return Ok((Some(mib), "declared".into(), None, None));
+/// Everything placement needs from Slurm, read once (the job's script,
+/// which only a transparently collocated step needs, is read by
+/// [`try_place`] when the resolution says it is one).
+fn read_facts(sp: &Spank) -> Result<StepFacts, Error> {
+    let request = request(sp)?;
+    let shards_on_node = sp.getenv("SLURM_SHARDS_ON_NODE")?.map(|v| v.trim().parse().unwrap_or(1));
+    let mut f = StepFacts { request, shards_on_node, ..StepFacts::default() };
+    if f.request.is_empty() && f.shards_on_node.is_none() {
+        // Not CARMA's and not sharing: nothing more is read.
+        return Ok(f);
     }
     let env = carma_config::ESTIMATE_ENV;
-    if let Some(raw) = sp.getenv(env)?.or(sp.getenv(&format!("SLURM_SPANK_{env}"))?) {
-        let e = carma_config::parse_estimate(raw.as_bytes()).map_err(|e| Error::msg(format!("{env}: {e}")))?;
-        return Ok((Some(e.mib), e.source.into(), e.signature, e.runtime_mib));
-    }
-    if req.model.is_some() {
-        log::info("a model was named but no estimate arrived from srun/sbatch; treating the job as unknown");
-    }
-    Ok(match cfg.unknown_estimate {
-        UnknownEstimate::Exclusive => (None, "unknown".into(), None, None),
-        UnknownEstimate::Mib(m) => (Some(m), "default".into(), None, None),
-    })
+    // The step's own estimate first: an inner srun may name another model.
+    f.estimate = sp.getenv(env)?.or(sp.getenv(&format!("SLURM_SPANK_{env}"))?);
+    f.job = sp.item_u32(Item::JobId)?;
+    f.uid = sp.item_u32(Item::JobUid)?;
+    f.slurm_gpus = slurm_gpus(sp)?;
+    f.partition = sp.getenv("SLURM_JOB_PARTITION")?;
+    f.account = sp.getenv("SLURM_JOB_ACCOUNT")?;
+    f.qos = sp.getenv("SLURM_JOB_QOS")?;
+    Ok(f)
 }
 
 /// Never fails: a CARMA step's failure is deferred to task_init, anything
@@ -99,150 +98,66 @@ fn step_label(sp: &Spank) -> String {
 }
 
 /// The step asked for CARMA: options given to it or to its job, or
-/// `CARMA_*` in its environment (what [`request`] resolves); or it holds
-/// shards in a transparent scope.
+/// `CARMA_*` in its environment; or it holds shards in a transparent scope.
 fn is_carma_step(sp: &Spank) -> bool {
-    let transparent = || {
-        let shards = shards_on_node(sp).ok().flatten().is_some();
-        shards && options::config().is_ok_and(|cfg| transparent::in_scope(sp, cfg))
-    };
-    request(sp).map_or(true, |r| !r.is_empty()) || transparent()
+    match read_facts(sp) {
+        Err(_) => true,
+        Ok(f) => !f.request.is_empty() || options::config().is_ok_and(|cfg| resolve::is_carma(&f, cfg)),
+    }
 }
 
+/// Slurm's facts → a plan (`carma_placement::resolve`) → the placer's
+/// decision → what the task will be given.
 fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
-    let req = request(sp);
-    *carma = req.as_ref().map_or(true, |r| !r.is_empty());
-    let req = req?;
-    let shards = shards_on_node(sp)?;
-    if req.is_empty() && shards.is_none() {
+    let facts = read_facts(sp);
+    *carma = facts.as_ref().map_or(true, |f| !f.request.is_empty());
+    let mut facts = facts?;
+    if facts.request.is_empty() && facts.shards_on_node.is_none() {
         // Not a CARMA step and not sharing: nothing to do, no lock taken.
         return Ok(());
     }
     let cfg = options::config()?;
     log::set_log_file(cfg.log_file.clone());
-    let job = sp.item_u32(Item::JobId)?;
+    *carma |= resolve::is_carma(&facts, cfg);
     let step_id = sp.item_u32(Item::StepId)?;
+    if facts.request.is_empty() && *carma {
+        // Transparently collocated: its history is keyed by its script.
+        facts.job_signature = transparent::signature(sp, crate::spank::is_batch_step(step_id));
+    }
+    let job = facts.job;
+    let node = NodeFacts::read(&cfg.state_dir, job);
+    let resolution = resolve::resolve(&facts, &node, cfg).map_err(Error::msg)?;
+    let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
+    let plan = match resolution {
+        Resolution::Nothing => return Ok(()),
+        Resolution::DropWhole => {
+            // A shard step without CARMA: only forget the prolog's record.
+            placer.drop_whole(job).context("placement")?;
+            return Ok(());
+        }
+        Resolution::Place(plan) => plan,
+    };
+    for note in &plan.notes {
+        log::info(note);
+    }
     let step_name = crate::spank::step_name(step_id);
     let step = StepRef { job, holder: std::process::id() };
-    // A shard step without CARMA options in a transparent scope is CARMA's.
-    let transparent = match (req.is_empty(), shards) {
-        (true, Some(n)) => transparent::detect(sp, cfg, n, crate::spank::is_batch_step(step_id))?,
-        _ => None,
-    };
-    *carma |= transparent.is_some();
-    let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
-    // The prolog recorded Slurm's GPUs as held whole; a step on shards or
-    // without Slurm GPUs shows the job shares them.
-    let shares = shards.is_some() || slurm_gpus(sp)?.is_none();
-    if req.is_empty() && transparent.is_none() {
-        // A shard step without CARMA: only forget that record.
-        placer.drop_whole(job).context("placement")?;
-        return Ok(());
-    }
-    let asked = match &transparent {
-        Some(t) => Asked {
-            policy: t.policy,
-            count: t.count,
-            estimate_mib: t.estimate_mib,
-            source: t.source.into(),
-            signature: t.signature.clone(),
-            runtime_mib: None,
-            recovery: cfg.recovery_mode,
-            note: format!(" transparent={}", t.scope),
-        },
-        None => {
-            let (estimate_mib, source, signature, runtime_mib) = estimate(sp, &req, cfg)?;
-            Asked {
-                policy: req.policy.unwrap_or(cfg.default_policy),
-                count: req.gpu_count(),
-                estimate_mib,
-                source,
-                signature,
-                runtime_mib,
-                recovery: req.recovery.unwrap_or(cfg.recovery_mode),
-                note: String::new(),
-            }
-        }
-    };
-    let Asked { mut policy, count, mut estimate_mib, source: mut estimate_source, signature, mut runtime_mib, .. } =
-        asked;
-    // A job requeued after a GPU OOM is rerun as its recovery mode says:
-    // carma-epilog left a marker on this node; on another node the prolog
-    // left the restart count (both root-owned, not user-forgeable).
-    let marker = jobfiles::read_recovery(&cfg.state_dir, job);
-    let restarts = jobfiles::read_restarts(&cfg.state_dir, job);
-    let mut recovery = String::new();
-    if marker.is_some() || restarts > 0 {
-        let mode = marker.map_or(asked.recovery, |m| m.mode);
-        match (mode, marker.and_then(|m| m.need_mib)) {
-            (RecoveryMode::None, _) => {}
-            (RecoveryMode::Looser, Some(mib)) => {
-                let mib = mib + cfg.looser_margin_mib;
-                estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
-                estimate_source = "recovery".into();
-                // What the OOM showed it needs, not a model's estimate.
-                runtime_mib = None;
-                recovery = " recovery=looser".into();
-            }
-            // Exclusive, or looser without a recorded need: a GPU of its own.
-            _ => {
-                policy = Policy::Exclusive;
-                recovery = " recovery=exclusive".into();
-            }
-        }
-    }
-    // History is per user: another user cannot raise (or learn) this
-    // user's estimates by claiming the same signature.
-    let uid = sp.item_u32(Item::JobUid)?;
-    let signature = signature.map(|s| format!("{uid}:{s}"));
-    // sharing: mps: a step that shares one GPU becomes a client of that
-    // GPU's MPS server, which serves one user at a time.
-    let mps_uid = (cfg.sharing == Sharing::Mps && count == 1 && policy != Policy::Exclusive).then_some(uid);
-    let request = Request {
-        policy,
-        count,
-        estimate_mib,
-        estimate_source: estimate_source.clone(),
-        shares,
-        signature,
-        // A recovering rerun keeps what recovery decided.
-        history_first: transparent.is_some() && recovery.is_empty(),
-        mps_uid,
-        runtime_mib,
-    };
-    let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
-    let mut est = estimate_mib.map(|m| format!("{m}M")).unwrap_or_else(|| "unknown".into());
-    let decision = placer
-        .place(step, &request, wait, cfg.timeouts.poll)
-        .map_err(|e| Error::msg(format!("policy {policy}, estimate {est} ({estimate_source}): {e}")))?;
-    if let Some(mib) = decision.history_mib {
-        est = format!("{mib}M");
-        estimate_source = "history".into();
-    }
-    // The node's learned fixed memory replaced the estimate's own.
-    let mut learned = String::new();
-    if let (Some(l), Some(r), Some(e)) = (decision.learned_runtime_mib, runtime_mib, estimate_mib) {
-        est = format!("{}M", e - r + l);
-        learned = format!(" runtime=learned:{l}M");
-    }
-    if let Some(t) = transparent.as_ref().filter(|_| !decision.reused) {
+    let decision =
+        placer.place(step, &plan.request, plan.wait, cfg.timeouts.poll).map_err(|e| Error::msg(plan.failure(&e)))?;
+    if let Some(mark) = plan.transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
         // and under which signature to remember what an OOM needed. The
         // step that decided writes it (a batch job's batch step): later
         // steps, with their own command lines, must not re-key it.
-        let mark = jobfiles::Transparent { scope: t.scope.clone(), signature: request.signature.clone() };
-        if let Err(e) = jobfiles::write_transparent(&cfg.state_dir, job, &mark) {
+        if let Err(e) = jobfiles::write_transparent(&cfg.state_dir, job, mark) {
             log::error(&format!("job {job}: cannot mark it transparent in {}: {e}", cfg.state_dir.display()));
         }
     }
-    let (env, sharing) = match (mps_uid, decision.gpus.as_slice()) {
+    let (env, sharing) = match (plan.request.mps_uid, decision.gpus.as_slice()) {
         (Some(_), [gpu]) if !decision.exclusive => mps_client(cfg, *gpu, decision.reserve_mib, job),
         _ => (Vec::new(), String::new()),
     };
-    let summary = format!(
-        "policy={policy} estimate={est} source={estimate_source}{learned} {decision}{recovery}{}{sharing}",
-        asked.note
-    );
+    let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let gpus = carma_placement::index_list(&decision.gpus);
     let _ = DECISION.set(Ok(Decision { gpus, summary, env, step, step_name }));
@@ -270,39 +185,14 @@ fn mps_client(cfg: &Config, gpu: u32, fence_mib: u64, job: u32) -> (Vec<(&'stati
     (env, format!(" sharing=mps fence=0={fence_mib}M"))
 }
 
-/// Estimate, source, signature and the estimate's fixed part.
-type Estimated = (Option<u64>, String, Option<String>, Option<u64>);
-
-/// What the step asks of placement, from its options or its scope.
-struct Asked {
-    policy: Policy,
-    count: u32,
-    estimate_mib: Option<u64>,
-    source: String,
-    signature: Option<String>,
-    /// The stack's fixed part of a model-based estimate.
-    runtime_mib: Option<u64>,
-    /// Recovery mode unless carma-epilog recorded one.
-    recovery: RecoveryMode,
-    /// Appended to the decision (`transparent=partition:gpu`).
-    note: String,
-}
-
-/// Shards Slurm gave the job on this node, if any.
-fn shards_on_node(sp: &Spank) -> Result<Option<u32>, Error> {
-    Ok(sp.getenv("SLURM_SHARDS_ON_NODE")?.map(|v| v.trim().parse().unwrap_or(1)))
-}
-
-/// GPUs Slurm itself allocated to the step (gres/gpu), if any.
-fn slurm_gpus(sp: &Spank) -> Result<Option<String>, Error> {
+/// Slurm itself allocated GPUs to the step (gres/gpu).
+fn slurm_gpus(sp: &Spank) -> Result<bool, Error> {
     for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
-        if let Some(v) = sp.getenv(var)?
-            && !v.is_empty()
-        {
-            return Ok(Some(v));
+        if sp.getenv(var)?.is_some_and(|v| !v.is_empty()) {
+            return Ok(true);
         }
     }
-    Ok(None)
+    Ok(false)
 }
 
 pub fn task_init(sp: &Spank) -> Result<(), Error> {

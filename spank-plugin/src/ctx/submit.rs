@@ -60,15 +60,11 @@ fn estimate(req: &JobRequest, cfg: &Config) -> Result<String, Error> {
 /// signature earlier versions gave it): the same job submitted again finds
 /// its observed peak in the node's history.
 fn signature(model: &[u8], req: &JobRequest) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let batch = req.batch_size.unwrap_or(0).to_le_bytes();
     let seq = req.seq_len.map(u32::to_le_bytes);
     let precision = req.precision.map(|p| p.name().as_bytes());
     let extra = seq.iter().flatten().chain(precision.into_iter().flatten());
-    for b in model.iter().chain(&batch).chain(extra) {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    carma_config::fnv1a(model.iter().chain(&batch).chain(extra))
 }
 
 #[cfg(test)]

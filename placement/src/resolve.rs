@@ -1,0 +1,240 @@
+//! One step's placement request, resolved from plain facts: what Slurm
+//! said about the step (read once by the plugin), what carma.yaml says, and
+//! the root-owned job files on this node. The one place that decides the
+//! estimate's source, the recovery mode, the transparent scope and the MPS
+//! user. No Slurm types: the plugin, `carma place --dry-run` and the tests
+//! call it alike.
+
+use crate::jobfiles;
+use crate::request::{Decision, Request};
+use carma_config::{
+    Config, JobRequest, JobScopeFacts, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate, parse_estimate,
+};
+use std::path::Path;
+use std::time::Duration;
+
+/// What Slurm says about a step, as plain values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepFacts {
+    pub job: u32,
+    /// The job's user.
+    pub uid: u32,
+    /// CARMA options given to the step or its job, or `CARMA_*` in its
+    /// environment, already merged and validated.
+    pub request: JobRequest,
+    /// `CARMA_ESTIMATE` as srun/sbatch passed it (the step's own first).
+    pub estimate: Option<String>,
+    /// Shards Slurm gave the job on this node (`SLURM_SHARDS_ON_NODE`).
+    pub shards_on_node: Option<u32>,
+    /// Slurm allocated the step GPUs itself (gres/gpu).
+    pub slurm_gpus: bool,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub qos: Option<String>,
+    /// The job name and script (or command line) digest, `job:<hex>`: a
+    /// transparent job's history key, where Slurm's copy was readable.
+    pub job_signature: Option<String>,
+}
+
+/// What this node's root-owned job files say about the job.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NodeFacts {
+    /// carma-epilog's marker: the job crashed with a GPU OOM here.
+    pub recovery: Option<jobfiles::Recovery>,
+    /// The prolog's record of Slurm's restart count (requeued elsewhere).
+    pub restarts: u32,
+}
+
+impl NodeFacts {
+    pub fn read(state_dir: &Path, job: u32) -> NodeFacts {
+        NodeFacts {
+            recovery: jobfiles::read_recovery(state_dir, job),
+            restarts: jobfiles::read_restarts(state_dir, job),
+        }
+    }
+}
+
+/// What to do with the step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// Not a CARMA step and not sharing: nothing, no lock taken.
+    Nothing,
+    /// A shard step without CARMA: only forget the prolog's whole-GPU record.
+    DropWhole,
+    Place(Box<Plan>),
+}
+
+/// A CARMA step's request and what its log line says about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub request: Request,
+    /// How long to wait for a fit (`no_fit: wait`), else zero.
+    pub wait: Duration,
+    /// The transparent mark carma-epilog needs to recover the job.
+    pub transparent: Option<jobfiles::Transparent>,
+    /// Lines for the log that are not errors.
+    pub notes: Vec<String>,
+    /// ` recovery=looser` or ` recovery=exclusive`, where recovering.
+    recovery: &'static str,
+    /// ` transparent=partition:gpu` for a transparently collocated step.
+    scope: String,
+}
+
+/// Whether the step is CARMA's at all: options, or shards in a
+/// transparent scope.
+pub fn is_carma(f: &StepFacts, cfg: &Config) -> bool {
+    !f.request.is_empty() || (f.shards_on_node.is_some() && scope(f, cfg).is_some())
+}
+
+fn scope<'c>(f: &StepFacts, cfg: &'c Config) -> Option<&'c carma_config::Scope> {
+    if cfg.transparent.is_empty() {
+        return None;
+    }
+    let facts =
+        JobScopeFacts { partition: f.partition.as_deref(), account: f.account.as_deref(), qos: f.qos.as_deref() };
+    cfg.transparent_scope(&facts)
+}
+
+pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resolution, String> {
+    let req = &f.request;
+    if req.is_empty() && f.shards_on_node.is_none() {
+        return Ok(Resolution::Nothing);
+    }
+    // A shard step without CARMA options in a transparent scope is CARMA's.
+    let transparent = match (req.is_empty(), f.shards_on_node) {
+        (true, Some(n)) => scope(f, cfg).map(|s| (s, n.max(1))),
+        _ => None,
+    };
+    if req.is_empty() && transparent.is_none() {
+        return Ok(Resolution::DropWhole);
+    }
+    let mut notes = Vec::new();
+    let (mut policy, count, mut estimate_mib, mut source, signature, mut runtime_mib, recovery_mode) = match transparent
+    {
+        Some((s, shards)) => {
+            let (mib, source) = match s.default_mib {
+                Some(m) => (Some(m), "scope_default"),
+                None => (None, "unknown"),
+            };
+            let policy = s.policy.unwrap_or(cfg.default_policy);
+            (policy, shards, mib, source.to_string(), f.job_signature.clone(), None, cfg.recovery_mode)
+        }
+        None => {
+            let (mib, source, signature, runtime) = estimate(f, cfg, &mut notes)?;
+            let policy = req.policy.unwrap_or(cfg.default_policy);
+            let recovery = req.recovery.unwrap_or(cfg.recovery_mode);
+            (policy, req.gpu_count(), mib, source, signature, runtime, recovery)
+        }
+    };
+    // A job requeued after a GPU OOM is rerun as its recovery mode says:
+    // carma-epilog left a marker on this node; on another node the prolog
+    // left the restart count.
+    let mut recovery = "";
+    if node.recovery.is_some() || node.restarts > 0 {
+        let mode = node.recovery.map_or(recovery_mode, |m| m.mode);
+        match (mode, node.recovery.and_then(|m| m.need_mib)) {
+            (RecoveryMode::None, _) => {}
+            (RecoveryMode::Looser, Some(mib)) => {
+                let mib = mib + cfg.looser_margin_mib;
+                estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
+                source = "recovery".into();
+                // What the OOM showed it needs, not a model's estimate.
+                runtime_mib = None;
+                recovery = " recovery=looser";
+            }
+            // Exclusive, or looser without a recorded need: a GPU of its own.
+            _ => {
+                policy = Policy::Exclusive;
+                recovery = " recovery=exclusive";
+            }
+        }
+    }
+    // History is per user: another user cannot raise (or learn) this
+    // user's estimates by claiming the same signature.
+    let signature = signature.map(|s| format!("{}:{s}", f.uid));
+    // sharing: mps: a step that shares one GPU becomes a client of that
+    // GPU's MPS server, which serves one user at a time.
+    let mps_uid = (cfg.sharing == Sharing::Mps && count == 1 && policy != Policy::Exclusive).then_some(f.uid);
+    let request = Request {
+        policy,
+        count,
+        estimate_mib,
+        estimate_source: source,
+        // The prolog recorded Slurm's GPUs as held whole; a step on shards
+        // or without Slurm GPUs shows the job shares them.
+        shares: f.shards_on_node.is_some() || !f.slurm_gpus,
+        signature: signature.clone(),
+        // A recovering rerun keeps what recovery decided.
+        history_first: transparent.is_some() && recovery.is_empty(),
+        mps_uid,
+        runtime_mib,
+    };
+    let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
+    let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));
+    let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
+    Ok(Resolution::Place(Box::new(Plan { request, wait, transparent: transparent_mark, notes, recovery, scope })))
+}
+
+/// The per-GPU estimate, its source, signature and fixed part: `--carma-mem`,
+/// else the estimate srun/sbatch made from `--carma-model`, else the
+/// configured rule for unknown jobs. Model files are never opened here.
+type Estimated = (Option<u64>, String, Option<String>, Option<u64>);
+
+fn estimate(f: &StepFacts, cfg: &Config, notes: &mut Vec<String>) -> Result<Estimated, String> {
+    if let Some(mib) = f.request.mem_mib {
+        return Ok((Some(mib), "declared".into(), None, None));
+    }
+    let env = carma_config::ESTIMATE_ENV;
+    if let Some(raw) = &f.estimate {
+        let e = parse_estimate(raw.as_bytes()).map_err(|e| format!("{env}: {e}"))?;
+        return Ok((Some(e.mib), e.source.into(), e.signature, e.runtime_mib));
+    }
+    if f.request.model.is_some() {
+        notes.push("a model was named but no estimate arrived from srun/sbatch; treating the job as unknown".into());
+    }
+    Ok(match cfg.unknown_estimate {
+        UnknownEstimate::Exclusive => (None, "unknown".into(), None, None),
+        UnknownEstimate::Mib(m) => (Some(m), "default".into(), None, None),
+    })
+}
+
+impl Plan {
+    /// The estimate as the log shows it before placement.
+    fn estimate_label(&self) -> String {
+        self.request.estimate_mib.map_or_else(|| "unknown".into(), |m| format!("{m}M"))
+    }
+
+    /// Why the step could not be placed, with what it asked.
+    pub fn failure(&self, why: &dyn std::fmt::Display) -> String {
+        format!(
+            "policy {}, estimate {} ({}): {why}",
+            self.request.policy,
+            self.estimate_label(),
+            self.request.estimate_source
+        )
+    }
+
+    /// `CARMA_DECISION`: what was asked, what decided the estimate in the
+    /// end (history, the node's learned fixed part), and the placement.
+    /// `sharing`: the MPS client's note, if any.
+    pub fn summary(&self, d: &Decision, sharing: &str) -> String {
+        let r = &self.request;
+        let (mut est, mut source) = (self.estimate_label(), r.estimate_source.clone());
+        if let Some(mib) = d.history_mib {
+            est = format!("{mib}M");
+            source = "history".into();
+        }
+        let mut learned = String::new();
+        if let (Some(l), Some(rt), Some(e)) = (d.learned_runtime_mib, r.runtime_mib, r.estimate_mib) {
+            est = format!("{}M", e - rt + l);
+            learned = format!(" runtime=learned:{l}M");
+        }
+        format!(
+            "policy={} estimate={est} source={source}{learned} {d}{}{}{sharing}",
+            r.policy, self.recovery, self.scope
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,178 @@
+//! The resolution without a cluster: each rule the plugin used to apply
+//! inline, on plain facts.
+
+use super::*;
+use carma_config::OptionName;
+
+fn config(yaml: &str) -> Config {
+    Config::parse(yaml, Path::new("carma.yaml")).unwrap()
+}
+
+fn facts(options: &[(OptionName, &str)]) -> StepFacts {
+    let mut request = JobRequest::default();
+    for (o, v) in options {
+        request.set(*o, v.as_bytes(), "test").unwrap();
+    }
+    StepFacts { job: 7, uid: 1000, request, slurm_gpus: false, ..Default::default() }
+}
+
+fn plan(r: Resolution) -> Plan {
+    match r {
+        Resolution::Place(p) => *p,
+        other => panic!("not placed: {other:?}"),
+    }
+}
+
+#[test]
+fn a_step_without_options_or_shards_is_not_carmas() {
+    let cfg = config("");
+    let f = StepFacts { slurm_gpus: true, ..facts(&[]) };
+    assert_eq!(resolve(&f, &NodeFacts::default(), &cfg).unwrap(), Resolution::Nothing);
+    assert!(!is_carma(&f, &cfg));
+}
+
+#[test]
+fn shards_outside_every_scope_only_drop_the_whole_gpu_record() {
+    let cfg = config("transparent:\n  - {partition: shared}\n");
+    let f = StepFacts { shards_on_node: Some(2), partition: Some("other".into()), ..facts(&[]) };
+    assert_eq!(resolve(&f, &NodeFacts::default(), &cfg).unwrap(), Resolution::DropWhole);
+    assert!(!is_carma(&f, &cfg));
+}
+
+#[test]
+fn declared_memory_wins_over_a_model_estimate() {
+    let cfg = config("");
+    let f = StepFacts {
+        estimate: Some("9000M:layers:0000000000000abc:700M".into()),
+        ..facts(&[(OptionName::Mem, "8G"), (OptionName::Policy, "bf")])
+    };
+    let p = plan(resolve(&f, &NodeFacts::default(), &cfg).unwrap());
+    assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(8192), "declared"));
+    assert_eq!((p.request.policy, p.request.signature.clone(), p.request.runtime_mib), (Policy::BestFit, None, None));
+    assert!(p.request.shares, "no Slurm GPUs: it shares");
+}
+
+#[test]
+fn a_model_estimate_carries_its_source_signature_per_user_and_fixed_part() {
+    let cfg = config("");
+    let f = StepFacts {
+        estimate: Some("9000M:layers:0000000000000abc:700M".into()),
+        ..facts(&[(OptionName::BatchSize, "32")])
+    };
+    let p = plan(resolve(&f, &NodeFacts::default(), &cfg).unwrap());
+    assert_eq!(p.request.estimate_mib, Some(9000));
+    assert_eq!(p.request.estimate_source, "layers");
+    assert_eq!(p.request.signature.as_deref(), Some("1000:0000000000000abc"));
+    assert_eq!(p.request.runtime_mib, Some(700));
+    assert_eq!(p.request.policy, cfg.default_policy);
+}
+
+#[test]
+fn a_corrupt_estimate_names_the_variable() {
+    let f = StepFacts { estimate: Some("lots".into()), ..facts(&[(OptionName::BatchSize, "32")]) };
+    let e = resolve(&f, &NodeFacts::default(), &config("")).unwrap_err();
+    assert!(e.starts_with("CARMA_ESTIMATE: "), "{e}");
+}
+
+#[test]
+fn a_model_without_an_estimate_is_unknown_with_a_note() {
+    let f = facts(&[(OptionName::Model, "/x/net.onnx")]);
+    let p = plan(resolve(&f, &NodeFacts::default(), &config("")).unwrap());
+    assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (None, "unknown"));
+    assert_eq!(p.notes.len(), 1);
+    let p = plan(resolve(&f, &NodeFacts::default(), &config("unknown_estimate: 6G\n")).unwrap());
+    assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(6144), "default"));
+}
+
+#[test]
+fn recovery_reruns_exclusive_or_looser_by_the_marker() {
+    let cfg = config("recovery:\n  mode: looser\n  looser_margin: 1G\n");
+    let f = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "magm")]);
+    let looser = NodeFacts {
+        recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Looser, need_mib: Some(9000) }),
+        restarts: 1,
+    };
+    let p = plan(resolve(&f, &looser, &cfg).unwrap());
+    assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(9000 + 1024), "recovery"));
+    assert_eq!(p.request.policy, Policy::Magm);
+    // Requeued elsewhere (restart count, no marker) with no recorded need: a GPU of its own.
+    let elsewhere = NodeFacts { recovery: None, restarts: 1 };
+    let p = plan(resolve(&f, &elsewhere, &cfg).unwrap());
+    assert_eq!(p.request.policy, Policy::Exclusive);
+    // recovery: none keeps the request as it was.
+    let none =
+        NodeFacts { recovery: Some(jobfiles::Recovery { mode: RecoveryMode::None, need_mib: None }), restarts: 1 };
+    let p = plan(resolve(&f, &none, &cfg).unwrap());
+    assert_eq!((p.request.policy, p.request.estimate_mib), (Policy::Magm, Some(4096)));
+}
+
+#[test]
+fn a_transparent_step_takes_its_scope_and_history_first() {
+    let cfg = config("transparent:\n  - {partition: shared, policy: bf, default_mem: 10G}\n");
+    let f = StepFacts {
+        shards_on_node: Some(2),
+        partition: Some("shared".into()),
+        job_signature: Some("job:00ff".into()),
+        ..facts(&[])
+    };
+    assert!(is_carma(&f, &cfg));
+    let p = plan(resolve(&f, &NodeFacts::default(), &cfg).unwrap());
+    assert_eq!((p.request.policy, p.request.count), (Policy::BestFit, 2));
+    assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(10240), "scope_default"));
+    assert!(p.request.history_first);
+    assert_eq!(p.request.signature.as_deref(), Some("1000:job:00ff"));
+    let mark = p.transparent.clone().unwrap();
+    assert_eq!((mark.scope.as_str(), mark.signature.as_deref()), ("partition:shared", Some("1000:job:00ff")));
+    // A recovering rerun keeps what recovery decided: history does not come first.
+    let rerun = NodeFacts { recovery: None, restarts: 1 };
+    let p = plan(resolve(&f, &rerun, &cfg).unwrap());
+    assert!(!p.request.history_first);
+    assert_eq!(p.request.policy, Policy::Exclusive);
+}
+
+#[test]
+fn mps_serves_one_user_on_one_shared_gpu() {
+    let cfg = config("sharing: mps\n");
+    let one = facts(&[(OptionName::Mem, "4G")]);
+    assert_eq!(plan(resolve(&one, &NodeFacts::default(), &cfg).unwrap()).request.mps_uid, Some(1000));
+    let two = facts(&[(OptionName::Mem, "4G"), (OptionName::Gpus, "2")]);
+    assert_eq!(plan(resolve(&two, &NodeFacts::default(), &cfg).unwrap()).request.mps_uid, None);
+    let excl = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "exclusive")]);
+    assert_eq!(plan(resolve(&excl, &NodeFacts::default(), &cfg).unwrap()).request.mps_uid, None);
+    assert_eq!(plan(resolve(&one, &NodeFacts::default(), &config("")).unwrap()).request.mps_uid, None);
+}
+
+#[test]
+fn slurm_gpus_without_shards_are_not_shared() {
+    let f = StepFacts { slurm_gpus: true, ..facts(&[(OptionName::Mem, "4G")]) };
+    assert!(!plan(resolve(&f, &NodeFacts::default(), &config("")).unwrap()).request.shares);
+}
+
+#[test]
+fn the_summary_says_what_decided_the_estimate_in_the_end() {
+    let f = StepFacts {
+        estimate: Some("9000M:layers:0000000000000abc:700M".into()),
+        ..facts(&[(OptionName::BatchSize, "32")])
+    };
+    let p = plan(resolve(&f, &NodeFacts::default(), &config("")).unwrap());
+    let mut d = Decision {
+        gpus: vec![1],
+        exclusive: false,
+        reserve_mib: 9000,
+        reused: true,
+        history_mib: None,
+        free_mib: vec![],
+        metric: carma_config::ActivityMetric::Sm,
+        activity: vec![],
+        learned_runtime_mib: None,
+    };
+    let s = p.summary(&d, "");
+    assert!(s.starts_with(&format!("policy={} estimate=9000M source=layers gpu_count=1", p.request.policy)), "{s}");
+    d.learned_runtime_mib = Some(1700);
+    assert!(p.summary(&d, "").contains("estimate=10000M source=layers runtime=learned:1700M"));
+    d.history_mib = Some(12000);
+    d.learned_runtime_mib = None;
+    assert!(p.summary(&d, " sharing=mps").contains("estimate=12000M source=history"));
+    assert!(p.summary(&d, " sharing=mps").ends_with(" sharing=mps"));
+    assert!(p.failure(&"no GPU fits").contains("estimate 9000M (layers): no GPU fits"));
+}

@@ -1,0 +1,92 @@
+//! What the simulator assumes about GPUs and jobs sharing them: power,
+//! interference under time-slicing and MPS, memory ramp-up. A leaf: the
+//! engine runs with these, calibration fits them, input reads with them.
+
+pub use carma_config::Sharing;
+
+/// GPU power: `idle_w` always, `active_w` while any job runs on the GPU,
+/// and `sm_w` × SM activity. Fitted on an H100 (see [`crate::calibration`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PowerProfile {
+    pub name: &'static str,
+    pub idle_w: f64,
+    pub active_w: f64,
+    pub sm_w: f64,
+}
+
+impl PowerProfile {
+    /// Fitted by least squares on data/h100/collocation.csv (idle measured:
+    /// 69.8 W; the fit is re-done and printed by `carma simulate-report`).
+    pub const H100_80GB: PowerProfile = PowerProfile { name: "h100-80gb", idle_w: 69.8, active_w: 21.1, sm_w: 518.0 };
+    /// The paper's GPU, not measured here: the H100 fit's dynamic part scaled
+    /// by the TDP ratio (400 W / 700 W); idle ~60 W.
+    pub const A100_40GB: PowerProfile = PowerProfile { name: "a100-40gb", idle_w: 60.0, active_w: 12.1, sm_w: 296.0 };
+
+    pub fn parse(s: &str) -> Result<PowerProfile, String> {
+        match s {
+            "h100-80gb" => Ok(PowerProfile::H100_80GB),
+            "a100-40gb" => Ok(PowerProfile::A100_40GB),
+            _ => Err(format!("GPU profile '{s}': expected a100-40gb or h100-80gb")),
+        }
+    }
+
+    pub fn watts(&self, jobs: u32, sm: f64) -> f64 {
+        self.idle_w + if jobs > 0 { self.active_w } else { 0.0 } + self.sm_w * sm.min(1.0)
+    }
+}
+
+/// Every modelling choice, with its default. The interference defaults are
+/// fitted on data/h100/collocation.csv ([`crate::calibration`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assumptions {
+    /// A job's memory grows linearly from 0 to its peak over this many
+    /// seconds after it starts (frameworks allocate during the first
+    /// iterations): why memory that is promised but not yet used matters.
+    pub ramp_s: f64,
+    pub sharing: Sharing,
+    /// Time-slicing: a GPU whose jobs' solo busy fractions sum to B > 1 runs
+    /// each max(1, B)× slower, times 1 + `switch_overhead` per extra job.
+    pub switch_overhead: f64,
+    /// MPS: a GPU whose jobs' solo SM activities sum to S runs each
+    /// max(1, S / `mps_capacity`)× slower, times 1 + `mps_overhead` per
+    /// extra job, and every job under MPS at `mps_solo` of its plain speed.
+    pub mps_capacity: f64,
+    pub mps_overhead: f64,
+    pub mps_solo: f64,
+    pub power: PowerProfile,
+    /// Interval of the per-GPU timeline for plots (0 = no timeline).
+    pub sample_s: f64,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Assumptions {
+            ramp_s: 60.0,
+            sharing: Sharing::Timeslice,
+            switch_overhead: 0.106,
+            mps_capacity: 1.06,
+            mps_overhead: 0.01,
+            mps_solo: 0.87,
+            power: PowerProfile::A100_40GB,
+            sample_s: 60.0,
+        }
+    }
+}
+
+impl Assumptions {
+    /// How many times slower than alone (and outside MPS) each of these
+    /// jobs, sharing one GPU, runs: `(busy, sm)` are their solo readings.
+    pub fn slowdown(&self, jobs: &[(f64, f64)]) -> f64 {
+        let extra = jobs.len().saturating_sub(1) as f64;
+        match self.sharing {
+            Sharing::Timeslice => {
+                let busy: f64 = jobs.iter().map(|j| j.0).sum();
+                busy.max(1.0) * (1.0 + self.switch_overhead * extra)
+            }
+            Sharing::Mps => {
+                let sm: f64 = jobs.iter().map(|j| j.1).sum();
+                (sm / self.mps_capacity).max(1.0) * (1.0 + self.mps_overhead * extra) / self.mps_solo
+            }
+        }
+    }
+}
