@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn main() {
-    println!("cargo:rerun-if-changed=spank-plugin/wrapper.h");
+    println!("cargo:rerun-if-changed=spank/wrapper.h");
     println!("cargo:rerun-if-env-changed=CARMA_SLURM_INCLUDE");
     println!("cargo::rustc-check-cfg=cfg(slurm_init_failure_mode)");
     let include = PathBuf::from(env::var("CARMA_SLURM_INCLUDE").unwrap_or_else(|_| "/usr/include".into()));
@@ -37,7 +37,7 @@ fn main() {
     link_only(&slurm, &only_slurm);
 
     let mut builder = bindgen::Builder::default()
-        .header("spank-plugin/wrapper.h")
+        .header("spank/wrapper.h")
         .clang_arg(format!("-I{}", only_slurm.display()))
         .allowlist_function("spank_.*")
         .allowlist_function("slurm_(info|error|verbose|debug|debug2|spank_log)")

@@ -218,7 +218,7 @@ pub struct Config {
 
 /// Output lines of the common frameworks when the GPU runs out of memory,
 /// taken from their sources (docs/oom-messages.md says where each comes
-/// from; prolog/src/recovery/oom.rs tests each verbatim).
+/// from; tools/src/recovery/oom.rs tests each verbatim).
 pub const DEFAULT_OOM_PATTERNS: &[&str] = &[
     // PyTorch's caching allocator (1.x RuntimeError, 2.x OutOfMemoryError, ROCm "HIP out of memory").
     "CUDA out of memory",

@@ -1,11 +1,13 @@
 //! Simulation speed: the paper's two 60-job traces under all six policies,
 //! and a synthetic 100,000-job trace on 128 nodes x 8 GPUs (magm).
 //! Targets: both traces well under a second; the large one under a minute.
-//! Run: cargo bench -p carma-sim --bench speed
+//! Run: cargo bench -p carma-simulator --bench speed
 
 use carma_config::{ActivityMetric, Policy};
 use carma_placement::Params;
-use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate};
+use carma_simulator::{
+    Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;

@@ -3,7 +3,9 @@
 
 use carma_config::Policy;
 use carma_placement::Params;
-use carma_sim::{Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate};
+use carma_simulator::{
+    Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate,
+};
 use std::collections::HashMap;
 
 fn wl(name: &str, peak_gib: u64, solo_s: f64, sm: f64, estimate_gib: Option<u64>) -> Workload {

@@ -3,7 +3,9 @@
 
 use carma_config::Policy;
 use carma_placement::Params;
-use carma_sim::{Assumptions, Cluster, Estimator, SimConfig, apply_job_options, read_trace, read_workloads, simulate};
+use carma_simulator::{
+    Assumptions, Cluster, Estimator, SimConfig, apply_job_options, read_trace, read_workloads, simulate,
+};
 use std::path::PathBuf;
 
 fn data() -> PathBuf {

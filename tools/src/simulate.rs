@@ -5,12 +5,12 @@ use crate::args::Args;
 use carma_config::{ActivityMetric, Policy, parse_size_mib};
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use carma_placement::Params;
-use carma_sim::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
-use carma_sim::engine::Outcome;
-use carma_sim::input::read_job_options;
-use carma_sim::report::{Summary, csv, pct, summarize, table};
-use carma_sim::svg::line_chart;
-use carma_sim::{
+use carma_simulator::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
+use carma_simulator::engine::Outcome;
+use carma_simulator::input::read_job_options;
+use carma_simulator::report::{Summary, csv, pct, summarize, table};
+use carma_simulator::svg::line_chart;
+use carma_simulator::{
     Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity, apply_job_options,
     read_solo_readings, read_trace, read_workloads, simulate,
 };
