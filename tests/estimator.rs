@@ -42,12 +42,13 @@ fn model_estimates_reach_the_job_and_decide_placement() {
     require_cluster();
     let big = user_copy("onnx/resnet50.onnx");
     let small = user_copy("carma/model-summaries/resnet18_cifar100.model");
-    let (big_mib, big_src) = cli_estimate(&big, "128");
+    // Batch 192: about 20 GiB (ResNet-50 trains in ~13 GiB at 128).
+    let (big_mib, big_src) = cli_estimate(&big, "192");
     let (small_mib, _) = cli_estimate(&small, "128");
     // Two big ones cannot share a 40 GiB GPU (with 2 GiB headroom each);
     // a small one fits next to a big one.
     assert!(big_mib + 2048 > 20 * 1024 && big_mib + small_mib + 2048 < 40 * 1024, "{big_mib} {small_mib}");
-    let jobs = [(big.clone(), "128"), (big.clone(), "128"), (small.clone(), "128"), (small.clone(), "128")];
+    let jobs = [(big.clone(), "192"), (big.clone(), "192"), (small.clone(), "128"), (small.clone(), "128")];
     let mut handles = Vec::new();
     for (i, (model, batch)) in jobs.into_iter().enumerate() {
         let opts =
