@@ -11,6 +11,7 @@ pub mod calibration;
 pub mod engine;
 pub mod input;
 pub mod model;
+pub mod paper;
 pub mod report;
 pub mod svg;
 

@@ -1,0 +1,584 @@
+//! The report in docs/simulation.md: the paper's traces under every policy,
+//! sharing mode and capped reading, with the simulator's calibration and
+//! this project's estimator against the measured peaks; and the pieces
+//! `carma simulate` shares with it (workload tables with their measured
+//! activity and options, our estimates, plots).
+
+use crate::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
+use crate::engine::Outcome;
+use crate::input::read_job_options;
+use crate::report::{Summary, csv, pct, summarize, table};
+use crate::svg::line_chart;
+use crate::{
+    Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity, apply_job_options,
+    read_solo_readings, read_trace, read_workloads, simulate,
+};
+use carma_config::{ActivityMetric, Policy};
+use carma_estimator::{Settings, estimate, read_bounded_bytes};
+use carma_placement::Params;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Our estimator on each workload's model file, as srun/sbatch run it
+/// (carma.yaml's default estimator settings, the job's batch size per GPU
+/// and sequence length); `None` where it refuses the file, which the
+/// plugin turns into whole GPUs.
+pub fn our_estimates(workloads: &HashMap<String, Workload>, models: &Path) -> HashMap<String, Option<u64>> {
+    workloads
+        .values()
+        .map(|w| {
+            let settings = Settings { seq_len: w.seq_len.map(u64::from), ..Settings::default() };
+            let mib = w.model_file.as_ref().and_then(|f| {
+                let path = models.join(f);
+                let bytes = read_bounded_bytes(&path).ok()?;
+                estimate(bytes, f, w.batch_size.map(u64::from), &settings).ok().map(|e| e.mib)
+            });
+            (w.name.clone(), mib)
+        })
+        .collect()
+}
+
+/// The workload table, with measured activity where a map is given and the
+/// options the jobs' scripts imply where a file of them is.
+pub fn workloads(
+    path: &Path,
+    activity: Option<(&Path, &Path)>,
+    options: Option<&Path>,
+) -> Result<HashMap<String, Workload>, String> {
+    let mut w = read_workloads(path)?;
+    if let Some((map, measured)) = activity {
+        apply_activity(&mut w, map, &read_solo_readings(measured)?)?;
+    }
+    if let Some(o) = options {
+        apply_job_options(&mut w, o)?;
+    }
+    Ok(w)
+}
+
+pub fn estimator(name: &str, w: &HashMap<String, Workload>, models: &Path) -> Estimator {
+    match name {
+        "oracle" => Estimator::Oracle,
+        "carma" => Estimator::Given(our_estimates(w, models)),
+        other => Estimator::Column(other.to_string()),
+    }
+}
+
+pub fn run_all(
+    trace: &Path,
+    w: &HashMap<String, Workload>,
+    cfg: &SimConfig,
+    policies: &[Policy],
+) -> Result<Vec<Outcome>, String> {
+    let t = read_trace(trace)?;
+    policies.iter().map(|&policy| simulate(&t, w, &SimConfig { policy, ..cfg.clone() })).collect()
+}
+
+/// The report's cluster (the paper's: 4 A100-40GB) with one sharing mode,
+/// capped reading and estimator; the policy is set per run.
+fn report_config(sharing: Sharing, cap: ActivityMetric, estimator: Estimator, d: &Assumptions) -> SimConfig {
+    SimConfig {
+        cluster: Cluster { nodes: 1, gpus_per_node: 4, mem_mib: 40 * 1024 },
+        policy: Policy::Magm,
+        estimator,
+        params: Params { metric: cap, ..Params::default() },
+        assumptions: Assumptions { sharing, ..d.clone() },
+    }
+}
+
+/// Writes one SVG per GPU and metric, one line per policy; returns the file names.
+pub fn plots(dir: &Path, prefix: &str, outcomes: &[Outcome]) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let gpus = outcomes.first().map_or(0, |o| o.gpu_sm.len());
+    let mut files = Vec::new();
+    for (metric, label, y_max) in [("sm", "SM activity", 1.0), ("mem", "memory (GiB)", 40.0)] {
+        for g in 0..gpus {
+            let series: Vec<(String, Vec<(f64, f64)>)> = outcomes
+                .iter()
+                .map(|o| {
+                    let pts = o
+                        .timeline
+                        .iter()
+                        .map(|s| (s.t, if metric == "sm" { s.sm[g] } else { s.mem_mib[g] / 1024.0 }))
+                        .collect();
+                    (o.policy.name().to_string(), pts)
+                })
+                .collect();
+            let name = format!("{prefix}-{metric}-gpu{g}.svg");
+            let svg = line_chart(&format!("{prefix}: {label}, GPU {g}"), label, y_max, &series);
+            std::fs::write(dir.join(&name), svg).map_err(|e| format!("{name}: {e}"))?;
+            files.push(name);
+        }
+    }
+    Ok(files)
+}
+
+/// The paper's reported gains of its best configuration over exclusive
+/// assignment (arXiv 2508.19073 v3).
+const PAPER: &str =
+    "about −35% end-to-end trace time, +54% GPU (SM) utilization, −15% GPU energy (v1: −26.7%, +39.3%, −14.2%)";
+
+/// The calibration section: the models against data/h100/collocation.csv.
+fn calibration(measured: &Path) -> Result<String, String> {
+    let rows = read_collocation(measured)?;
+    let d = Assumptions::default();
+    let (ts, k, c, m) = fit_interference(&rows)?;
+    let mut md = format!(
+        "## Calibration on real collocation measurements\n\n\
+         `data/h100/collocation.csv`: training jobs alone and together on one H100, time-sliced and under MPS.\n\n\
+         **Interference models** (`--sharing`):\n\
+         - time-slicing: kernels of different jobs never overlap, so a GPU whose jobs' solo *busy* fractions (NVML\n\
+           utilization.gpu) sum to B runs each max(1, B)× slower, × (1 + {ts_d}) per extra job for switching\n\
+           (`--switch-overhead`);\n\
+         - MPS: kernels overlap up to the SMs' capacity, so a GPU whose jobs' solo *SM activities* sum to S runs each\n\
+           max(1, S / {k_d})× slower (`--mps-capacity`), × (1 + {c_d}) per extra job (`--mps-overhead`), and a job under\n\
+           MPS runs at {m_d} of its plain speed (`--mps-solo`: resnet50 alone under MPS did 22.3 it/s, plainly 25.8).\n\n\
+         The defaults are the fit that minimises the worst error over the measured sets (grid search, re-done now:\n\
+         switch overhead {ts:.3}, MPS capacity {k:.2}, overhead {c:.2}, solo {m:.2}). Predicted vs measured aggregate\n\
+         throughput (Σ over the jobs of throughput / throughput alone):\n\n\
+         | sharing | jobs | measured | predicted | error |\n|---|---|---|---|---|\n",
+        ts_d = d.switch_overhead,
+        k_d = d.mps_capacity,
+        c_d = d.mps_overhead,
+        m_d = d.mps_solo,
+    );
+    let checks = throughput_checks(&rows, &d)?;
+    for ch in &checks {
+        md.push_str(&format!(
+            "| {} | {} | {:.3} | {:.3} | {:+.1}% |\n",
+            ch.sharing.name(),
+            ch.jobs,
+            ch.measured,
+            ch.predicted,
+            ch.error() * 100.0
+        ));
+    }
+    let worst = checks.iter().map(|c| c.error().abs()).fold(0.0, f64::max);
+    let p = fit_power(&rows, "h100-80gb")?;
+    md.push_str(&format!(
+        "\nWorst error {:.1}% (target ≤ 10%; the fit is in-sample: 9 sets, 4 parameters).\n\n\
+         **Power** (`--gpu`, `--idle-w`, `--active-w`, `--sm-w`): idle + a floor while any job runs + a part linear in SM\n\
+         activity. Least squares over the measured rows (idle measured): {:.1} W + {:.1} W + {:.0} W × SM activity.\n\
+         The A100-40GB profile, which the paper's traces ran on, is not measured here: the H100 fit's dynamic part\n\
+         scaled by the TDP ratio (400/700 W) with 60 W idle: {:.0} W + {:.1} W + {:.0} W × SM activity.\n\n\
+         | row | measured (W) | predicted (W) | error |\n|---|---|---|---|\n",
+        worst * 100.0,
+        p.idle_w,
+        p.active_w,
+        p.sm_w,
+        PowerProfile::A100_40GB.idle_w,
+        PowerProfile::A100_40GB.active_w,
+        PowerProfile::A100_40GB.sm_w,
+    ));
+    for (row, meas, pred) in power_checks(&rows, &p) {
+        md.push_str(&format!("| {row} | {meas:.1} | {pred:.1} | {:+.1}% |\n", (pred / meas - 1.0) * 100.0));
+    }
+    md.push_str(
+        "\nThe tiny MLP is the worst row: a nearly idle GPU (SM activity 0.006) still raised its clocks. Collocated\n\
+         pairs draw less than the same work done alone, because the idle power and the floor are paid once.\n\n",
+    );
+    Ok(md)
+}
+
+/// Workloads per measured job they take their activity from.
+fn activity_section(map: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(map).map_err(|e| format!("{}: {e}", map.display()))?;
+    let mut by: Vec<(String, String, usize)> = Vec::new();
+    for line in text.lines().skip(1).filter(|l| !l.is_empty()) {
+        let f: Vec<&str> = line.splitn(3, ',').collect();
+        let (m, why) = (f.get(1).copied().unwrap_or(""), f.get(2).copied().unwrap_or(""));
+        match by.iter_mut().find(|b| b.0 == m) {
+            Some(b) => b.2 += 1,
+            None => by.push((m.to_string(), why.to_string(), 1)),
+        }
+    }
+    let mut md = String::from(
+        "## Workload activity\n\n\
+         The paper's traces carry no GPU readings. Each workload takes the solo busy fraction and SM activity of the\n\
+         nearest job measured on the H100 (`data/h100/workload-map.csv`; no GPU machine was lent for measuring the\n\
+         paper's exact architectures):\n\n| measured job | workloads | why |\n|---|---|---|\n",
+    );
+    for (m, why, n) in by {
+        md.push_str(&format!("| {m} | {n} | {why} |\n"));
+    }
+    md.push_str(
+        "\nThe jobs ran on an A100 in the paper and were measured on an H100, which is faster: on an A100 the same\n\
+         jobs keep the GPU busier, so these readings understate interference somewhat.\n\n",
+    );
+    Ok(md)
+}
+
+/// Writes `out/simulation.md` and its plots under `out/simulation/` from
+/// the repository's `data/` (`carma/`: traces, workloads, model files;
+/// `h100/`: measurements).
+pub fn write_report(data: &Path, out: &Path) -> Result<(), String> {
+    let img = out.join("simulation");
+    let carma = data.join("carma");
+    let (map, measured) = (data.join("h100/workload-map.csv"), data.join("h100/collocation.csv"));
+    let options = carma.join("job-options.csv");
+    let w = workloads(&carma.join("workloads.csv"), Some((&map, &measured)), Some(&options))?;
+    let ours = our_estimates(&w, &carma.join("model-summaries"));
+    // The model files with the table's batch sizes alone: what the options add.
+    let plain = our_estimates(&workloads(&carma.join("workloads.csv"), None, None)?, &carma.join("model-summaries"));
+    let d = Assumptions::default();
+    let mut md = format!(
+        "# Trace simulation: CARMA policies on the paper's traces\n\n\
+         Generated by `cargo run --release -p carma-tools --bin carma -- simulate-report --data data --out docs`;\n\
+         do not edit by hand. Traces and measured peaks: the CARMA paper's artifacts (arXiv 2508.19073).\n\n\
+         The simulator places jobs with the plugin's own code (`carma_placement::choose`, same preconditions:\n\
+         SM activity ≤ 0.80 as a monitor would read it, effective free memory ≥ estimate + 2 GiB headroom) on 4\n\
+         simulated A100-40GB GPUs.\n\n\
+         **Paper, for comparison** (real runs, 3 GPUs used): {PAPER}.\n\n\
+         ## Assumptions (each is a `carma simulate` flag)\n\n\
+         - Run time alone: the paper's `exclusive_minutes` (the mnist row, which has none: minutes per epoch × epochs).\n\
+         - Memory: grows linearly from 0 to the measured peak over the first {ramp} s of a run (`--ramp`). A GPU whose\n\
+           allocations pass its capacity OOMs the job that started last; it is rerun on an idle GPU (recovery queue first).\n\
+         - Interference and power: calibrated below (`--sharing`, `--gpu`).\n\
+         - Queue: first-in first-out, head-of-line blocking, as in CARMA.\n\
+         - Multi-GPU rows (gpt2, xlnet) use 2 GPUs each.\n\
+         - Estimators: `oracle` is the measured peak; `carma` is this project's estimator run on each workload's model\n\
+           file with the options its user would give srun/sbatch, exactly as the plugin runs it (a file it refuses means\n\
+           whole GPUs, as in the plugin); `gpumemnet` and `faketensor` are the paper's published estimates.\n\n",
+        ramp = d.ramp_s,
+    );
+    md.push_str(&calibration(&measured)?);
+    md.push_str(&activity_section(&map)?);
+    // Our estimator against the measured peaks.
+    let mut names: Vec<&String> = w.keys().collect();
+    names.sort();
+    let (mut under, mut whole, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for n in &names {
+        match ours.get(*n).copied().flatten() {
+            Some(e) if e < w[*n].peak_mib => under.push(format!("{n} ({e} < {} MiB)", w[*n].peak_mib)),
+            Some(e) => ratios.push(e as f64 / w[*n].peak_mib as f64),
+            None => whole.push(n.as_str()),
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    md.push_str(&format!(
+        "## Our estimator on the trace workloads\n\n\
+         {} of {} workloads estimated; under-estimates: {}; median over-provision {:.2}×. {}\n\n",
+        under.len() + ratios.len(),
+        names.len(),
+        if under.is_empty() { "none".to_string() } else { under.join(", ") },
+        ratios.get(ratios.len() / 2).copied().unwrap_or(0.0),
+        if whole.is_empty() {
+            "Every workload has an estimate (torchinfo tables included since #14; dlrm's table is for batch 32768, \
+             its rows for batch 8, and mnist_train's is defective: data/README.md)."
+                .to_string()
+        } else {
+            format!("Given whole GPUs (a model file the estimator refuses): {}.", whole.join(", "))
+        }
+    ));
+    md.push_str(&options_section(&options, &w, &ours, &plain)?);
+
+    let mut summary = String::from(
+        "## Where we stand\n\n\
+         Best CARMA policy against exclusive assignment, per trace, estimator, sharing mode and the reading the\n\
+         0.80 cap applies to (`sm`: SM activity, CARMA's; `busy`: the share of time any kernel runs):\n\n\
+         | trace | estimates | sharing | cap on | best policy | makespan | SM activity | energy | OOMs (all recovered) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut ours_vs_oracle = String::from(
+        "\nOur estimator against the oracle, per policy (makespan; goal: within 5%):\n\n\
+         | trace | sharing | cap on | policy | oracle (h) | ours (h) | difference | OOMs with ours |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut detail = String::new();
+    for trace in ["trace_t1", "trace_t2"] {
+        let mut oracle_rows: HashMap<(&str, &str, String), f64> = HashMap::new();
+        for (sharing, cap, ests) in [
+            (Sharing::Timeslice, ActivityMetric::Sm, &["oracle", "carma", "gpumemnet", "faketensor"][..]),
+            (Sharing::Timeslice, ActivityMetric::Busy, &["oracle", "carma"][..]),
+            (Sharing::Mps, ActivityMetric::Sm, &["oracle", "carma"][..]),
+        ] {
+            for est in ests {
+                let estimator = match *est {
+                    "oracle" => Estimator::Oracle,
+                    "carma" => Estimator::Given(ours.clone()),
+                    other => Estimator::Column(other.into()),
+                };
+                let cfg = report_config(sharing, cap, estimator, &d);
+                let outcomes = run_all(&carma.join(format!("{trace}.csv")), &w, &cfg, &Policy::ALL)?;
+                let rows: Vec<Summary> = outcomes.iter().map(summarize).collect();
+                let unfinished =
+                    outcomes.iter().map(|o| o.jobs.iter().filter(|j| j.end_s.is_none()).count()).sum::<usize>();
+                if unfinished > 0 {
+                    return Err(format!("{trace} {est} {}: {unfinished} jobs never finished", sharing.name()));
+                }
+                let base = rows.iter().find(|r| r.policy == "exclusive").ok_or("no exclusive run")?;
+                let best = rows
+                    .iter()
+                    .filter(|r| r.policy != "exclusive")
+                    .min_by(|x, y| x.makespan_s.total_cmp(&y.makespan_s))
+                    .ok_or("no CARMA policy")?;
+                summary.push_str(&format!(
+                    "| {trace} | {est} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    sharing.name(),
+                    cap.name(),
+                    best.policy,
+                    pct(best.makespan_s, base.makespan_s),
+                    pct(best.sm_activity, base.sm_activity),
+                    pct(best.energy_kwh, base.energy_kwh),
+                    best.ooms
+                ));
+                for r in &rows {
+                    match *est {
+                        "oracle" => {
+                            oracle_rows.insert((sharing.name(), cap.name(), r.policy.clone()), r.makespan_s);
+                        }
+                        "carma" if r.policy != "exclusive" => {
+                            let o = oracle_rows[&(sharing.name(), cap.name(), r.policy.clone())];
+                            ours_vs_oracle.push_str(&format!(
+                                "| {trace} | {} | {} | {} | {:.2} | {:.2} | {} | {} |\n",
+                                sharing.name(),
+                                cap.name(),
+                                r.policy,
+                                o / 3600.0,
+                                r.makespan_s / 3600.0,
+                                pct(r.makespan_s, o),
+                                r.ooms
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                detail.push_str(&format!(
+                    "### {trace}, estimates: {est}, sharing: {}, cap on {}\n\n{}\n",
+                    sharing.name(),
+                    cap.name(),
+                    table(&rows)
+                ));
+                std::fs::create_dir_all(&img).map_err(|e| e.to_string())?;
+                std::fs::write(img.join(format!("{trace}-{est}-{}-{}.csv", sharing.name(), cap.name())), csv(&rows))
+                    .map_err(|e| e.to_string())?;
+                if *est == "oracle" && sharing == Sharing::Mps {
+                    let pair: Vec<Outcome> =
+                        outcomes.into_iter().filter(|o| matches!(o.policy, Policy::Exclusive | Policy::Magm)).collect();
+                    let files = plots(&img, trace, &pair)?;
+                    let sm: Vec<String> = files
+                        .iter()
+                        .filter(|f| f.contains("-sm-"))
+                        .map(|f| format!("![{f}](simulation/{f})"))
+                        .collect();
+                    detail.push_str(&format!(
+                        "SM activity per GPU over time, exclusive vs magm:\n\n{}\n\n",
+                        sm.join("\n")
+                    ));
+                }
+            }
+        }
+    }
+    md.push_str(&summary);
+    md.push_str(&ours_vs_oracle);
+    md.push_str(&attribution(&carma, &w, &ours, &plain, &d)?);
+    md.push_str(&format!("\n**The paper** (best configuration, real runs): {PAPER}.\n\n"));
+    md.push_str(READING);
+    md.push_str("\n## Every run\n\n");
+    md.push_str(&detail);
+    std::fs::write(out.join("simulation.md"), md).map_err(|e| e.to_string())?;
+    println!("wrote {}", out.join("simulation.md").display());
+    Ok(())
+}
+
+/// The options the jobs' users give (data/carma/job-options.csv), each
+/// row with the estimate it makes and the one the model file alone makes.
+fn options_section(
+    path: &Path,
+    w: &HashMap<String, Workload>,
+    ours: &HashMap<String, Option<u64>>,
+    plain: &HashMap<String, Option<u64>>,
+) -> Result<String, String> {
+    let mut md = String::from(
+        "The options each language-model job's user gives srun/sbatch (`--carma-batch-size` per GPU,\n\
+         `--carma-seq-len`), read from the paper's training scripts (`data/carma/job-options.csv`; the other rows'\n\
+         table batch is already per GPU, and their model files fix the input size):\n\n\
+         | workload | GPUs | options | estimate (MiB) | without them | measured | the script says |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let mib =
+        |m: &HashMap<String, Option<u64>>, n: &str| m.get(n).copied().flatten().map_or("—".into(), |v| v.to_string());
+    for o in read_job_options(path)? {
+        let name = o.workload.as_str();
+        let x = w.get(name).ok_or_else(|| format!("{} line {}: no workload '{name}'", path.display(), o.line))?;
+        let opt = |flag: &str, v: Option<u32>| v.map(|v| format!("`--carma-{flag}={v}`"));
+        let opts: Vec<String> =
+            [opt("batch-size", x.batch_size), opt("seq-len", x.seq_len)].into_iter().flatten().collect();
+        md.push_str(&format!(
+            "| {name} | {} | {} | {} | {} | {} | {} |\n",
+            x.gpus,
+            opts.join(" "),
+            mib(ours, name),
+            mib(plain, name),
+            x.peak_mib,
+            o.source
+        ));
+    }
+    md.push('\n');
+    Ok(md)
+}
+
+/// Where our estimates lose makespan against the oracle's: the mean over
+/// the CARMA policies of ours / oracle − 1 (and the same for the model
+/// files alone, without the jobs' options), and how much of it goes when
+/// one model file's workloads get their measured peaks instead, in the two
+/// configurations where collocation pays.
+fn attribution(
+    carma: &Path,
+    w: &HashMap<String, Workload>,
+    ours: &HashMap<String, Option<u64>>,
+    plain: &HashMap<String, Option<u64>>,
+    d: &Assumptions,
+) -> Result<String, String> {
+    let policies: Vec<Policy> = Policy::ALL.into_iter().filter(|p| *p != Policy::Exclusive).collect();
+    let mut files: Vec<&str> = w
+        .values()
+        .filter(|x| ours.get(&x.name).copied().flatten() != Some(x.peak_mib))
+        .filter_map(|x| x.model_file.as_deref())
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    let mut md = String::from(
+        "\nWhere ours loses: the mean over the five policies of ours / oracle − 1 (makespan), and how much of it\n\
+         goes when one model file's workloads get their measured peaks instead of our estimates (largest first;\n\
+         a negative figure: that file's estimates *help*, by refusing collocations that slow the trace):\n\n\
+         | trace | sharing | cap on | mean gap | without the jobs' options | closed by measuring (model file: points) |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for (sharing, cap) in [(Sharing::Mps, ActivityMetric::Sm), (Sharing::Timeslice, ActivityMetric::Busy)] {
+        for trace in ["trace_t1", "trace_t2"] {
+            let path = carma.join(format!("{trace}.csv"));
+            let makespans = |e: Estimator| -> Result<Vec<f64>, String> {
+                let cfg = report_config(sharing, cap, e, d);
+                Ok(run_all(&path, w, &cfg, &policies)?.iter().map(|o| summarize(o).makespan_s).collect())
+            };
+            let oracle = makespans(Estimator::Oracle)?;
+            let gap = |e: Estimator| -> Result<f64, String> {
+                let m = makespans(e)?;
+                Ok(m.iter().zip(&oracle).map(|(a, b)| a / b - 1.0).sum::<f64>() / m.len() as f64)
+            };
+            let base = gap(Estimator::Given(ours.clone()))?;
+            let without = gap(Estimator::Given(plain.clone()))?;
+            let mut closed = Vec::new();
+            for f in &files {
+                let mut fixed = ours.clone();
+                for x in w.values().filter(|x| x.model_file.as_deref() == Some(f)) {
+                    fixed.insert(x.name.clone(), Some(x.peak_mib));
+                }
+                closed.push((base - gap(Estimator::Given(fixed))?, *f));
+            }
+            closed.sort_by(|a, b| b.0.abs().total_cmp(&a.0.abs()));
+            let top: Vec<String> = closed
+                .iter()
+                .filter(|(c, _)| c.abs() >= 0.005)
+                .take(4)
+                .map(|(c, f)| format!("{f}: {:+.1}", c * 100.0))
+                .collect();
+            md.push_str(&format!(
+                "| {trace} | {} | {} | {:+.1}% | {:+.1}% | {} |\n",
+                sharing.name(),
+                cap.name(),
+                base * 100.0,
+                without * 100.0,
+                if top.is_empty() { "none above 0.5 points".to_string() } else { top.join("; ") }
+            ));
+        }
+    }
+    Ok(md)
+}
+
+/// How to read the figures. Written against the figures of the committed
+/// report: regenerate and re-read it when the models change.
+const READING: &str = "## Reading these numbers\n\n\
+- **Under time-slicing, CARMA's SM-activity cap lets collocation hurt.** Jobs that share a GPU's time slow\n\
+  each other, so a monitor reads less SM activity than the jobs' solo figures and lets more jobs onto a GPU\n\
+  whose time is already spent: with the oracle, even the best policy takes +2% to +10% longer than exclusive. Capping the *busy* share instead (NVML\n\
+  utilization.gpu, which time-slicing exhausts) refuses those collocations: −14% to −17%. (Best policy per\n\
+  trace, both figures.) The old model\n\
+  (slowdown by summed SM activity, +10% per job) credited two heavy jobs with +40% aggregate throughput\n\
+  where the H100 measured −8%, which is why the previous report showed gains here.\n\
+- **MPS is where collocation pays**, with the SM cap CARMA uses: −30% to −39% makespan, +43% to +65% SM\n\
+  activity and −10% to −13% energy with the oracle. The paper's −35%, +54% and −15% lie in that range.\n\
+- **Energy falls wherever makespan falls**: the idle power and the active floor are paid once for two jobs'\n\
+  work, as the H100 measured.\n\
+- **Our estimator**, given the options each job's user would pass (per-GPU batch and sequence length, read\n\
+  from the paper's scripts: table above), is within 5% of the oracle on trace_t2 in both configurations where\n\
+  collocation pays (mean over the policies +1.8% under MPS, +1.7% time-sliced with the busy cap) and on\n\
+  trace_t1 time-sliced (+3.3%), but +8.0% behind it on trace_t1 under MPS (best policy against best: −36.0%\n\
+  against −39.2% makespan), so the 5% goal is not met there. With the model files and the table's batch\n\
+  alone the gaps were +9.9% and +4.7% on trace_t1, +3.5% and +1.5% on trace_t2 (MPS, then time-sliced):\n\
+  gpt2-large's listing names no sequence length, so the\n\
+  analytic model took its 1024 positions, and the table's batch of 8 is what the script's DataParallel splits\n\
+  over the row's 2 GPUs: 113 GB per GPU, whole GPUs. With `--carma-batch-size=4 --carma-seq-len=512` it is\n\
+  31.9 GB for 28.4 GB measured (1.12×), and still leads the attribution table: with the 2 GiB headroom it\n\
+  leaves 6.9 GiB of a 40 GB GPU to a neighbour instead of 10.3. Next come Xception at 128 px (1.63×), Mask\n\
+  R-CNN (2.36×, from its torchinfo footer) and BERT-base (1.52×). BERT-base's listing names\n\
+  `BertSdpaSelfAttention`: it ran fused attention, which keeps no attention probabilities, and the CPU check\n\
+  of docs/estimator.md found the A100 used 1.00× the fused figure, while the analytic model keeps every\n\
+  probability. That stays until a GPU checks it: gpt2-large's listing names SDPA too, and without the\n\
+  probabilities its estimate would fall 3 GB below its measured peak (DataParallel's gathered outputs and\n\
+  per-replica gradients on GPU 0 are not modelled). It under-estimates four workloads (UNet by 264 MiB, inside\n\
+  the headroom; the dlrm and mnist summaries, which do not describe the rows' jobs; the 2-GPU XLNet-large\n\
+  row, whose model keeps 12.2 GiB at 4 per GPU as measured on a CPU with CUDA's dropout masks, under the\n\
+  estimate's 13.6: the A100's 18.9 GiB holds more than the model's tensors, docs/estimator.md); no run left a\n\
+  job unrecovered. Some over-estimates *help* (Mask R-CNN's, negative in the table): they\n\
+  refuse collocations that would slow the trace.\n\
+- **GPUMemNet's coarse bins** happen to help under time-slicing with the SM cap: they refuse the harmful\n\
+  collocations that finer estimates allow.\n\
+- **Caveats**: activity comes from the nearest job measured on an H100 (above), power on the A100 is scaled\n\
+  from the H100 fit, and the interference fit is in-sample on nine measured sets.\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The estimate follows the options the job's user gives: gpt2-large
+    /// declared as its script runs it (4 per GPU, 512 tokens) leaves room
+    /// on a 40 GB GPU beside it, where its model file and the table's batch
+    /// alone ask for more than a GPU holds.
+    #[test]
+    fn our_estimates_follow_the_jobs_options() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/carma");
+        let (table, options) = (data.join("workloads.csv"), data.join("job-options.csv"));
+        let models = data.join("model-summaries");
+        let declared = our_estimates(&workloads(&table, None, Some(&options)).unwrap(), &models);
+        let plain = our_estimates(&workloads(&table, None, None).unwrap(), &models);
+        let (with, without) = (declared["gpt2_large_2"].unwrap(), plain["gpt2_large_2"].unwrap());
+        assert!(with + 2048 + 4096 <= 40 * 1024, "{with} MiB leaves no neighbour room on a 40 GB GPU");
+        assert!(without > 40 * 1024, "{without} MiB");
+        assert_eq!(declared["resnet"], plain["resnet"]);
+    }
+
+    /// #17's condition on our estimator: whatever it under-estimates, every
+    /// job of both traces finishes, each OOM rerun by recovery, under every
+    /// policy, sharing mode and capped reading the report shows.
+    #[test]
+    fn our_estimates_never_leave_a_job_unrecovered() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data");
+        let (map, measured) = (data.join("h100/workload-map.csv"), data.join("h100/collocation.csv"));
+        let options = data.join("carma/job-options.csv");
+        let w = workloads(&data.join("carma/workloads.csv"), Some((&map, &measured)), Some(&options)).unwrap();
+        let ours = our_estimates(&w, &data.join("carma/model-summaries"));
+        assert!(ours.values().all(Option::is_some), "a workload without an estimate: {ours:?}");
+        // Our estimates, and the same halved: the halved ones do
+        // under-estimate, so recovery is exercised whatever ours do.
+        let halved: HashMap<String, Option<u64>> = ours.iter().map(|(k, v)| (k.clone(), v.map(|m| m / 2))).collect();
+        let mut crashes = 0;
+        for (sharing, cap) in [
+            (Sharing::Timeslice, ActivityMetric::Sm),
+            (Sharing::Timeslice, ActivityMetric::Busy),
+            (Sharing::Mps, ActivityMetric::Sm),
+        ] {
+            for (estimates, which) in [(&ours, "ours"), (&halved, "halved")] {
+                for trace in ["trace_t1", "trace_t2"] {
+                    let cfg = report_config(sharing, cap, Estimator::Given(estimates.clone()), &Assumptions::default());
+                    for o in run_all(&data.join(format!("carma/{trace}.csv")), &w, &cfg, &Policy::ALL).unwrap() {
+                        let what = format!("{which} {trace} {} {} {}", sharing.name(), cap.name(), o.policy);
+                        assert!(o.jobs.iter().all(|j| j.end_s.is_some()), "{what}: a job never finished");
+                        assert_eq!(o.recoveries, o.ooms, "{what}");
+                        crashes += o.ooms;
+                    }
+                }
+            }
+        }
+        assert!(crashes > 0, "no OOM at all: the test would not see an unrecovered one");
+    }
+}
