@@ -13,6 +13,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod clock;
+pub mod decide;
 pub mod eventlog;
 pub mod fsutil;
 pub mod gpu;

@@ -3,8 +3,7 @@
 
 use crate::clock::{now_ms, now_secs};
 use crate::gpu::GpuReading;
-use crate::learned;
-use crate::policy::{Demand, NoFit, Params, choose, history_estimate, observe};
+use crate::policy::{NoFit, Params, observe};
 use crate::procs;
 use crate::request::{Decision, Request, StepRef};
 use crate::slots::{SlotRef, Slots};
@@ -318,7 +317,8 @@ impl Placer {
         mine.map_err(PlaceError::NoFit)
     }
 
-    /// One request against the state: reuse the job's GPUs or choose.
+    /// One request against the state ([`crate::decide::decide`]), with
+    /// garbage collection forced once before a refusal.
     fn decide(
         &self,
         st: &mut NodeState,
@@ -328,75 +328,15 @@ impl Placer {
         owners: &HashMap<u32, u32>,
         gc_forced: &mut bool,
     ) -> Result<Decision, NoFit> {
-        if req.shares {
-            drop_whole(st, step.job);
-        }
-        if let Some(r) = st.job_mut(step.job) {
-            if !r.holders.contains(&step.holder) {
-                r.holders.push(step.holder);
+        let mut collect = |st: &mut NodeState| {
+            if *gc_forced {
+                return false;
             }
-            return Ok(Decision {
-                gpus: r.gpus.clone(),
-                exclusive: r.exclusive,
-                reserve_mib: r.estimate_mib,
-                reused: true,
-                history_mib: None,
-                free_mib: vec![],
-                metric: self.params.metric,
-                activity: vec![],
-                learned_runtime_mib: None,
-            });
-        }
-        let mut demand =
-            Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib, mps_uid: req.mps_uid };
-        // The model's part, and the node's own fixed part where it learned
-        // a larger one than the estimate carries.
-        let model_mib = req.runtime_mib.zip(req.estimate_mib).map(|(r, e)| e.saturating_sub(r));
-        let mut learned_runtime_mib = req.runtime_mib.and_then(|r| learned::raise(&st.runtime_samples, &self.learn, r));
-        if let (Some(m), Some(l)) = (model_mib, learned_runtime_mib) {
-            demand.estimate_mib = Some(m + l);
-        }
-        let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib, req.history_first);
-        if history_mib.is_some() {
-            demand.estimate_mib = history_mib;
-            learned_runtime_mib = None;
-        }
-        let choice = match choose(readings, st, &demand, &self.params, owners) {
-            Ok(c) => c,
-            Err(e) if *gc_forced => return Err(e),
-            Err(_) => {
-                // Before refusing, make sure no stale reservation is in the way.
-                *gc_forced = true;
-                self.collect(st, true);
-                choose(readings, st, &demand, &self.params, owners)?
-            }
+            *gc_forced = true;
+            self.collect(st, true);
+            true
         };
-        st.reservations.push(Reservation {
-            job: step.job,
-            gpus: choice.gpus.clone(),
-            estimate_mib: choice.reserve_mib,
-            estimate_source: if history_mib.is_some() { "history".into() } else { req.estimate_source.clone() },
-            exclusive: choice.exclusive,
-            holding: Holding::Carma,
-            policy: Some(req.policy),
-            since: now_secs(),
-            holders: vec![step.holder],
-            signature: req.signature.clone(),
-            observed_mib: 0,
-            mps_uid: req.mps_uid.filter(|_| !choice.exclusive),
-            model_mib,
-        });
-        Ok(Decision {
-            gpus: choice.gpus,
-            exclusive: choice.exclusive,
-            reserve_mib: choice.reserve_mib,
-            reused: false,
-            history_mib,
-            free_mib: choice.free_mib,
-            metric: self.params.metric,
-            activity: choice.activity,
-            learned_runtime_mib,
-        })
+        crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect)
     }
 
     /// Places, re-checking with back-off (poll, doubling up to 8×poll)
@@ -465,7 +405,7 @@ impl Placer {
     /// The job shares its GPUs after all (shards or CARMA placement): forget
     /// the whole-GPU record the prolog made. Returns true if one existed.
     pub fn drop_whole(&self, job: u32) -> Result<bool, PlaceError> {
-        Ok(self.store.update(|st| drop_whole(st, job))?)
+        Ok(self.store.update(|st| st.drop_whole(job))?)
     }
 
     /// A step ended: the job's GPUs are released when no step holds them.
@@ -513,13 +453,5 @@ impl Placer {
     /// The job ended (epilog): release whatever it still holds.
     pub fn release_job(&self, job: u32) -> Result<Option<Reservation>, PlaceError> {
         Ok(self.store.update(|st| st.release_job(job))?)
-    }
-}
-
-/// Forgets the job's whole-GPU record, if it has one.
-fn drop_whole(st: &mut NodeState, job: u32) -> bool {
-    match st.job(job) {
-        Some(r) if r.holding == Holding::SlurmWhole => st.release_job(job).is_some(),
-        _ => false,
     }
 }

@@ -144,6 +144,14 @@ impl NodeState {
         if r.holders.is_empty() { self.release_job(job) } else { None }
     }
 
+    /// Forgets the job's whole-GPU record (the prolog's), if it has one.
+    pub fn drop_whole(&mut self, job: u32) -> bool {
+        match self.job(job) {
+            Some(r) if r.holding == Holding::SlurmWhole => self.release_job(job).is_some(),
+            _ => false,
+        }
+    }
+
     pub fn release_job(&mut self, job: u32) -> Option<Reservation> {
         let i = self.reservations.iter().position(|r| r.job == job)?;
         let r = self.reservations.remove(i);

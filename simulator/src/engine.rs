@@ -1,14 +1,19 @@
 //! The event loop. Jobs wait in a FIFO queue (head-of-line, like CARMA's;
-//! the recovery queue goes first). Placement reads each node through a
-//! `GpuSource` and asks `carma_placement::choose`, the code the plugin runs.
+//! the recovery queue goes first). Each job goes the plugin's way: its
+//! facts are resolved into a request (`carma_placement::resolve`), and each
+//! node, read through a `GpuSource`, decides it (`carma_placement::decide`:
+//! reuse, the node's learned fixed part, the job's history, the
+//! preconditions and policy, MPS's one user per GPU).
 //! Between events every quantity is linear in time, so the integrals
 //! (SM activity, memory, energy) are exact.
 
 use crate::input::{TraceJob, Workload};
-use carma_config::Policy;
-use carma_placement::policy::Demand;
-use carma_placement::state::{Holding, NodeState, Reservation};
-use carma_placement::{GpuProcess, GpuReading, GpuSource, Params, SourceError, choose};
+use carma_config::{Config, JobRequest, Policy, RecoveryMode};
+use carma_placement::jobfiles::Recovery;
+use carma_placement::policy::observe;
+use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
+use carma_placement::state::NodeState;
+use carma_placement::{GpuProcess, GpuReading, GpuSource, Params, SourceError, StepRef};
 use std::collections::{HashMap, VecDeque};
 
 pub use crate::model::{Assumptions, PowerProfile, Sharing};
@@ -101,6 +106,10 @@ pub struct Outcome {
     pub max_jobs_per_gpu: Vec<u32>,
     pub ooms: u32,
     pub recoveries: u32,
+    /// Placements whose estimate the node's history of the job raised.
+    pub history_raised: u32,
+    /// Placements whose estimate the node's learned fixed part raised.
+    pub learned_raised: u32,
     pub timeline: Vec<Sample>,
 }
 
@@ -207,6 +216,43 @@ impl GpuSource for NodeView<'_> {
 
 const EPS: f64 = 1e-6;
 
+/// Every simulated job is one user's.
+const SIM_UID: u32 = 1000;
+
+/// A queued job's request as the plugin resolves it: the estimator's
+/// figure as srun/sbatch would pass it (a model-based one with its fixed
+/// part and a signature, so history and the learned fixed part apply; a
+/// measured or column figure as declared memory), and a recovering rerun
+/// as carma-epilog's marker says.
+fn plan(w: &Workload, from_recovery: bool, cfg: &SimConfig, resolve_cfg: &Config) -> Result<resolve::Plan, String> {
+    let mut request = JobRequest { policy: Some(cfg.policy), gpus: Some(w.gpus), ..JobRequest::default() };
+    let mut estimate = None;
+    match &cfg.estimator {
+        Estimator::Oracle => request.mem_mib = Some(w.peak_mib),
+        Estimator::Column(c) => request.mem_mib = w.estimates.get(c).copied().filter(|&e| e < 40000),
+        Estimator::Given(m) => {
+            if let Some(mib) = m.get(&w.name).copied().flatten() {
+                let runtime = carma_estimator::Settings::default().runtime_mib;
+                let signature = carma_config::fnv1a(w.name.as_bytes());
+                estimate = Some(carma_config::format_estimate(mib, "layers", signature, Some(runtime.min(mib))));
+            }
+        }
+    }
+    let facts = StepFacts { job: 0, uid: SIM_UID, request, estimate, ..StepFacts::default() };
+    let node = if from_recovery {
+        NodeFacts {
+            recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib) }),
+            restarts: 1,
+        }
+    } else {
+        NodeFacts::default()
+    };
+    match resolve::resolve(&facts, &node, resolve_cfg)? {
+        Resolution::Place(plan) => Ok(*plan),
+        other => Err(format!("{}: not a CARMA job ({other:?})", w.name)),
+    }
+}
+
 pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: &SimConfig) -> Result<Outcome, String> {
     let a = &cfg.assumptions;
     let cl = cfg.cluster;
@@ -229,6 +275,9 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         })
         .collect();
     let mut states: Vec<NodeState> = (0..cl.nodes).map(|_| NodeState::default()).collect();
+    // carma.yaml as the simulated cluster's admin wrote it: the defaults,
+    // the sharing mode, recovery on a GPU of its own.
+    let resolve_cfg = Config { sharing: a.sharing, recovery_mode: RecoveryMode::Exclusive, ..Config::default() };
     let mut runs: Vec<Run> = Vec::new();
     let (mut queue, mut recovery) = (VecDeque::new(), VecDeque::new());
     let mut next_arrival = 0;
@@ -237,6 +286,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     let (mut sm_int, mut mem_int) = (vec![0.0; ngpu], vec![0.0; ngpu]);
     let mut max_jobs = vec![0u32; ngpu];
     let (mut energy, mut ooms, mut recoveries) = (0.0, 0u32, 0u32);
+    let (mut history_raised, mut learned_raised) = (0u32, 0u32);
     let mut timeline = Vec::new();
     let mut next_sample = 0.0;
     let mut t = trace.first().map_or(0.0, |j| j.submit_s);
@@ -277,25 +327,30 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 };
                 continue;
             }
-            let estimate = if from_recovery {
-                Some(w.peak_mib)
-            } else {
-                match &cfg.estimator {
-                    Estimator::Oracle => Some(w.peak_mib),
-                    Estimator::Column(c) => w.estimates.get(c).copied().filter(|&e| e < 40000),
-                    Estimator::Given(m) => m.get(&w.name).copied().flatten(),
-                }
-            };
-            let policy = if from_recovery { Policy::Exclusive } else { cfg.policy };
-            let demand = Demand { policy, count: w.gpus, estimate_mib: estimate, mps_uid: None };
+            let plan = plan(w, from_recovery, cfg, &resolve_cfg)?;
             let mut placed = None;
             for node in 0..cl.nodes as usize {
                 let owners: HashMap<u32, u32> = by_node[node].iter().map(|&i| (runs[i].pid, runs[i].pid)).collect();
                 let readings = NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a }
                     .read()
                     .map_err(|e| e.0)?;
-                if let Ok(c) = choose(&readings, &mut states[node], &demand, &cfg.params, &owners) {
-                    placed = Some((node, c));
+                // What the placer does under the lock: sample what placed
+                // jobs use, then decide.
+                observe(&mut states[node], &readings, &owners);
+                let step = StepRef { job: next_pid, holder: next_pid };
+                let decided = carma_placement::decide::decide(
+                    &mut states[node],
+                    step,
+                    &plan.request,
+                    &readings,
+                    &owners,
+                    &cfg.params,
+                    &resolve_cfg.estimator.learn_runtime,
+                    0,
+                    &mut |_| false,
+                );
+                if let Ok(d) = decided {
+                    placed = Some((node, d));
                     break;
                 }
             }
@@ -310,21 +365,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             };
             let pid = next_pid;
             next_pid += 1;
-            states[node].reservations.push(Reservation {
-                job: pid,
-                gpus: choice.gpus.clone(),
-                estimate_mib: choice.reserve_mib,
-                estimate_source: "sim".into(),
-                exclusive: choice.exclusive,
-                holding: Holding::Carma,
-                policy: Some(policy),
-                since: 0,
-                holders: vec![pid],
-                signature: None,
-                observed_mib: 0,
-                mps_uid: None,
-                model_mib: None,
-            });
+            history_raised += u32::from(choice.history_mib.is_some());
+            learned_raised += u32::from(choice.learned_runtime_mib.is_some());
             results[job].start_s.get_or_insert(t);
             by_node[node].push(runs.len());
             runs.push(Run {
@@ -434,7 +476,12 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         let mut i = 0;
         while i < runs.len() {
             if runs[i].progress >= 1.0 - 1e-9 {
+                // carma-monitor has sampled the job through its run: its
+                // peak is what the node's history keeps.
                 let r = runs.remove(i);
+                if let Some(res) = states[r.node].job_mut(r.pid) {
+                    res.observed_mib = res.observed_mib.max(r.alloc(t, a.ramp_s).ceil() as u64);
+                }
                 states[r.node].release_holder(r.pid, r.pid);
                 results[r.job].end_s = Some(t);
                 dirty = true;
@@ -455,6 +502,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         max_jobs_per_gpu: max_jobs,
         ooms,
         recoveries,
+        history_raised,
+        learned_raised,
         timeline,
     })
 }
