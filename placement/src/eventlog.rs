@@ -4,12 +4,25 @@
 use once_cell::sync::OnceCell;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 type Syslog = syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>;
 static SYSLOG: OnceCell<Option<Mutex<Syslog>>> = OnceCell::new();
+
+static LOG_FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// This process's log file (carma.yaml's `log_file`), for [`event`]; the
+/// first call wins (a process serves one carma.yaml).
+pub fn set_file(file: Option<PathBuf>) {
+    let _ = LOG_FILE.set(file);
+}
+
+/// [`record`] to the log file set by [`set_file`], if any.
+pub fn event(msg: &str) {
+    record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
+}
 
 /// Writes `msg` to syslog and, if given, appends it to `log_file`.
 pub fn record(log_file: Option<&Path>, msg: &str) {

@@ -56,6 +56,14 @@ pub trait Processes: Send {
     /// The job still has a step on this node.
     fn job_running(&self, job: u32) -> bool;
     fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32>;
+
+    /// Which holder (slurmstepd) each process on the GPUs descends from,
+    /// among the holders the node state records.
+    fn owners_on(&self, readings: &[GpuReading], st: &NodeState) -> HashMap<u32, u32> {
+        let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
+        let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
+        self.owners(&pids, &holders)
+    }
 }
 
 pub struct LinuxProcesses;
@@ -272,9 +280,7 @@ impl Placer {
         let q = self.store.slots();
         let mut st = lock.load();
         self.collect(&mut st, false);
-        let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
-        let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
-        let owners = self.processes.owners(&pids, &holders);
+        let owners = self.processes.owners_on(readings, &st);
         observe(&mut st, readings, &owners);
         let mut gc_forced = false;
         let mine = self.decide(&mut st, step, req, readings, &owners, &mut gc_forced);
@@ -419,9 +425,7 @@ impl Placer {
     /// exclusive lock and writes only when some peak rose; returns how many.
     pub fn observe_peaks(&self, readings: &[GpuReading]) -> Result<usize, PlaceError> {
         let rises = |st: &NodeState| -> (usize, NodeState) {
-            let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
-            let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
-            let owners = self.processes.owners(&pids, &holders);
+            let owners = self.processes.owners_on(readings, st);
             let mut after = st.clone();
             observe(&mut after, readings, &owners);
             let n = st

@@ -1,5 +1,5 @@
 //! A discrete-event simulator that replays a job trace through CARMA's real
-//! preconditions and policies (`carma_placement::choose`, fed by a
+//! resolution and decision (`carma_placement::resolve` and `decide`, fed by a
 //! `GpuSource` over simulated nodes), so admins can compare policies before
 //! switching CARMA on, and the project can compare itself with the paper.
 //!

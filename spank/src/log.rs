@@ -4,7 +4,7 @@
 //! `log_file`; neither failing ever fails a job.
 
 use crate::spank::{LogLevel, slurm_log};
-use once_cell::sync::OnceCell;
+use carma_placement::eventlog;
 use std::path::PathBuf;
 
 pub fn error(msg: &str) {
@@ -19,21 +19,19 @@ pub fn debug(msg: &str) {
     slurm_log(LogLevel::Debug, &format!("carma: {msg}"));
 }
 
-static LOG_FILE: OnceCell<Option<PathBuf>> = OnceCell::new();
-
 /// Sets the optional log file (from carma.yaml) once per process.
 pub fn set_log_file(path: Option<PathBuf>) {
-    let _ = LOG_FILE.set(path);
+    eventlog::set_file(path);
 }
 
 /// A decision or state change: Slurm's log, syslog and the log file.
 pub fn event(msg: &str) {
     info(msg);
-    carma_placement::eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
+    eventlog::event(msg);
 }
 
 /// A CARMA step that could not be placed (already in Slurm's log at error
 /// level): syslog and the log file, so `carma.log` names every CARMA step.
 pub fn record_failure(msg: &str) {
-    carma_placement::eventlog::record(LOG_FILE.get().and_then(|p| p.as_deref()), msg);
+    eventlog::event(msg);
 }

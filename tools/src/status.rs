@@ -9,9 +9,7 @@ use serde_json::json;
 use std::collections::HashMap;
 
 fn owners(gpus: &[GpuReading], state: &NodeState) -> HashMap<u32, u32> {
-    let pids: Vec<u32> = gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
-    let holders: Vec<u32> = state.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
-    LinuxProcesses.owners(&pids, &holders)
+    LinuxProcesses.owners_on(gpus, state)
 }
 
 /// Drops from the readings processes that ended between the reading and
