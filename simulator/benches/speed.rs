@@ -6,7 +6,7 @@
 use carma_config::{ActivityMetric, Policy};
 use carma_placement::Params;
 use carma_simulator::{
-    Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate,
+    Admission, Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,6 +19,7 @@ fn cfg(cluster: Cluster, policy: Policy, sample_s: f64) -> SimConfig {
         estimator: Estimator::Oracle,
         params: Params::default(),
         assumptions: Assumptions { sample_s, ..Assumptions::default() },
+        admission: Admission::Anywhere,
     }
 }
 

@@ -65,6 +65,62 @@ pub enum Estimator {
     Given(HashMap<String, Option<u64>>),
 }
 
+/// Which node (and GPU) slurmctld sends a job to before CARMA decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// CARMA's decision on every node, the first that fits: a cluster-wide
+    /// CARMA no Slurm has (what the simulator did before #30).
+    #[default]
+    Anywhere,
+    /// Today's slurmctld: each GPU offers `per_gpu` shards, a job asks one
+    /// per GPU, and goes to the first node with that many GPUs holding a
+    /// free shard; CARMA then decides on that node only.
+    Shards { per_gpu: u32, hand_back: u32 },
+    /// Shards as memory: each GPU offers its memory in GiB; a job asks its
+    /// estimate plus headroom in GiB (a whole GPU's worth when unknown) on
+    /// each GPU, and slurmctld picks the node and the GPUs (the first that
+    /// have them free); CARMA checks its preconditions on those GPUs.
+    MemoryShards { hand_back: u32 },
+}
+
+/// With `hand_back` 0 a job CARMA cannot place where Slurm sent it fails
+/// (after `timeouts.wait`, as on a real node). Otherwise the node hands it
+/// back: requeued with that node excluded (the exclusion stays with the
+/// job), at most `hand_back` times; the next refusal fails it.
+const HAND_BACK: u32 = 3;
+
+impl Admission {
+    pub fn parse(s: &str) -> Result<Admission, String> {
+        match s {
+            "anywhere" => Ok(Admission::Anywhere),
+            "shards" => Ok(Admission::Shards { per_gpu: 8, hand_back: 0 }),
+            "shards+handback" => Ok(Admission::Shards { per_gpu: 8, hand_back: HAND_BACK }),
+            "memory-shards" => Ok(Admission::MemoryShards { hand_back: 0 }),
+            "memory-shards+handback" => Ok(Admission::MemoryShards { hand_back: HAND_BACK }),
+            _ => Err(format!(
+                "admission '{s}': expected anywhere, shards, shards+handback, memory-shards or memory-shards+handback"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Admission::Anywhere => "anywhere",
+            Admission::Shards { hand_back: 0, .. } => "shards",
+            Admission::Shards { .. } => "shards+handback",
+            Admission::MemoryShards { hand_back: 0 } => "memory-shards",
+            Admission::MemoryShards { .. } => "memory-shards+handback",
+        }
+    }
+
+    fn hand_back(self) -> u32 {
+        match self {
+            Admission::Anywhere => 0,
+            Admission::Shards { hand_back, .. } | Admission::MemoryShards { hand_back } => hand_back,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub cluster: Cluster,
@@ -72,6 +128,7 @@ pub struct SimConfig {
     pub estimator: Estimator,
     pub params: Params,
     pub assumptions: Assumptions,
+    pub admission: Admission,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +141,10 @@ pub struct JobResult {
     pub ooms: u32,
     /// Never placeable (more GPUs than a node has).
     pub rejected: bool,
+    /// Sent by slurmctld to a node where CARMA could not place it: failed.
+    pub failed_no_fit: bool,
+    /// ... while another node could have placed it.
+    pub wrong_node: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +171,8 @@ pub struct Outcome {
     pub history_raised: u32,
     /// Placements whose estimate the node's learned fixed part raised.
     pub learned_raised: u32,
+    /// Times a node handed a job back to slurmctld (it could not place it).
+    pub handed_back: u32,
     pub timeline: Vec<Sample>,
 }
 
@@ -150,6 +213,9 @@ struct Run {
     pid: u32,
     node: usize,
     gpus: Vec<u32>,
+    /// Shards slurmctld allocated on each of `slurm_gpus`.
+    shards: u32,
+    slurm_gpus: Vec<u32>,
     start: f64,
     peak: f64,
     /// Solo readings: share of time a kernel runs, SM activity.
@@ -216,6 +282,74 @@ impl GpuSource for NodeView<'_> {
 
 const EPS: f64 = 1e-6;
 
+/// What deciding a job on one node needs besides the node's state.
+struct Deciding<'a> {
+    cl: Cluster,
+    runs: &'a [Run],
+    by_node: &'a [Vec<usize>],
+    t: f64,
+    a: &'a Assumptions,
+    cfg: &'a SimConfig,
+    learn: &'a carma_config::LearnRuntime,
+}
+
+impl Deciding<'_> {
+    /// The plugin's decision on `node` (on `only` those GPUs, where Slurm
+    /// chose them); `None` when nothing fits.
+    fn decide(
+        &mut self,
+        st: &mut NodeState,
+        node: usize,
+        only: Option<&[u32]>,
+        step: StepRef,
+        req: &carma_placement::Request,
+    ) -> Result<Option<carma_placement::Decision>, String> {
+        let on_node = &self.by_node[node];
+        let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
+        let mut readings = NodeView { cluster: self.cl, runs: self.runs, on_node, t: self.t, assumptions: self.a }
+            .read()
+            .map_err(|e| e.0)?;
+        // What the placer does under the lock: sample what placed jobs
+        // use, then decide.
+        observe(st, &readings, &owners);
+        if let Some(only) = only {
+            readings.retain(|g| only.contains(&g.index));
+        }
+        let decided = carma_placement::decide::decide(
+            st,
+            step,
+            req,
+            &readings,
+            &owners,
+            &self.cfg.params,
+            self.learn,
+            0,
+            &mut |_| false,
+        );
+        Ok(decided.ok())
+    }
+}
+
+fn shards_per_gpu(admission: Admission, cl: Cluster) -> u32 {
+    match admission {
+        Admission::Anywhere => 0,
+        Admission::Shards { per_gpu, .. } => per_gpu,
+        Admission::MemoryShards { .. } => (cl.mem_mib / 1024) as u32,
+    }
+}
+
+/// Shards a job asks for on each GPU: one, or its estimate plus headroom in
+/// GiB (a whole GPU's worth when the estimate is unknown or larger).
+fn shards_needed(cfg: &SimConfig, cl: Cluster, estimate_mib: Option<u64>) -> u32 {
+    let per_gpu = shards_per_gpu(cfg.admission, cl);
+    match cfg.admission {
+        Admission::Anywhere => 0,
+        Admission::Shards { .. } => 1,
+        Admission::MemoryShards { .. } => estimate_mib
+            .map_or(per_gpu, |e| (e + cfg.params.headroom_mib).div_ceil(1024).min(u64::from(per_gpu)) as u32),
+    }
+}
+
 /// Every simulated job is one user's.
 const SIM_UID: u32 = 1000;
 
@@ -272,9 +406,15 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             end_s: None,
             ooms: 0,
             rejected: false,
+            failed_no_fit: false,
+            wrong_node: false,
         })
         .collect();
     let mut states: Vec<NodeState> = (0..cl.nodes).map(|_| NodeState::default()).collect();
+    // Shards slurmctld has allocated on each GPU (node-major), and the
+    // nodes that handed each job back.
+    let mut shards_used = vec![0u32; cl.gpus()];
+    let mut excluded: Vec<Vec<usize>> = vec![Vec::new(); trace.len()];
     // carma.yaml as the simulated cluster's admin wrote it: the defaults,
     // the sharing mode, recovery on a GPU of its own.
     let resolve_cfg = Config { sharing: a.sharing, recovery_mode: RecoveryMode::Exclusive, ..Config::default() };
@@ -286,7 +426,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     let (mut sm_int, mut mem_int) = (vec![0.0; ngpu], vec![0.0; ngpu]);
     let mut max_jobs = vec![0u32; ngpu];
     let (mut energy, mut ooms, mut recoveries) = (0.0, 0u32, 0u32);
-    let (mut history_raised, mut learned_raised) = (0u32, 0u32);
+    let (mut history_raised, mut learned_raised, mut handed_back) = (0u32, 0u32, 0u32);
     let mut timeline = Vec::new();
     let mut next_sample = 0.0;
     let mut t = trace.first().map_or(0.0, |j| j.submit_s);
@@ -328,36 +468,78 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 continue;
             }
             let plan = plan(w, from_recovery, cfg, &resolve_cfg)?;
+            let step = StepRef { job: next_pid, holder: next_pid };
+            let mut ctx =
+                Deciding { cl, runs: &runs, by_node: &by_node, t, a, cfg, learn: &resolve_cfg.estimator.learn_runtime };
             let mut placed = None;
-            for node in 0..cl.nodes as usize {
-                let owners: HashMap<u32, u32> = by_node[node].iter().map(|&i| (runs[i].pid, runs[i].pid)).collect();
-                let readings = NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a }
-                    .read()
-                    .map_err(|e| e.0)?;
-                // What the placer does under the lock: sample what placed
-                // jobs use, then decide.
-                observe(&mut states[node], &readings, &owners);
-                let step = StepRef { job: next_pid, holder: next_pid };
-                let decided = carma_placement::decide::decide(
-                    &mut states[node],
-                    step,
-                    &plan.request,
-                    &readings,
-                    &owners,
-                    &cfg.params,
-                    &resolve_cfg.estimator.learn_runtime,
-                    0,
-                    &mut |_| false,
-                );
-                if let Ok(d) = decided {
-                    placed = Some((node, d));
-                    break;
+            let mut slurm_gpus = Vec::new();
+            let need = shards_needed(cfg, cl, plan.request.estimate_mib);
+            match cfg.admission {
+                Admission::Anywhere => {
+                    for (node, st) in states.iter_mut().enumerate() {
+                        if let Some(d) = ctx.decide(st, node, None, step, &plan.request)? {
+                            placed = Some((node, d));
+                            break;
+                        }
+                    }
+                }
+                admission => {
+                    // slurmctld: the first node with enough GPUs holding
+                    // the shards asked for; the job pends while none has.
+                    let per_gpu = shards_per_gpu(admission, cl);
+                    let fits = |node: usize| -> Option<Vec<u32>> {
+                        let free: Vec<u32> = (0..cl.gpus_per_node)
+                            .filter(|&g| shards_used[gpu_slot(node, g)] + need <= per_gpu)
+                            .take(w.gpus as usize)
+                            .collect();
+                        (free.len() == w.gpus as usize).then_some(free)
+                    };
+                    // Slurm's next choice, past the nodes that handed the job back.
+                    let pick = (0..cl.nodes as usize)
+                        .filter(|n| !excluded[job].contains(n))
+                        .find_map(|n| fits(n).map(|g| (n, g)));
+                    if let Some((node, gpus)) = pick {
+                        // Shards as memory: CARMA checks Slurm's GPUs.
+                        let only = matches!(admission, Admission::MemoryShards { .. }).then_some(gpus.as_slice());
+                        match ctx.decide(&mut states[node], node, only, step, &plan.request)? {
+                            Some(d) => {
+                                placed = Some((node, d));
+                                slurm_gpus = gpus;
+                            }
+                            None if (excluded[job].len() as u32) < admission.hand_back() => {
+                                // Handed back: requeued, this node excluded;
+                                // slurmctld tries again at once.
+                                excluded[job].push(node);
+                                handed_back += 1;
+                                continue;
+                            }
+                            None => {
+                                // CARMA cannot place it where Slurm sent it:
+                                // it fails. Could another node have?
+                                let elsewhere = (0..cl.nodes as usize).filter(|&n| n != node).any(|n| {
+                                    let mut probe = states[n].clone();
+                                    ctx.decide(&mut probe, n, None, step, &plan.request).ok().flatten().is_some()
+                                });
+                                results[job].failed_no_fit = true;
+                                results[job].wrong_node = elsewhere;
+                                if from_recovery {
+                                    recovery.pop_front()
+                                } else {
+                                    queue.pop_front()
+                                };
+                                continue;
+                            }
+                        }
+                    }
                 }
             }
             let Some((node, choice)) = placed else {
                 dirty = false;
                 break;
             };
+            for &g in &slurm_gpus {
+                shards_used[gpu_slot(node, g)] += need;
+            }
             if from_recovery {
                 recovery.pop_front()
             } else {
@@ -373,6 +555,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 job,
                 pid,
                 node,
+                shards: need,
+                slurm_gpus,
                 gpus: choice.gpus,
                 start: t,
                 peak: w.peak_mib as f64,
@@ -466,6 +650,9 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             && (when - t).abs() < EPS
         {
             let r = runs.remove(victim);
+            for &g in &r.slurm_gpus {
+                shards_used[gpu_slot(r.node, g)] -= r.shards;
+            }
             states[r.node].release_holder(r.pid, r.pid);
             results[r.job].ooms += 1;
             dirty = true;
@@ -481,6 +668,9 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 let r = runs.remove(i);
                 if let Some(res) = states[r.node].job_mut(r.pid) {
                     res.observed_mib = res.observed_mib.max(r.alloc(t, a.ramp_s).ceil() as u64);
+                }
+                for &g in &r.slurm_gpus {
+                    shards_used[gpu_slot(r.node, g)] -= r.shards;
                 }
                 states[r.node].release_holder(r.pid, r.pid);
                 results[r.job].end_s = Some(t);
@@ -504,6 +694,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         recoveries,
         history_raised,
         learned_raised,
+        handed_back,
         timeline,
     })
 }

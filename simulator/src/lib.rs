@@ -15,7 +15,7 @@ pub mod paper;
 pub mod report;
 pub mod svg;
 
-pub use engine::{Assumptions, Cluster, Estimator, Outcome, PowerProfile, Sharing, SimConfig, simulate};
+pub use engine::{Admission, Assumptions, Cluster, Estimator, Outcome, PowerProfile, Sharing, SimConfig, simulate};
 pub use input::{
     TraceJob, Workload, apply_activity, apply_job_options, read_solo_readings, read_trace, read_workloads,
 };

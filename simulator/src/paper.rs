@@ -10,8 +10,8 @@ use crate::input::read_job_options;
 use crate::report::{Summary, csv, pct, summarize, table};
 use crate::svg::line_chart;
 use crate::{
-    Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity, apply_job_options,
-    read_solo_readings, read_trace, read_workloads, simulate,
+    Admission, Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity,
+    apply_job_options, read_solo_readings, read_trace, read_workloads, simulate,
 };
 use carma_config::{ActivityMetric, Policy};
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
@@ -82,6 +82,7 @@ fn report_config(sharing: Sharing, cap: ActivityMetric, estimator: Estimator, d:
         estimator,
         params: Params { metric: cap, ..Params::default() },
         assumptions: Assumptions { sharing, ..d.clone() },
+        admission: Admission::Anywhere,
     }
 }
 
@@ -374,6 +375,7 @@ pub fn write_report(data: &Path, out: &Path) -> Result<(), String> {
     md.push_str(&summary);
     md.push_str(&ours_vs_oracle);
     md.push_str(HISTORY_NOTE);
+    md.push_str(&admission_section(&carma, &w)?);
     md.push_str(&attribution(&carma, &w, &ours, &plain, &d)?);
     md.push_str(&format!("\n**The paper** (best configuration, real runs): {PAPER}.\n\n"));
     md.push_str(READING);
@@ -382,6 +384,117 @@ pub fn write_report(data: &Path, out: &Path) -> Result<(), String> {
     std::fs::write(out.join("simulation.md"), md).map_err(|e| e.to_string())?;
     println!("wrote {}", out.join("simulation.md").display());
     Ok(())
+}
+
+/// A trace on a cluster, with its workloads.
+type Case = (String, Cluster, Vec<crate::TraceJob>, HashMap<String, Workload>);
+
+/// How slurmctld's choice of node changes what CARMA can do (#30), on the
+/// paper's traces scaled to 64 nodes and on a synthetic trace of 64 nodes x
+/// 8 GPUs: today's shard counts, shards as memory, and the cluster-wide
+/// CARMA the simulator modelled before.
+fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<String, String> {
+    let mut md = String::from(
+        "\n## Which node: slurmctld's choice before CARMA's (#30)\n\n\
+         Slurm, not CARMA, chooses the node. `shards`: today's configuration, 8 shards per GPU, a job asks one per\n\
+         GPU and goes to the first node with that many free; CARMA then decides on that node alone, and a job it\n\
+         cannot place there fails (after `timeouts.wait` on a real node). `memory-shards`: each GPU offers its memory\n\
+         in GiB as shards and a job asks its estimate plus headroom in GiB, so slurmctld picks a node and GPU with\n\
+         that memory unpromised, and CARMA checks its preconditions on that GPU. `anywhere`: CARMA's decision tried\n\
+         on every node, which no Slurm does (the simulator's model before #30). Measured peaks as estimates,\n\
+         policy magm, time-sliced with the cap on busy time; \"failed\" counts jobs CARMA could not place where\n\
+         Slurm sent them, \"with room elsewhere\" those another node could have taken at that moment.\n\n\
+         | trace | cluster | admission | jobs | finished | failed | with room elsewhere | handed back | makespan (h) | mean wait (min) | GPU memory used (GiB, mean) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let d = Assumptions::default();
+    let params = Params { metric: ActivityMetric::Busy, ..Params::default() };
+    let mut cases: Vec<Case> = Vec::new();
+    for name in ["trace_t1", "trace_t2"] {
+        // 64 copies of the paper's 60-job trace, one per node's worth of GPUs,
+        // each job submitted at its offset.
+        let one = read_trace(&carma.join(format!("{name}.csv")))?;
+        let mut t: Vec<crate::TraceJob> = (0..64u32)
+            .flat_map(|copy| one.iter().map(move |j| crate::TraceJob { seq: copy * 1000 + j.seq, ..j.clone() }))
+            .collect();
+        t.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
+        cases.push((format!("{name} x64"), Cluster { nodes: 64, gpus_per_node: 4, mem_mib: 40 * 1024 }, t, w.clone()));
+    }
+    // Synthetic: the paper's single-GPU workloads shortened 10x, 20,000 jobs
+    // arriving every 0.4 s on average (deterministic), on 64 x 8 GPUs.
+    let names: Vec<&String> = {
+        let mut v: Vec<&String> = w.iter().filter(|(_, x)| x.gpus == 1).map(|(k, _)| k).collect();
+        v.sort();
+        v
+    };
+    let short: HashMap<String, Workload> =
+        w.iter().map(|(k, x)| (k.clone(), Workload { solo_s: (x.solo_s / 10.0).max(30.0), ..x.clone() })).collect();
+    let mut seed: u64 = 7;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) as f64 / (1u64 << 31) as f64
+    };
+    let mut at = 0.0;
+    let synthetic: Vec<crate::TraceJob> = (0..20_000)
+        .map(|i| {
+            at += next() * 0.8;
+            let workload = names[(next() * names.len() as f64) as usize % names.len()].clone();
+            crate::TraceJob { seq: i, submit_s: at, workload }
+        })
+        .collect();
+    cases.push((
+        "synthetic 20,000".into(),
+        Cluster { nodes: 64, gpus_per_node: 8, mem_mib: 40 * 1024 },
+        synthetic,
+        short,
+    ));
+    for (label, cluster, trace, workloads) in &cases {
+        for admission in [
+            Admission::Shards { per_gpu: 8, hand_back: 0 },
+            Admission::Shards { per_gpu: 8, hand_back: 3 },
+            Admission::MemoryShards { hand_back: 0 },
+            Admission::MemoryShards { hand_back: 3 },
+            Admission::Anywhere,
+        ] {
+            let cfg = SimConfig {
+                cluster: *cluster,
+                policy: Policy::Magm,
+                estimator: Estimator::Oracle,
+                params,
+                assumptions: Assumptions { sample_s: 0.0, ..d.clone() },
+                admission,
+            };
+            let o = simulate(trace, workloads, &cfg)?;
+            let finished = o.jobs.iter().filter(|j| j.end_s.is_some()).count();
+            let failed = o.jobs.iter().filter(|j| j.failed_no_fit).count();
+            let wrong = o.jobs.iter().filter(|j| j.wrong_node).count();
+            let waits: Vec<f64> = o.jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect();
+            let mem = o.gpu_mem_mib.iter().sum::<f64>() / o.gpu_mem_mib.len().max(1) as f64 / 1024.0;
+            md.push_str(&format!(
+                "| {label} | {}x{}x{}G | {} | {} | {finished} | {failed} | {wrong} | {} | {:.2} | {:.1} | {mem:.1} |\n",
+                cluster.nodes,
+                cluster.gpus_per_node,
+                cluster.mem_mib / 1024,
+                admission.name(),
+                o.jobs.len(),
+                o.handed_back,
+                o.makespan_s / 3600.0,
+                crate::engine::mean(&waits) / 60.0,
+            ));
+        }
+    }
+    md.push_str(
+        "\nWhat this says (the design #30 asks for is not chosen yet; these runs are its first measurement). Slurm\n\
+         fills the lowest-numbered nodes first: with today's 8 shards per GPU it sends up to 32 jobs to a 4-GPU node\n\
+         whatever their memory, and in a burst nearly every job lands where CARMA cannot place it while other nodes\n\
+         stand empty. Shards as memory stop Slurm from over-promising memory, but not the refusals: slurmctld packs\n\
+         the memory of the first GPUs full, and CARMA's activity precondition, which Slurm does not see, refuses the\n\
+         busy ones. Handing a refused job back (requeued with that node excluded, at most 3 times) moves it to the\n\
+         next low node, as busy. So admission must know what each node's monitor knows, not memory alone. Model\n\
+         simplifications: a refused job fails at once (a real node waits `timeouts.wait` first) and a handed-back\n\
+         job is tried again at once; `anywhere` is no Slurm's behaviour but the best a cluster-wide CARMA could do.\n",
+    );
+    Ok(md)
 }
 
 /// Why the figures with our estimator moved when the simulator began to

@@ -4,7 +4,7 @@
 use carma_config::Policy;
 use carma_placement::Params;
 use carma_simulator::{
-    Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate,
+    Admission, Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate,
 };
 use std::collections::HashMap;
 
@@ -49,6 +49,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             power: PowerProfile { name: "test", idle_w: 60.0, active_w: 0.0, sm_w: 340.0 },
             sample_s: 0.0,
         },
+        admission: Admission::Anywhere,
     }
 }
 
@@ -162,4 +163,37 @@ fn exclusive_never_collocates_on_a_busy_trace() {
     let carma = simulate(&trace, &w, &SimConfig { policy: Policy::Magm, ..c }).unwrap();
     assert!(carma.makespan_s <= o.makespan_s + 1e-6);
     assert!(carma.max_jobs_per_gpu.iter().any(|&n| n > 1), "magm never collocated: {:?}", carma.max_jobs_per_gpu);
+}
+
+/// #30's case: node 0's four GPUs each hold a 36 GiB job (one shard of 8
+/// each), node 1 is empty; then a job of 8 GiB. Today's slurmctld sends it
+/// to node 0 (7 free shards per GPU), where no GPU has 8 + 2 GiB free: it
+/// fails while node 1 stood empty. With shards as memory, node 0's GPUs
+/// hold 38 of 40 GiB-shards, so slurmctld sends it to node 1, where it runs.
+/// CARMA everywhere (the simulator before #30) finds node 1 too.
+#[test]
+fn slurm_sends_a_job_to_a_full_node_unless_shards_are_memory() {
+    let w: HashMap<_, _> = [
+        ("big".to_string(), wl("big", 36, 1000.0, 0.3, None)),
+        ("small".to_string(), wl("small", 8, 100.0, 0.3, None)),
+    ]
+    .into();
+    let mut trace: Vec<TraceJob> = (0..4).map(|i| job(i, 0.0, "big")).collect();
+    trace.push(job(4, 10.0, "small"));
+    let two = Cluster { nodes: 2, gpus_per_node: 4, mem_mib: 40 * 1024 };
+    let run = |admission: Admission| {
+        let c = SimConfig { cluster: two, admission, ..cfg(Policy::Magm, Estimator::Oracle, 0.0) };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let today = run(Admission::Shards { per_gpu: 8, hand_back: 0 });
+    // The four big jobs fill node 0 (first node with free shards), one per GPU.
+    assert!(today.jobs[..4].iter().all(|j| j.end_s.is_some() && !j.failed_no_fit));
+    let small = &today.jobs[4];
+    assert!(small.failed_no_fit && small.wrong_node && small.end_s.is_none(), "{small:?}");
+    for admission in [Admission::MemoryShards { hand_back: 0 }, Admission::Anywhere] {
+        let o = run(admission);
+        let small = &o.jobs[4];
+        assert!(!small.failed_no_fit && small.end_s == Some(110.0), "{admission:?}: {small:?}");
+        assert!(o.jobs.iter().all(|j| j.end_s.is_some()));
+    }
 }

@@ -4,7 +4,7 @@
 use carma_config::Policy;
 use carma_placement::Params;
 use carma_simulator::{
-    Assumptions, Cluster, Estimator, SimConfig, apply_job_options, read_trace, read_workloads, simulate,
+    Admission, Assumptions, Cluster, Estimator, SimConfig, apply_job_options, read_trace, read_workloads, simulate,
 };
 use std::path::PathBuf;
 
@@ -19,6 +19,7 @@ fn cfg(policy: Policy, estimator: Estimator) -> SimConfig {
         estimator,
         params: Params::default(),
         assumptions: Assumptions::default(),
+        admission: Admission::Anywhere,
     }
 }
 

@@ -6,7 +6,7 @@ use carma_config::{ActivityMetric, Policy, parse_size_mib};
 use carma_placement::Params;
 use carma_simulator::paper::{estimator, plots, run_all, workloads};
 use carma_simulator::report::{Summary, csv, summarize, table};
-use carma_simulator::{Assumptions, Cluster, PowerProfile, Sharing, SimConfig};
+use carma_simulator::{Admission, Assumptions, Cluster, PowerProfile, Sharing, SimConfig};
 use std::path::{Path, PathBuf};
 
 pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster 1x4x40G] [--policy POLICY | --compare]
@@ -14,7 +14,8 @@ pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster
                 [--activity MAP --measured CSV] [--job-options CSV] [--sharing timeslice|mps] [--cap-metric sm|busy] [--gpu a100-40gb|h100-80gb]
                 [--sm-cap 0.8] [--busy-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
                 [--mps-capacity 1.06] [--mps-overhead 0.01] [--mps-solo 0.87]
-                [--idle-w W] [--active-w W] [--sm-w W] [--json] [--csv FILE] [--plots DIR]
+                [--idle-w W] [--active-w W] [--sm-w W] [--admission anywhere|shards|memory-shards]
+                [--json] [--csv FILE] [--plots DIR]
 carma simulate-report --data DIR --out DIR    (the report in docs/simulation.md; DIR is data/)";
 
 const FLAGS: &[&str] = &[
@@ -43,6 +44,7 @@ const FLAGS: &[&str] = &[
     "sm-w",
     "csv",
     "plots",
+    "admission",
 ];
 
 fn num(v: &str) -> Result<f64, String> {
@@ -98,6 +100,7 @@ pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
             headroom_mib: a.parsed("headroom", parse_size_mib)?.unwrap_or(2048),
         },
         assumptions: assumptions(&a)?,
+        admission: a.parsed("admission", Admission::parse)?.unwrap_or_default(),
     };
     let policies: Vec<Policy> = if a.has("compare") { Policy::ALL.to_vec() } else { vec![cfg.policy] };
     let outcomes = run_all(&trace, &w, &cfg, &policies)?;
