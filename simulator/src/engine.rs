@@ -81,6 +81,10 @@ pub enum Admission {
     /// each GPU, and slurmctld picks the node and the GPUs (the first that
     /// have them free); CARMA checks its preconditions on those GPUs.
     MemoryShards { hand_back: u32 },
+    /// Shards as memory, and each node's carma-monitor withdraws the shards
+    /// of a GPU over the activity cap from slurmctld (gives them back when it
+    /// falls under): Slurm sees both of CARMA's preconditions.
+    Informed,
 }
 
 /// With `hand_back` 0 a job CARMA cannot place where Slurm sent it fails
@@ -97,8 +101,9 @@ impl Admission {
             "shards+handback" => Ok(Admission::Shards { per_gpu: 8, hand_back: HAND_BACK }),
             "memory-shards" => Ok(Admission::MemoryShards { hand_back: 0 }),
             "memory-shards+handback" => Ok(Admission::MemoryShards { hand_back: HAND_BACK }),
+            "informed" => Ok(Admission::Informed),
             _ => Err(format!(
-                "admission '{s}': expected anywhere, shards, shards+handback, memory-shards or memory-shards+handback"
+                "admission '{s}': expected anywhere, shards, shards+handback, memory-shards, memory-shards+handback or informed"
             )),
         }
     }
@@ -110,12 +115,13 @@ impl Admission {
             Admission::Shards { .. } => "shards+handback",
             Admission::MemoryShards { hand_back: 0 } => "memory-shards",
             Admission::MemoryShards { .. } => "memory-shards+handback",
+            Admission::Informed => "informed",
         }
     }
 
     fn hand_back(self) -> u32 {
         match self {
-            Admission::Anywhere => 0,
+            Admission::Anywhere | Admission::Informed => 0,
             Admission::Shards { hand_back, .. } | Admission::MemoryShards { hand_back } => hand_back,
         }
     }
@@ -241,9 +247,9 @@ struct NodeView<'a> {
     assumptions: &'a Assumptions,
 }
 
-impl GpuSource for NodeView<'_> {
-    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
-        Ok((0..self.cluster.gpus_per_node)
+impl NodeView<'_> {
+    fn read_now(&self) -> Vec<GpuReading> {
+        (0..self.cluster.gpus_per_node)
             .map(|index| {
                 let mut used = 0.0;
                 let mut processes = Vec::new();
@@ -272,7 +278,13 @@ impl GpuSource for NodeView<'_> {
                     sm_occupancy: None,
                 }
             })
-            .collect())
+            .collect()
+    }
+}
+
+impl GpuSource for NodeView<'_> {
+    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
+        Ok(self.read_now())
     }
 
     fn name(&self) -> &'static str {
@@ -334,7 +346,7 @@ fn shards_per_gpu(admission: Admission, cl: Cluster) -> u32 {
     match admission {
         Admission::Anywhere => 0,
         Admission::Shards { per_gpu, .. } => per_gpu,
-        Admission::MemoryShards { .. } => (cl.mem_mib / 1024) as u32,
+        Admission::MemoryShards { .. } | Admission::Informed => (cl.mem_mib / 1024) as u32,
     }
 }
 
@@ -345,7 +357,7 @@ fn shards_needed(cfg: &SimConfig, cl: Cluster, estimate_mib: Option<u64>) -> u32
     match cfg.admission {
         Admission::Anywhere => 0,
         Admission::Shards { .. } => 1,
-        Admission::MemoryShards { .. } => estimate_mib
+        Admission::MemoryShards { .. } | Admission::Informed => estimate_mib
             .map_or(per_gpu, |e| (e + cfg.params.headroom_mib).div_ceil(1024).min(u64::from(per_gpu)) as u32),
     }
 }
@@ -488,8 +500,16 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                     // the shards asked for; the job pends while none has.
                     let per_gpu = shards_per_gpu(admission, cl);
                     let fits = |node: usize| -> Option<Vec<u32>> {
+                        // Informed: GPUs over the cap offer no shards.
+                        let over: Vec<bool> = if admission == Admission::Informed {
+                            let view =
+                                NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a };
+                            view.read_now().iter().map(|g| g.activity(cfg.params.metric) > cfg.params.cap()).collect()
+                        } else {
+                            vec![false; cl.gpus_per_node as usize]
+                        };
                         let free: Vec<u32> = (0..cl.gpus_per_node)
-                            .filter(|&g| shards_used[gpu_slot(node, g)] + need <= per_gpu)
+                            .filter(|&g| !over[g as usize] && shards_used[gpu_slot(node, g)] + need <= per_gpu)
                             .take(w.gpus as usize)
                             .collect();
                         (free.len() == w.gpus as usize).then_some(free)
@@ -500,7 +520,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                         .find_map(|n| fits(n).map(|g| (n, g)));
                     if let Some((node, gpus)) = pick {
                         // Shards as memory: CARMA checks Slurm's GPUs.
-                        let only = matches!(admission, Admission::MemoryShards { .. }).then_some(gpus.as_slice());
+                        let only = matches!(admission, Admission::MemoryShards { .. } | Admission::Informed)
+                            .then_some(gpus.as_slice());
                         match ctx.decide(&mut states[node], node, only, step, &plan.request)? {
                             Some(d) => {
                                 placed = Some((node, d));

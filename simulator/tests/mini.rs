@@ -170,7 +170,8 @@ fn exclusive_never_collocates_on_a_busy_trace() {
 /// to node 0 (7 free shards per GPU), where no GPU has 8 + 2 GiB free: it
 /// fails while node 1 stood empty. With shards as memory, node 0's GPUs
 /// hold 38 of 40 GiB-shards, so slurmctld sends it to node 1, where it runs.
-/// CARMA everywhere (the simulator before #30) finds node 1 too.
+/// CARMA everywhere (the simulator before #30) finds node 1 too, and so
+/// does Slurm when monitors withdraw busy GPUs' shards.
 #[test]
 fn slurm_sends_a_job_to_a_full_node_unless_shards_are_memory() {
     let w: HashMap<_, _> = [
@@ -190,10 +191,35 @@ fn slurm_sends_a_job_to_a_full_node_unless_shards_are_memory() {
     assert!(today.jobs[..4].iter().all(|j| j.end_s.is_some() && !j.failed_no_fit));
     let small = &today.jobs[4];
     assert!(small.failed_no_fit && small.wrong_node && small.end_s.is_none(), "{small:?}");
-    for admission in [Admission::MemoryShards { hand_back: 0 }, Admission::Anywhere] {
+    for admission in [Admission::MemoryShards { hand_back: 0 }, Admission::Informed, Admission::Anywhere] {
         let o = run(admission);
         let small = &o.jobs[4];
         assert!(!small.failed_no_fit && small.end_s == Some(110.0), "{admission:?}: {small:?}");
         assert!(o.jobs.iter().all(|j| j.end_s.is_some()));
     }
+}
+
+/// Shards as memory alone pack a busy GPU: a job whose memory fits beside
+/// a busy one is sent there and refused by CARMA's activity cap. When each
+/// node's monitor withdraws the shards of a GPU over the cap, slurmctld
+/// sends it to the idle GPU instead.
+#[test]
+fn slurm_needs_the_monitors_view_of_activity_not_memory_alone() {
+    // One node, two GPUs; a 10 GiB job busy 0.9 (over the 0.8 cap) on GPU 0,
+    // then a 10 GiB job: 20 GiB-shards of 40 are free on GPU 0.
+    let w: HashMap<_, _> = [
+        ("hot".to_string(), wl("hot", 10, 1000.0, 0.9, None)),
+        ("small".to_string(), wl("small", 10, 100.0, 0.3, None)),
+    ]
+    .into();
+    let trace = [job(0, 0.0, "hot"), job(1, 10.0, "small")];
+    let one = Cluster { nodes: 1, gpus_per_node: 2, mem_mib: 40 * 1024 };
+    let run = |admission: Admission| {
+        let c = SimConfig { cluster: one, admission, ..cfg(Policy::Magm, Estimator::Oracle, 0.0) };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let packed = run(Admission::MemoryShards { hand_back: 0 });
+    assert!(packed.jobs[1].failed_no_fit, "{:?}", packed.jobs[1]);
+    let informed = run(Admission::Informed);
+    assert!(!informed.jobs[1].failed_no_fit && informed.jobs[1].end_s == Some(110.0), "{:?}", informed.jobs[1]);
 }
