@@ -5,10 +5,7 @@
 
 use carma_config::{ActivityMetric, Policy};
 use carma_placement::Params;
-use carma_simulator::{
-    Admission, Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, read_trace, read_workloads, simulate,
-};
-use std::collections::HashMap;
+use carma_simulator::{Admission, Assumptions, Cluster, Estimator, SimConfig, read_trace, read_workloads, simulate};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -42,29 +39,7 @@ fn main() {
     // Synthetic: the paper's single-GPU workloads, shortened 10x, arriving
     // every 0.25 s on average (deterministic LCG): ~1,500 jobs want the
     // 1,024 GPUs at once, so placement, collocation and queueing all work.
-    let names: Vec<&String> = {
-        let mut v: Vec<&String> = w.iter().filter(|(_, x)| x.gpus == 1).map(|(k, _)| k).collect();
-        v.sort();
-        v
-    };
-    let short: HashMap<String, Workload> =
-        w.iter().map(|(k, x)| (k.clone(), Workload { solo_s: (x.solo_s / 10.0).max(30.0), ..x.clone() })).collect();
-    let mut seed: u64 = 42;
-    let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (seed >> 33) as f64 / (1u64 << 31) as f64
-    };
-    let mut at = 0.0;
-    let trace: Vec<TraceJob> = (0..100_000)
-        .map(|i| {
-            at += next() * 0.5;
-            TraceJob {
-                seq: i,
-                submit_s: at,
-                workload: names[(next() * names.len() as f64) as usize % names.len()].clone(),
-            }
-        })
-        .collect();
+    let (trace, short) = carma_simulator::input::synthetic(&w, 100_000, 0.25, 42);
     let big = Cluster { nodes: 128, gpus_per_node: 8, mem_mib: 40960 };
     // Time-sliced with the cap on busy time, the configuration that makes
     // collocation pay there (docs/simulation.md). With the cap on SM

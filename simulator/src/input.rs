@@ -250,3 +250,35 @@ pub fn apply_job_options(workloads: &mut HashMap<String, Workload>, path: &Path)
     }
     Ok(opts)
 }
+
+/// A synthetic trace: `jobs` of the table's single-GPU workloads, each
+/// shortened 10x (at least 30 s), arriving every `mean_gap_s` on average,
+/// drawn by a deterministic generator from `seed`. Returns the trace and
+/// the shortened workloads it names.
+pub fn synthetic(
+    workloads: &HashMap<String, Workload>,
+    jobs: u32,
+    mean_gap_s: f64,
+    seed: u64,
+) -> (Vec<TraceJob>, HashMap<String, Workload>) {
+    let mut names: Vec<&String> = workloads.iter().filter(|(_, x)| x.gpus == 1).map(|(k, _)| k).collect();
+    names.sort();
+    let short = workloads
+        .iter()
+        .map(|(k, x)| (k.clone(), Workload { solo_s: (x.solo_s / 10.0).max(30.0), ..x.clone() }))
+        .collect();
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as f64 / (1u64 << 31) as f64
+    };
+    let mut at = 0.0;
+    let trace = (0..jobs)
+        .map(|i| {
+            at += next() * 2.0 * mean_gap_s;
+            let workload = names[(next() * names.len() as f64) as usize % names.len().max(1)].clone();
+            TraceJob { seq: i, submit_s: at, workload }
+        })
+        .collect();
+    (trace, short)
+}

@@ -422,26 +422,7 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
     }
     // Synthetic: the paper's single-GPU workloads shortened 10x, 20,000 jobs
     // arriving every 0.4 s on average (deterministic), on 64 x 8 GPUs.
-    let names: Vec<&String> = {
-        let mut v: Vec<&String> = w.iter().filter(|(_, x)| x.gpus == 1).map(|(k, _)| k).collect();
-        v.sort();
-        v
-    };
-    let short: HashMap<String, Workload> =
-        w.iter().map(|(k, x)| (k.clone(), Workload { solo_s: (x.solo_s / 10.0).max(30.0), ..x.clone() })).collect();
-    let mut seed: u64 = 7;
-    let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (seed >> 33) as f64 / (1u64 << 31) as f64
-    };
-    let mut at = 0.0;
-    let synthetic: Vec<crate::TraceJob> = (0..20_000)
-        .map(|i| {
-            at += next() * 0.8;
-            let workload = names[(next() * names.len() as f64) as usize % names.len()].clone();
-            crate::TraceJob { seq: i, submit_s: at, workload }
-        })
-        .collect();
+    let (synthetic, short) = crate::input::synthetic(w, 20_000, 0.4, 7);
     cases.push((
         "synthetic 20,000".into(),
         Cluster { nodes: 64, gpus_per_node: 8, mem_mib: 40 * 1024 },
