@@ -85,6 +85,13 @@ pub enum Admission {
     /// of a GPU over the activity cap from slurmctld (gives them back when it
     /// falls under): Slurm sees both of CARMA's preconditions.
     Informed,
+    /// What Slurm can be told at run time: a node-level memory count (a
+    /// GRES without device files, `carmamem`, in GiB), which each node's
+    /// carma-monitor sets to the memory of its GPUs under the activity cap;
+    /// a job asks its estimate plus headroom per GPU. slurmctld picks the
+    /// node, CARMA the GPUs (its policy, granting their devices itself); a
+    /// node where no GPU fits after all hands the job back.
+    NodeMemory { hand_back: u32 },
 }
 
 /// With `hand_back` 0 a job CARMA cannot place where Slurm sent it fails
@@ -102,8 +109,9 @@ impl Admission {
             "memory-shards" => Ok(Admission::MemoryShards { hand_back: 0 }),
             "memory-shards+handback" => Ok(Admission::MemoryShards { hand_back: HAND_BACK }),
             "informed" => Ok(Admission::Informed),
+            "node-memory" => Ok(Admission::NodeMemory { hand_back: HAND_BACK }),
             _ => Err(format!(
-                "admission '{s}': expected anywhere, shards, shards+handback, memory-shards, memory-shards+handback or informed"
+                "admission '{s}': expected anywhere, shards, shards+handback, memory-shards, memory-shards+handback, informed or node-memory"
             )),
         }
     }
@@ -116,13 +124,16 @@ impl Admission {
             Admission::MemoryShards { hand_back: 0 } => "memory-shards",
             Admission::MemoryShards { .. } => "memory-shards+handback",
             Admission::Informed => "informed",
+            Admission::NodeMemory { .. } => "node-memory",
         }
     }
 
     fn hand_back(self) -> u32 {
         match self {
             Admission::Anywhere | Admission::Informed => 0,
-            Admission::Shards { hand_back, .. } | Admission::MemoryShards { hand_back } => hand_back,
+            Admission::Shards { hand_back, .. }
+            | Admission::MemoryShards { hand_back }
+            | Admission::NodeMemory { hand_back } => hand_back,
         }
     }
 }
@@ -222,6 +233,8 @@ struct Run {
     /// Shards slurmctld allocated on each of `slurm_gpus`.
     shards: u32,
     slurm_gpus: Vec<u32>,
+    /// The node-level memory count slurmctld allocated (node-memory).
+    node_gib: u32,
     start: f64,
     peak: f64,
     /// Solo readings: share of time a kernel runs, SM activity.
@@ -346,7 +359,9 @@ fn shards_per_gpu(admission: Admission, cl: Cluster) -> u32 {
     match admission {
         Admission::Anywhere => 0,
         Admission::Shards { per_gpu, .. } => per_gpu,
-        Admission::MemoryShards { .. } | Admission::Informed => (cl.mem_mib / 1024) as u32,
+        Admission::MemoryShards { .. } | Admission::Informed | Admission::NodeMemory { .. } => {
+            (cl.mem_mib / 1024) as u32
+        }
     }
 }
 
@@ -357,7 +372,7 @@ fn shards_needed(cfg: &SimConfig, cl: Cluster, estimate_mib: Option<u64>) -> u32
     match cfg.admission {
         Admission::Anywhere => 0,
         Admission::Shards { .. } => 1,
-        Admission::MemoryShards { .. } | Admission::Informed => estimate_mib
+        Admission::MemoryShards { .. } | Admission::Informed | Admission::NodeMemory { .. } => estimate_mib
             .map_or(per_gpu, |e| (e + cfg.params.headroom_mib).div_ceil(1024).min(u64::from(per_gpu)) as u32),
     }
 }
@@ -427,6 +442,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     // nodes that handed each job back.
     let mut shards_used = vec![0u32; cl.gpus()];
     let mut excluded: Vec<Vec<usize>> = vec![Vec::new(); trace.len()];
+    let mut node_gib_used = vec![0u32; cl.nodes as usize];
     // carma.yaml as the simulated cluster's admin wrote it: the defaults,
     // the sharing mode, recovery on a GPU of its own.
     let resolve_cfg = Config { sharing: a.sharing, recovery_mode: RecoveryMode::Exclusive, ..Config::default() };
@@ -500,14 +516,20 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                     // the shards asked for; the job pends while none has.
                     let per_gpu = shards_per_gpu(admission, cl);
                     let fits = |node: usize| -> Option<Vec<u32>> {
-                        // Informed: GPUs over the cap offer no shards.
-                        let over: Vec<bool> = if admission == Admission::Informed {
+                        // Informed, node memory: GPUs over the cap offer none.
+                        let over: Vec<bool> = if matches!(admission, Admission::Informed | Admission::NodeMemory { .. })
+                        {
                             let view =
                                 NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a };
                             view.read_now().iter().map(|g| g.activity(cfg.params.metric) > cfg.params.cap()).collect()
                         } else {
                             vec![false; cl.gpus_per_node as usize]
                         };
+                        if matches!(admission, Admission::NodeMemory { .. }) {
+                            let capacity = over.iter().filter(|o| !**o).count() as u32 * per_gpu;
+                            let free = capacity.saturating_sub(node_gib_used[node]);
+                            return (free >= need * w.gpus).then(Vec::new);
+                        }
                         let free: Vec<u32> = (0..cl.gpus_per_node)
                             .filter(|&g| !over[g as usize] && shards_used[gpu_slot(node, g)] + need <= per_gpu)
                             .take(w.gpus as usize)
@@ -561,6 +583,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             for &g in &slurm_gpus {
                 shards_used[gpu_slot(node, g)] += need;
             }
+            let node_gib = if matches!(cfg.admission, Admission::NodeMemory { .. }) { need * w.gpus } else { 0 };
+            node_gib_used[node] += node_gib;
             if from_recovery {
                 recovery.pop_front()
             } else {
@@ -578,6 +602,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 node,
                 shards: need,
                 slurm_gpus,
+                node_gib,
                 gpus: choice.gpus,
                 start: t,
                 peak: w.peak_mib as f64,
@@ -674,6 +699,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             for &g in &r.slurm_gpus {
                 shards_used[gpu_slot(r.node, g)] -= r.shards;
             }
+            node_gib_used[r.node] -= r.node_gib;
             states[r.node].release_holder(r.pid, r.pid);
             results[r.job].ooms += 1;
             dirty = true;
@@ -693,6 +719,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 for &g in &r.slurm_gpus {
                     shards_used[gpu_slot(r.node, g)] -= r.shards;
                 }
+                node_gib_used[r.node] -= r.node_gib;
                 states[r.node].release_holder(r.pid, r.pid);
                 results[r.job].end_s = Some(t);
                 dirty = true;
