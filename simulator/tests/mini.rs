@@ -223,3 +223,31 @@ fn slurm_needs_the_monitors_view_of_activity_not_memory_alone() {
     let informed = run(Admission::Informed);
     assert!(!informed.jobs[1].failed_no_fit && informed.jobs[1].end_s == Some(110.0), "{:?}", informed.jobs[1]);
 }
+
+/// Node-level memory (what Slurm can be told at run time): node 0's free
+/// memory is split across its GPUs (15 GiB each beside two 25 GiB jobs),
+/// so a 20 GiB job that the node's total admits fits no GPU there; the node
+/// hands it back and slurmctld sends it to node 1, where CARMA places it.
+#[test]
+fn a_node_whose_free_memory_is_split_hands_the_job_back() {
+    let w: HashMap<_, _> = [
+        ("mid".to_string(), wl("mid", 25, 1000.0, 0.2, None)),
+        ("twenty".to_string(), wl("twenty", 20, 100.0, 0.2, None)),
+    ]
+    .into();
+    let trace = [job(0, 0.0, "mid"), job(1, 0.0, "mid"), job(2, 10.0, "twenty")];
+    let two = Cluster { nodes: 2, gpus_per_node: 2, mem_mib: 40 * 1024 };
+    let run = |admission: Admission| {
+        let c = SimConfig { cluster: two, admission, ..cfg(Policy::Magm, Estimator::Oracle, 0.0) };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    // Node 0 took both 25 GiB jobs (27 GiB each with headroom: 54 of 80),
+    // one per GPU (magm); 26 GiB left on the node, 13 on each GPU.
+    let o = run(Admission::NodeMemory { hand_back: 3 });
+    assert_eq!(o.handed_back, 1, "{:?}", o.jobs);
+    assert!(o.jobs.iter().all(|j| j.end_s.is_some() && !j.failed_no_fit), "{:?}", o.jobs);
+    assert_eq!(o.jobs[2].end_s, Some(110.0));
+    // Without hand-back the node would have failed it.
+    let o = run(Admission::NodeMemory { hand_back: 0 });
+    assert!(o.jobs[2].failed_no_fit && o.jobs[2].wrong_node, "{:?}", o.jobs[2]);
+}

@@ -14,7 +14,7 @@ pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster
                 [--activity MAP --measured CSV] [--job-options CSV] [--sharing timeslice|mps] [--cap-metric sm|busy] [--gpu a100-40gb|h100-80gb]
                 [--sm-cap 0.8] [--busy-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
                 [--mps-capacity 1.06] [--mps-overhead 0.01] [--mps-solo 0.87]
-                [--idle-w W] [--active-w W] [--sm-w W] [--admission anywhere|shards|memory-shards|informed]
+                [--idle-w W] [--active-w W] [--sm-w W] [--admission anywhere|shards|memory-shards|informed|node-memory]
                 [--json] [--csv FILE] [--plots DIR]
 carma simulate-report --data DIR --out DIR    (the report in docs/simulation.md; DIR is data/)";
 
