@@ -111,7 +111,7 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 "analytic transformer: {} blocks, hidden {}, {} heads ({} key/value), feed-forward {} ({} kept per token), \
                  vocabulary {}, sequence {} ({seq_from}), precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime \
                  + {:.0} MiB weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample (activations at {} B \
-                 for matmul outputs; attention {}; head 24 B per vocabulary entry)",
+                 for matmul outputs; attention {}; head {} B per vocabulary entry)",
                 shape.blocks,
                 shape.hidden,
                 shape.heads,
@@ -125,14 +125,11 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 parts.runtime_mib,
                 parts.params_mib,
                 layers_model::param_bytes(s.precision),
-                if s.precision == carma_config::Precision::Mixed {
-                    ": fp32 master weights and Adam, bf16 copies"
-                } else {
-                    ""
-                },
+                layers_model::param_note(s.precision),
                 parts.per_sample_mib,
                 if s.precision == carma_config::Precision::Fp32 { 4 } else { 2 },
                 if shape.fused_attention { "fused, no probabilities kept" } else { "probabilities kept" },
+                transformer::HEAD_BYTES,
             );
             Ok(Estimate {
                 mib,
@@ -160,7 +157,7 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
             let why = format!(
                 "{} of {} layers, {:.1} M parameters, batch {batch}, precision {}: {} MiB runtime + {:.0} MiB \
                  weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample ({:.1} MiB saved for the backward pass: \
-                 activations at {} B{}, pooling indices, dropout masks; {:.1} MiB gradients in flight) = {continuous} MiB; \
+                 activations at {} B{}, pooling indices, dropout masks; {:.1} MiB gradients and allocator blocks in flight) = {continuous} MiB; \
                  GPUMemNet bin {}",
                 if net.attention_blocks > 0 {
                     format!("image transformer ({} attention blocks)", net.attention_blocks)
@@ -173,11 +170,7 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 parts.runtime_mib,
                 parts.params_mib,
                 layers_model::param_bytes(s.precision),
-                if s.precision == carma_config::Precision::Mixed {
-                    ": fp32 master weights and Adam, bf16 copies"
-                } else {
-                    ""
-                },
+                layers_model::param_note(s.precision),
                 parts.per_sample_mib,
                 kept.saved_bytes / (1024.0 * 1024.0),
                 kept.half_bytes,

@@ -73,8 +73,8 @@ fn group(lower: &str) -> Option<usize> {
 
 /// Elements autograd keeps per output element of a leaf module with
 /// parameters, for descriptions that count only those (torchinfo's
-/// footer): the highest ratio of [`profile`]'s count to that one over the
-/// paper's torchsummary tables (test below), rounded up.
+/// footer): at least the highest ratio of what [`crate::kept`] counts to
+/// that one over the paper's torchsummary tables (a torchinfo test checks).
 pub const PARAM_LEAF_RETENTION: f64 = 3.0;
 
 /// Output elements per sample of the layers with parameters.

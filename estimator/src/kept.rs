@@ -241,13 +241,8 @@ pub struct Kept {
 fn width(precision: Precision, half: bool) -> f64 {
     match precision {
         Precision::Fp32 => 4.0,
-        Precision::Mixed => {
-            if half {
-                2.0
-            } else {
-                4.0
-            }
-        }
+        Precision::Mixed if half => 2.0,
+        Precision::Mixed => 4.0,
         Precision::Bf16 => 2.0,
     }
 }
@@ -292,8 +287,8 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
             Computes::Follows => ins.iter().all(|i| i.is_some_and(|i| half[i])),
         };
         if ops[j].saves == Saves::View {
+            // A view of the data batch is the data batch (`None`).
             storage[j] = ins.first().copied().flatten().and_then(|i| storage[i]);
-            // A view of the data batch is the data batch.
         }
     }
     // A table lists modules only: a shape-keeping row (dropout, a norm, an

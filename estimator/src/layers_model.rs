@@ -54,6 +54,15 @@ pub fn param_bytes(precision: Precision) -> f64 {
     }
 }
 
+/// What [`param_bytes`] counts beyond fp32 weights, gradients and Adam,
+/// for an estimate's `why`.
+pub fn param_note(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Mixed => ": fp32 master weights and Adam, bf16 copies",
+        Precision::Fp32 | Precision::Bf16 => "",
+    }
+}
+
 pub fn parts(p: &Profile, k: &Kept, runtime_mib: u64, precision: Precision) -> Parts {
     // Rows folded by a depth limit hide activations; a footer count of
     // every leaf module with parameters does not (fp32 bytes: safe).

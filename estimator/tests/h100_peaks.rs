@@ -29,7 +29,6 @@ struct Case {
     seq: Option<u64>,
     precision: &'static str,
     measured: f64,
-    allocated: f64,
 }
 
 fn cases() -> Vec<Case> {
@@ -40,11 +39,10 @@ fn cases() -> Vec<Case> {
         let batch = num(&r, "batch_size") as u64;
         let precision: &'static str = if r["precision"] == "mixed" { "mixed" } else { "fp32" };
         let measured = num(&r, "nvml_process_peak_mib");
-        let allocated = num(&r, "torch_max_allocated_mib");
         let seq = r["seq_len"].parse().ok();
         let mut push = |kind: &'static str, name: String| {
             if dir.join(&name).is_file() {
-                out.push(Case { model: model.clone(), kind, file: name, batch, seq, precision, measured, allocated });
+                out.push(Case { model: model.clone(), kind, file: name, batch, seq, precision, measured });
             }
         };
         push("torchsummary", format!("{model}_{batch}.model"));
@@ -66,21 +64,9 @@ fn every_row_covered_and_tight_per_kind_and_precision() {
         let e = estimate(bytes, &c.file, Some(c.batch), &s).unwrap_or_else(|err| panic!("{}: {err}", c.file));
         let ratio = e.mib as f64 / c.measured;
         println!(
-            "{:<16} {:<12} {:<6} batch {:>3}: estimate {:>6} MiB, measured {:>6.0} MiB, {ratio:.2}x (of allocated {:.2}x)",
-            c.model,
-            c.kind,
-            c.precision,
-            c.batch,
-            e.mib,
-            c.measured,
-            (e.mib - RUNTIME_MIB) as f64 / c.allocated
+            "{:<16} {:<12} {:<6} batch {:>3}: estimate {:>6} MiB, measured {:>6.0} MiB, {ratio:.2}x",
+            c.model, c.kind, c.precision, c.batch, e.mib, c.measured
         );
-        if e.parts.largest_mib > 0.0 {
-            println!(
-                "   deficit per sample / largest: {:.2}",
-                (c.measured - e.mib as f64) / c.batch as f64 / e.parts.largest_mib
-            );
-        }
         if ratio < 1.0 {
             under.push(format!("{} {} {} batch {}: {ratio:.3}x ({})", c.model, c.kind, c.precision, c.batch, e.why));
         }

@@ -61,13 +61,8 @@ fn vision_transformers_are_estimated_from_their_layers_above_their_measured_need
     let ratio = image_ratio;
     let on_gpu: std::collections::HashSet<String> =
         csv("h100/training-peaks.csv").iter().map(|r| r["model"].clone()).collect();
-    let mut checked = 0;
+    let (mut checked, mut bounded) = (0, 0);
     for r in cpu.iter().filter(|r| r["workload"].is_empty()) {
-        if on_gpu.contains(&r["model"]) {
-            println!("{} batch {}: measured on an H100 (h100_peaks.rs)", r["model"], r["batch"]);
-            checked += 1;
-            continue;
-        }
         let file = data().join(format!("onnx/{}.onnx", r["model"]));
         let bytes = read_bounded_bytes(&file).unwrap();
         let batch = num(r, "batch") as u64;
@@ -82,8 +77,14 @@ fn vision_transformers_are_estimated_from_their_layers_above_their_measured_need
         );
         assert_eq!(e.source, "layers", "{}: {}", r["model"], e.why);
         assert!(!e.why.contains("vocabulary"), "{}: taken for a language model: {}", r["model"], e.why);
-        assert!(e.mib as f64 >= bound, "{} batch {batch}: {} MiB < {bound:.0} MiB", r["model"], e.mib);
         checked += 1;
+        if on_gpu.contains(&r["model"]) {
+            println!("  (its H100 peaks hold it in h100_peaks.rs, not this bound)");
+            continue;
+        }
+        assert!(e.mib as f64 >= bound, "{} batch {batch}: {} MiB < {bound:.0} MiB", r["model"], e.mib);
+        bounded += 1;
     }
     assert_eq!(checked, 6, "vit_b_16, swin_t and convnext_tiny at two batch sizes");
+    assert_eq!(bounded, 2, "swin_t, which no GPU has measured, at two batch sizes");
 }

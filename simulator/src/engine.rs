@@ -307,6 +307,39 @@ impl GpuSource for NodeView<'_> {
 
 const EPS: f64 = 1e-6;
 
+/// What slurmctld has allocated: shards on each GPU (node-major) and the
+/// node-level memory count, taken when a run starts and given back when it
+/// ends.
+struct SlurmAlloc {
+    shards: Vec<u32>,
+    node_gib: Vec<u32>,
+    gpus_per_node: u32,
+}
+
+impl SlurmAlloc {
+    fn new(cl: Cluster) -> SlurmAlloc {
+        SlurmAlloc { shards: vec![0; cl.gpus()], node_gib: vec![0; cl.nodes as usize], gpus_per_node: cl.gpus_per_node }
+    }
+
+    fn shards(&self, node: usize, g: u32) -> u32 {
+        self.shards[node * self.gpus_per_node as usize + g as usize]
+    }
+
+    fn take(&mut self, r: &Run) {
+        for &g in &r.slurm_gpus {
+            self.shards[r.node * self.gpus_per_node as usize + g as usize] += r.shards;
+        }
+        self.node_gib[r.node] += r.node_gib;
+    }
+
+    fn give_back(&mut self, r: &Run) {
+        for &g in &r.slurm_gpus {
+            self.shards[r.node * self.gpus_per_node as usize + g as usize] -= r.shards;
+        }
+        self.node_gib[r.node] -= r.node_gib;
+    }
+}
+
 /// What deciding a job on one node needs besides the node's state.
 struct Deciding<'a> {
     cl: Cluster,
@@ -377,6 +410,16 @@ fn shards_needed(cfg: &SimConfig, cl: Cluster, estimate_mib: Option<u64>) -> u32
     }
 }
 
+/// Takes the queue head that was tried (the recovery queue's, if it came
+/// from there).
+fn pop_head(from_recovery: bool, recovery: &mut VecDeque<usize>, queue: &mut VecDeque<usize>) {
+    if from_recovery {
+        recovery.pop_front()
+    } else {
+        queue.pop_front()
+    };
+}
+
 /// Every simulated job is one user's.
 const SIM_UID: u32 = 1000;
 
@@ -440,9 +483,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     let mut states: Vec<NodeState> = (0..cl.nodes).map(|_| NodeState::default()).collect();
     // Shards slurmctld has allocated on each GPU (node-major), and the
     // nodes that handed each job back.
-    let mut shards_used = vec![0u32; cl.gpus()];
+    let mut slurm = SlurmAlloc::new(cl);
     let mut excluded: Vec<Vec<usize>> = vec![Vec::new(); trace.len()];
-    let mut node_gib_used = vec![0u32; cl.nodes as usize];
     // carma.yaml as the simulated cluster's admin wrote it: the defaults,
     // the sharing mode, recovery on a GPU of its own.
     let resolve_cfg = Config { sharing: a.sharing, recovery_mode: RecoveryMode::Exclusive, ..Config::default() };
@@ -488,11 +530,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             let w = wl[job];
             if w.gpus > cl.gpus_per_node {
                 results[job].rejected = true;
-                if from_recovery {
-                    recovery.pop_front()
-                } else {
-                    queue.pop_front()
-                };
+                pop_head(from_recovery, &mut recovery, &mut queue);
                 continue;
             }
             let plan = plan(w, from_recovery, cfg, &resolve_cfg)?;
@@ -527,11 +565,11 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                         };
                         if matches!(admission, Admission::NodeMemory { .. }) {
                             let capacity = over.iter().filter(|o| !**o).count() as u32 * per_gpu;
-                            let free = capacity.saturating_sub(node_gib_used[node]);
+                            let free = capacity.saturating_sub(slurm.node_gib[node]);
                             return (free >= need * w.gpus).then(Vec::new);
                         }
                         let free: Vec<u32> = (0..cl.gpus_per_node)
-                            .filter(|&g| !over[g as usize] && shards_used[gpu_slot(node, g)] + need <= per_gpu)
+                            .filter(|&g| !over[g as usize] && slurm.shards(node, g) + need <= per_gpu)
                             .take(w.gpus as usize)
                             .collect();
                         (free.len() == w.gpus as usize).then_some(free)
@@ -565,11 +603,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                                 });
                                 results[job].failed_no_fit = true;
                                 results[job].wrong_node = elsewhere;
-                                if from_recovery {
-                                    recovery.pop_front()
-                                } else {
-                                    queue.pop_front()
-                                };
+                                pop_head(from_recovery, &mut recovery, &mut queue);
                                 continue;
                             }
                         }
@@ -580,16 +614,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 dirty = false;
                 break;
             };
-            for &g in &slurm_gpus {
-                shards_used[gpu_slot(node, g)] += need;
-            }
             let node_gib = if matches!(cfg.admission, Admission::NodeMemory { .. }) { need * w.gpus } else { 0 };
-            node_gib_used[node] += node_gib;
-            if from_recovery {
-                recovery.pop_front()
-            } else {
-                queue.pop_front()
-            };
+            pop_head(from_recovery, &mut recovery, &mut queue);
             let pid = next_pid;
             next_pid += 1;
             history_raised += u32::from(choice.history_mib.is_some());
@@ -611,6 +637,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 solo_s: w.solo_s.max(1.0),
                 progress: 0.0,
             });
+            slurm.take(runs.last().expect("just pushed"));
         }
         if runs.is_empty() && next_arrival == trace.len() {
             // Whatever still waits can never start (nothing will free up).
@@ -696,10 +723,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             && (when - t).abs() < EPS
         {
             let r = runs.remove(victim);
-            for &g in &r.slurm_gpus {
-                shards_used[gpu_slot(r.node, g)] -= r.shards;
-            }
-            node_gib_used[r.node] -= r.node_gib;
+            slurm.give_back(&r);
             states[r.node].release_holder(r.pid, r.pid);
             results[r.job].ooms += 1;
             dirty = true;
@@ -716,10 +740,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 if let Some(res) = states[r.node].job_mut(r.pid) {
                     res.observed_mib = res.observed_mib.max(r.alloc(t, a.ramp_s).ceil() as u64);
                 }
-                for &g in &r.slurm_gpus {
-                    shards_used[gpu_slot(r.node, g)] -= r.shards;
-                }
-                node_gib_used[r.node] -= r.node_gib;
+                slurm.give_back(&r);
                 states[r.node].release_holder(r.pid, r.pid);
                 results[r.job].end_s = Some(t);
                 dirty = true;

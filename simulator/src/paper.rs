@@ -475,12 +475,13 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
          busy ones. Handing a refused job back (requeued with that node excluded, at most 3 times) moves it to the\n\
          next low node, as busy. So admission must know what each node's monitor knows, not memory alone:\n\
          `informed` (shards as memory, and each node's carma-monitor withdrawing a GPU's shards from slurmctld while\n\
-         its activity is over the cap) fails no job and comes within 1–5% of `anywhere`'s makespan and waits, but\n\
+         its activity is over the cap) fails no job, its makespans within 1.1% of `anywhere`'s and its mean waits at\n\
+         most 5.4% longer, but\n\
          Slurm cannot do it: it refuses to change the count of a GRES bound to device files at run time (measured on\n\
          22.05; docs/admission.md). What it can do is `node-memory`: a node-level memory count without device files\n\
          (`carmamem`, GiB), which `scontrol update` changes at run time, set by each node's monitor to the memory of\n\
          its GPUs under the cap; slurmctld picks the node by it and CARMA the GPUs. It fails no job of the synthetic\n\
-         trace and 5–6% of the scaled paper traces, after 3 hand-backs, where a node's free memory is split across\n\
+         trace and 5.4–6.2% of the scaled paper traces, after 3 hand-backs, where a node's free memory is split across\n\
          GPUs none of which fits the job. Model simplifications: a refused job fails at once (a real node waits\n\
          `timeouts.wait` first), a handed-back job is tried again at once, and slurmctld sees a monitor's update at\n\
          once (a real one a monitor interval and\n\

@@ -125,7 +125,9 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         facts.job_signature = transparent::signature(sp, crate::spank::is_batch_step(step_id));
     }
     let job = facts.job;
-    let node = NodeFacts::read(&cfg.state_dir, job);
+    // The root-owned job files matter only to a CARMA step: a plain shard
+    // step (its whole-GPU record dropped) opens none of them.
+    let node = if *carma { NodeFacts::read(&cfg.state_dir, job) } else { NodeFacts::default() };
     let resolution = resolve::resolve(&facts, &node, cfg).map_err(Error::msg)?;
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
     let plan = match resolution {
