@@ -157,7 +157,7 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
             let why = format!(
                 "{} of {} layers, {:.1} M parameters, batch {batch}, precision {}: {} MiB runtime + {:.0} MiB \
                  weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample ({:.1} MiB saved for the backward pass: \
-                 activations at {} B{}, pooling indices, dropout masks; {:.1} MiB gradients and allocator blocks in flight) = {continuous} MiB; \
+                 activations at {} B{}, pooling indices, dropout masks{}; {:.1} MiB gradients and allocator blocks in flight) = {continuous} MiB; \
                  GPUMemNet bin {}",
                 if net.attention_blocks > 0 {
                     format!("image transformer ({} attention blocks)", net.attention_blocks)
@@ -172,12 +172,23 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 layers_model::param_bytes(s.precision),
                 layers_model::param_note(s.precision),
                 parts.per_sample_mib,
-                kept.saved_bytes / (1024.0 * 1024.0),
+                parts.saved_mib,
                 kept.half_bytes,
                 if s.precision == carma_config::Precision::Mixed {
                     " for convolutions and matmuls, 4 B for norms and softmax"
                 } else {
                     ""
+                },
+                if parts.saved_mib > kept.saved_bytes / (1024.0 * 1024.0) {
+                    format!(
+                        "; the table folds blocks, so the footer's {:.1} M output elements of layers with parameters \
+                         x {} at 4 B, above the {:.1} MiB its rows show",
+                        profile.param_leaf_floor / features::PARAM_LEAF_RETENTION / 1e6,
+                        features::PARAM_LEAF_RETENTION,
+                        kept.saved_bytes / (1024.0 * 1024.0)
+                    )
+                } else {
+                    String::new()
                 },
                 layers_model::transient(&kept) * kept.largest_bytes / (1024.0 * 1024.0),
                 match &gpumemnet {

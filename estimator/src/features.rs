@@ -125,7 +125,7 @@ mod tests {
     use crate::input::Layer;
 
     fn layer(kind: &str, out_elems: u64, params: u64) -> Layer {
-        Layer { kind: kind.into(), out_elems, params }
+        Layer { kind: kind.into(), out_elems, params, channels: 0, folded_elems: 0 }
     }
 
     #[test]

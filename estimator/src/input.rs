@@ -16,6 +16,14 @@ pub struct Layer {
     /// Output elements per sample (batch dimension removed).
     pub out_elems: u64,
     pub params: u64,
+    /// The first dimension after the batch of a feature map (rank 3 or
+    /// more, one output); 0 where the description does not give one.
+    pub channels: u64,
+    /// For a row that folds a block (torchinfo's depth limit): the most
+    /// elements per sample one tensor inside it can have, its widest
+    /// channels at its finest resolution, from its input and output
+    /// shapes. 0 where the row's children are listed or shapes are missing.
+    pub folded_elems: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

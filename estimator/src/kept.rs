@@ -308,6 +308,40 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
             }
         }
     }
+    // A table shows a block that joins parallel branches only by its
+    // modules and its container row: a parameter-free container that keeps
+    // the spatial size of the row before it and adds channels is a
+    // concatenation of branches that each read the block's input. A branch
+    // may open with a call the table does not list (torchvision's
+    // Inception-v3: `F.avg_pool2d` on the block input in its A, C and E
+    // blocks, `F.max_pool2d` in B and D), whose result the branch's
+    // convolution keeps. One tensor of the block input's size is counted
+    // per join: the most one such pooling keeps (an average pooling's
+    // result of the input's size; a strided max-pooling's int64 indices
+    // are a quarter of its input at twice the width). The row before the
+    // join ends the last branch; the activation that made it may be a call
+    // the table does not list either (Inception's `F.relu`), which keeps
+    // its result: that row is kept too.
+    let mut branch_inputs: Vec<Option<usize>> = Vec::new();
+    let mut branch_tails: Vec<usize> = Vec::new();
+    if net.edges.is_none() {
+        let l = &net.layers;
+        let join = |j: usize| {
+            j > 0
+                && !known[j]
+                && l[j].params == 0
+                && l[j - 1].channels > 0
+                && l[j].channels > l[j - 1].channels
+                && l[j].out_elems / l[j].channels == l[j - 1].out_elems / l[j - 1].channels
+        };
+        let joins: Vec<usize> = (0..n).filter(|&j| join(j)).collect();
+        for &j in &joins {
+            // The block's input: the last join or pooling row before it.
+            let start = (0..j).rev().find(|&r| joins.contains(&r) || l[r].kind.to_ascii_lowercase().contains("pool"));
+            branch_inputs.push(start.and_then(|r| storage[r]));
+            branch_tails.extend(storage[j - 1]);
+        }
+    }
     // SiLU exported as x * sigmoid(x): PyTorch's SiLU keeps x alone.
     let silu = silu_pairs(net, &ops);
     // Plain scaled dot-product attention runs fused: no scores kept.
@@ -318,6 +352,9 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
     // kept[i]: layer i's own storage; cast[i]: a bf16 copy of it.
     let mut kept = vec![false; n];
     let mut cast = vec![false; n];
+    for &t in &branch_tails {
+        kept[t] = true;
+    }
     let mut data_kept = false;
     let mut data_cast = false;
     let mut extra = 0f64;
@@ -367,12 +404,23 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
         if storage[i] == Some(i) {
             largest = largest.max(e * w);
         }
+        // A folded block's insides are not listed: its widest tensor at its
+        // finest resolution bounds what it makes (and the gradient of it).
+        if !known[i] {
+            largest = largest.max(net.layers[i].folded_elems as f64 * w);
+        }
         if kept[i] {
             saved += e * w;
         }
         if cast[i] {
             saved += e * 2.0;
         }
+    }
+    for b in &branch_inputs {
+        saved += match *b {
+            Some(b) => net.layers[b].out_elems as f64 * width(precision, half[b]),
+            None => data_elems * 4.0,
+        };
     }
     if data_kept {
         saved += data_elems * 4.0;
@@ -390,7 +438,7 @@ mod tests {
     use crate::input::Layer;
 
     fn layer(kind: &str, out_elems: u64) -> Layer {
-        Layer { kind: kind.into(), out_elems, params: 0 }
+        Layer { kind: kind.into(), out_elems, params: 0, channels: 0, folded_elems: 0 }
     }
 
     fn chain(kinds: &[(&str, u64)]) -> Network {
@@ -443,6 +491,38 @@ mod tests {
         // Without the size change, nothing of the conv output is kept.
         let net = chain(&[("Conv2d", 25), ("Dropout", 25), ("Linear", 10)]);
         assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 25.0 + 100.0);
+    }
+
+    #[test]
+    fn a_table_join_of_branches_keeps_a_pooled_block_input_and_the_last_branch() {
+        let row = |kind: &str, out_elems: u64, channels: u64| Layer {
+            kind: kind.into(),
+            out_elems,
+            params: 0,
+            channels,
+            folded_elems: 0,
+        };
+        // pool -> [conv | conv] -> join (4 channels = 2 + 2) -> conv.
+        let mut net = Network {
+            layers: vec![
+                row("MaxPool2d", 100, 4),
+                row("Conv2d", 50, 2),
+                row("Conv2d", 50, 2),
+                row("InceptionA", 100, 4),
+                row("Conv2d", 10, 1),
+            ],
+            ..Default::default()
+        };
+        // Pool indices (800), the pool's output read by the first conv
+        // (400), the first conv's output as the chain reads it (200), the
+        // join read by the last conv (400); then a pooled copy of the block
+        // input (400) and the last branch's output (200).
+        assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 1800.0 + 400.0 + 200.0);
+        // Without shapes the container is no join: nothing more.
+        for l in &mut net.layers {
+            l.channels = 0;
+        }
+        assert_eq!(kept(&net, Precision::Fp32).saved_bytes, 1800.0);
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct Parts {
     pub runtime_mib: u64,
     pub params_mib: f64,
     pub per_sample_mib: f64,
+    /// What is saved for the backward pass per sample (MiB): what the
+    /// rows keep, or a folded table's footer count where that is more.
+    pub saved_mib: f64,
     /// The largest single operator output per sample (MiB), which sizes
     /// the gradients in flight; 0 for the analytic transformer model.
     pub largest_mib: f64,
@@ -71,6 +74,7 @@ pub fn parts(p: &Profile, k: &Kept, runtime_mib: u64, precision: Precision) -> P
         runtime_mib,
         params_mib: param_bytes(precision) * p.params as f64 / MIB,
         per_sample_mib: (saved + transient(k) * k.largest_bytes) / MIB,
+        saved_mib: saved / MIB,
         largest_mib: k.largest_bytes / MIB,
     }
 }

@@ -88,7 +88,7 @@ pub fn parse(text: &str, name: &str) -> Result<Listing, ParseError> {
             continue;
         }
         if let Some((lname, kind, args, n)) = leaf(t) {
-            out.leaves.push(Layer { kind: kind.to_string(), out_elems: 0, params: n });
+            out.leaves.push(Layer { kind: kind.to_string(), out_elems: 0, params: n, channels: 0, folded_elems: 0 });
             if out.leaves.len() > 1_000_000 {
                 return Err(err(i + 1, "more than 1000000 modules"));
             }

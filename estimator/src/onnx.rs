@@ -181,7 +181,7 @@ fn finish(
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .ok_or_else(|| err(format!("the output of a {kind} operator is too large")))?;
-        net.layers.push(Layer { kind, out_elems, params: 0 });
+        net.layers.push(Layer { kind, out_elems, params: 0, channels: 0, folded_elems: 0 });
     }
     net.total_params = Some(params);
     net.batch_in_file = fixed_batch;
@@ -200,7 +200,13 @@ fn finish(
         .filter(|&i| net.layers[i].kind.starts_with("Conv") && !feeds_batchnorm.contains(&i))
         .collect();
     for i in convs {
-        net.layers.push(Layer { kind: FOLDED_BATCHNORM.into(), out_elems: net.layers[i].out_elems, params: 0 });
+        net.layers.push(Layer {
+            kind: FOLDED_BATCHNORM.into(),
+            out_elems: net.layers[i].out_elems,
+            params: 0,
+            channels: 0,
+            folded_elems: 0,
+        });
         edges.push(vec![i]);
     }
     net.edges = Some(edges);

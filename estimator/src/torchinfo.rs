@@ -38,6 +38,9 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     let mut rows = 0;
     // First dimension of each output shape -> rows that have it.
     let mut batches: std::collections::BTreeMap<u64, usize> = Default::default();
+    let in_col = col("Input Shape");
+    // Each row's depth (`Kind: depth-idx`).
+    let mut depths: Vec<u32> = Vec::new();
     for (i, line) in lines.iter().enumerate().skip(header + 2) {
         let n = i + 1;
         let t = line.trim();
@@ -63,14 +66,31 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
             "--" | "" | "(recursive)" => 0,
             p => p.replace(',', "").parse::<u64>().map_err(|_| err(n, format!("Param # '{p}' is not a number")))?,
         };
-        let (batch, out_elems) = shape(&field(out_col));
+        let depth = label.split(':').nth(1).and_then(|d| d.trim().split('-').next()?.parse().ok()).unwrap_or(0);
+        let (batch, out_elems, channels) = shape(&field(out_col));
+        // A block folded into this row may widen, then resample (a U-Net
+        // decoder block up-samples its input before convolving it).
+        let folded_elems = match in_col.map(|c| shape(&field(c))) {
+            Some((_, in_elems, in_channels)) if params > 0 && in_channels > 0 && channels > 0 => {
+                let spatial = (in_elems / in_channels).max(out_elems / channels);
+                spatial.saturating_mul(in_channels.max(channels))
+            }
+            _ => 0,
+        };
         if let Some(b) = batch.filter(|b| *b > 0) {
             *batches.entry(b).or_insert(0) += 1;
         }
-        net.layers.push(Layer { kind, out_elems, params });
+        net.layers.push(Layer { kind, out_elems, params, channels, folded_elems });
+        depths.push(depth);
         rows += 1;
         if rows > 100_000 {
             return Err(err(n, "more than 100000 rows".into()));
+        }
+    }
+    // A row whose children follow it (one level deeper) is not folded.
+    for i in 1..depths.len() {
+        if depths[i] > depths[i - 1] {
+            net.layers[i - 1].folded_elems = 0;
         }
     }
     if rows == 0 {
@@ -127,14 +147,17 @@ fn columns(header: &str) -> Vec<(String, usize)> {
 
 /// `[8, 64, 256, 256]` → (batch 8, 64·256·256 per sample); anything else
 /// (`--`, lists of shapes) → no batch, no elements.
-fn shape(s: &str) -> (Option<u64>, u64) {
-    let Some(inner) = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else { return (None, 0) };
+fn shape(s: &str) -> (Option<u64>, u64, u64) {
+    let Some(inner) = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else { return (None, 0, 0) };
     let dims: Option<Vec<u64>> = inner.split(',').map(|d| d.trim().parse().ok()).collect();
     match dims.as_deref() {
         Some([b, rest @ ..]) if !rest.is_empty() => {
-            (Some(*b), rest.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d)).unwrap_or(0))
+            let elems = rest.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d)).unwrap_or(0);
+            // A feature map ([b, c, h, w] or [b, c, l]): its channels.
+            let channels = if rest.len() >= 2 { rest[0] } else { 0 };
+            (Some(*b), elems, channels)
         }
-        _ => (None, 0),
+        _ => (None, 0, 0),
     }
 }
 
@@ -145,6 +168,19 @@ mod tests {
 
     fn data(name: &str) -> std::path::PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/carma/model-summaries").join(name)
+    }
+
+    #[test]
+    fn a_folded_row_bounds_its_insides_by_its_widest_channels_at_its_finest_resolution() {
+        let text = std::fs::read_to_string(data("UNet.model")).unwrap();
+        let net = parse(&text, "UNet.model").unwrap();
+        let row = |kind: &str| net.layers.iter().rfind(|l| l.kind == kind).unwrap();
+        // UnetDecoderBlock 3-21: [8, 32, 256, 256] -> [8, 16, 512, 512]: it
+        // up-samples 32 channels to 512 x 512 before convolving them.
+        assert_eq!(row("UnetDecoderBlock").folded_elems, 32 * 512 * 512);
+        // The encoder's rows list their children: not folded.
+        assert_eq!(row("ResNetEncoder").folded_elems, 0);
+        assert_eq!(row("Sequential").folded_elems, 0);
     }
 
     #[test]

@@ -87,7 +87,10 @@ fn parse_row(t: &str) -> Result<(Layer, i64), String> {
         elems = elems.checked_mul(d).ok_or("output shape overflows")?;
     }
     let params = number(t[close + 1..].trim())?;
-    Ok((Layer { kind: kind.to_string(), out_elems: elems, params }, batch))
+    // One feature map ([b, c, h, w] or [b, c, l]): its channels.
+    let single = !t[open + 1..close].contains('[');
+    let channels = if single && rest.len() >= 2 { u64::try_from(rest[0]).unwrap_or(0) } else { 0 };
+    Ok((Layer { kind: kind.to_string(), out_elems: elems, params, channels, folded_elems: 0 }, batch))
 }
 
 /// `25,557,032` → 25557032
@@ -115,7 +118,10 @@ Total params: 2,058,536
     fn parses_rows_and_footer() {
         let n = parse(RESNET_HEAD, "r.model").unwrap();
         assert_eq!(n.layers.len(), 4);
-        assert_eq!(n.layers[0], Layer { kind: "Conv2d".into(), out_elems: 64 * 112 * 112, params: 9408 });
+        assert_eq!(
+            n.layers[0],
+            Layer { kind: "Conv2d".into(), out_elems: 64 * 112 * 112, params: 9408, channels: 64, folded_elems: 0 }
+        );
         assert_eq!(n.layers[3].out_elems, 1000);
         assert_eq!(n.total_params, Some(2_058_536));
         assert_eq!(n.params(), 2_058_536);

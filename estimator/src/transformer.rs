@@ -133,6 +133,8 @@ pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
         runtime_mib,
         params_mib: (param_bytes(precision) * s.params as f64 + cast_grad) / MIB,
         per_sample_mib: per_sample / MIB,
+        // Counted per token above, the head's blocks in flight included.
+        saved_mib: per_sample / MIB,
         largest_mib: 0.0,
     }
 }
