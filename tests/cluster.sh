@@ -95,8 +95,9 @@ SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
 SlurmdDebug=verbose
 SlurmctldDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# Device isolation as sites run it: a step opens only its GPUs (cgroup.conf).
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
@@ -124,17 +125,34 @@ PartitionName=shared Nodes=$NODE MaxTime=INFINITE State=UP
 PartitionName=multi Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
 CONF
     # Four GPUs backed by character devices (Slurm 22.05 needs File=), each
-    # split into 8 shards for collocated jobs.
+    # split into 8 shards for collocated jobs: /dev/nvidiaN as the driver
+    # makes them (c 195:N). Without a driver behind them an open that the
+    # device cgroup allows fails with ENXIO, one it denies with EPERM.
+    local g
+    for g in 0 1 2 3; do
+        if [ ! -c /dev/nvidia$g ]; then
+            rm -f /dev/nvidia$g
+            mknod -m 0666 /dev/nvidia$g c 195 $g
+        fi
+    done
     owned_write /etc/slurm/gres.conf <<CONF
 $MARK
-Name=gpu File=/dev/null
-Name=gpu File=/dev/zero
-Name=gpu File=/dev/full
-Name=gpu File=/dev/urandom
-Name=shard Count=8 File=/dev/null
-Name=shard Count=8 File=/dev/zero
-Name=shard Count=8 File=/dev/full
-Name=shard Count=8 File=/dev/urandom
+Name=gpu File=/dev/nvidia0
+Name=gpu File=/dev/nvidia1
+Name=gpu File=/dev/nvidia2
+Name=gpu File=/dev/nvidia3
+Name=shard Count=8 File=/dev/nvidia0
+Name=shard Count=8 File=/dev/nvidia1
+Name=shard Count=8 File=/dev/nvidia2
+Name=shard Count=8 File=/dev/nvidia3
+CONF
+    # cgroup v1's devices controller (this machine's; docs/isolation.md).
+    owned_write /etc/slurm/cgroup.conf <<CONF
+$MARK
+CgroupPlugin=cgroup/v1
+ConstrainDevices=yes
+ConstrainCores=no
+ConstrainRAMSpace=no
 CONF
     owned_write /etc/slurm/plugstack.conf <<CONF
 $MARK
@@ -183,6 +201,7 @@ write_node2() {
         -e "s#^PlugStackConfig=.*#PlugStackConfig=$N2/plugstack.conf#" \
         -e "s#^Epilog=.*#Epilog=$N2/epilog#" /etc/slurm/slurm.conf | owned_write "$N2/slurm.conf"
     owned_write "$N2/gres.conf" </etc/slurm/gres.conf
+    owned_write "$N2/cgroup.conf" </etc/slurm/cgroup.conf
     sed "s#/etc/slurm/carma.yaml#$N2/carma.yaml#" /etc/slurm/plugstack.conf | owned_write "$N2/plugstack.conf"
     {
         sed -e "s#$SIM#/etc/carma/sim-gpus-$NODE2.yaml#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \

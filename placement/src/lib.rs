@@ -14,6 +14,7 @@
 
 pub mod clock;
 pub mod decide;
+pub mod devices;
 pub mod eventlog;
 pub mod fsutil;
 pub mod gpu;

@@ -43,6 +43,13 @@ pub fn task_init(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     ctx::remote::task_init(sp)
 }
 
+pub fn task_post_fork(sp: &Spank, _args: &[String]) -> Result<(), Error> {
+    match context() {
+        Context::Remote => ctx::remote::task_post_fork(sp),
+        _ => Ok(()),
+    }
+}
+
 pub fn exit(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     match context() {
         Context::Remote => ctx::remote::exit(sp),

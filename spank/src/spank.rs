@@ -83,6 +83,8 @@ pub enum Item {
     JobId,
     StepId,
     JobUid,
+    /// The task's pid (`pid_t*`, 32 bits): in task_post_fork.
+    TaskPid,
 }
 
 /// The handle Slurm passes to each hook.
@@ -105,6 +107,7 @@ impl Spank {
             Item::JobId => S_JOB_ID,
             Item::StepId => S_JOB_STEPID,
             Item::JobUid => S_JOB_UID,
+            Item::TaskPid => S_TASK_PID,
         };
         let mut value: u32 = 0;
         // SAFETY: each of these items writes one 32-bit value through the pointer.

@@ -2,7 +2,10 @@
 //! `init_post_opt`, the last hook that runs as root before tasks fork
 //! (`user_init` already runs as the job's user and could not write the
 //! root-owned state); `task_init` (in each forked task, as the user) only
-//! copies the decision into the task's environment; `exit` (root again)
+//! copies the decision into the task's environment; `task_post_fork` (in
+//! slurmstepd, root, once the task plugin has constrained the task's
+//! cgroups and before the task execs) lets the task open its placement's
+//! GPUs and no other (`carma_placement::devices`); `exit` (root again)
 //! releases the step's hold on its GPUs.
 
 use super::transparent;
@@ -18,6 +21,7 @@ use once_cell::sync::OnceCell;
 /// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
     gpus: String,
+    gpu_indices: Vec<u32>,
     summary: String,
     /// More of the task's environment (an MPS client's pipe and fence).
     env: Vec<(&'static str, String)>,
@@ -162,7 +166,8 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let gpus = carma_placement::index_list(&decision.gpus);
-    let _ = DECISION.set(Ok(Decision { gpus, summary, env, step, step_name }));
+    let gpu_indices = decision.gpus.clone();
+    let _ = DECISION.set(Ok(Decision { gpus, gpu_indices, summary, env, step, step_name }));
     Ok(())
 }
 
@@ -221,6 +226,49 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
             // The task's stderr is the job's: the user sees why.
             eprintln!("carma: this step was not started: {why}");
             Err(Error::msg(why.clone()))
+        }
+    }
+}
+
+/// The task may open exactly its placement's GPUs. A failure fails the
+/// task before it execs (Slurm reports the step's launch as failed; the
+/// node stays up), and the reason goes to slurmd's log and carma.log.
+pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
+    let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
+    let pid = sp.item_u32(Item::TaskPid)?;
+    isolate(&d.gpu_indices, pid).map_err(|e| {
+        let msg = format!(
+            "job {} step {}: GPU isolation failed, the task was not started: {e}",
+            d.step.job, d.step_name
+        );
+        log::record_failure(&msg);
+        Error::msg(msg)
+    })
+}
+
+fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
+    use carma_placement::devices::{self, Cgroup};
+    let dev = std::path::Path::new("/dev");
+    match devices::of_task(pid)? {
+        // ConstrainDevices=no: no job can be kept from any GPU here.
+        Cgroup::Unconstrained => Ok(()),
+        Cgroup::V2(dir) => Err(format!(
+            "{} is a cgroup v2 directory: this CARMA release grants GPUs only in cgroup v1's devices controller \
+             (cgroup.conf CgroupPlugin=cgroup/v1), so it cannot let the task open GPU {}",
+            dir.display(),
+            carma_placement::index_list(gpus)
+        )),
+        Cgroup::V1(levels) => {
+            let allow = gpus
+                .iter()
+                .map(|&i| devices::char_device(&devices::gpu_file(dev, i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let deny: Vec<_> = devices::gpu_files(dev)
+                .into_iter()
+                .filter(|(i, _)| !gpus.contains(i))
+                .filter_map(|(_, f)| devices::char_device(&f).ok())
+                .collect();
+            devices::grant_v1(&levels, &allow, &deny)
         }
     }
 }
