@@ -181,6 +181,19 @@ impl Spank {
         if rc == 0 { Ok(()) } else { Err(Error::msg(format!("setenv {name}: {}", std::io::Error::last_os_error()))) }
     }
 
+    /// Kills the task `pid` that slurmstepd forked and holds before exec
+    /// (task_post_fork): it never runs, and the step fails as a task that
+    /// died, which Slurm does not blame on the node (a failing
+    /// task_post_fork of a batch step drains it on Slurm 22.05).
+    pub fn kill_unstarted_task(&self, pid: u32) -> Result<(), Error> {
+        let pid = libc::pid_t::try_from(pid).ok().filter(|p| *p > 0).ok_or_else(|| Error::msg("task pid out of range"))?;
+        // SAFETY: kill(2) takes plain integers; `pid` is this slurmstepd's
+        // child, blocked until every task_post_fork has returned, so it
+        // cannot have been reaped and its pid reused.
+        let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+        if rc == 0 { Ok(()) } else { Err(Error::msg(format!("kill task {pid}: {}", std::io::Error::last_os_error()))) }
+    }
+
     /// Passes a value from srun/sbatch to the job: it appears as
     /// `SLURM_SPANK_<name>` in the job and `SPANK_<name>` in prolog/epilog.
     pub fn job_control_setenv(&self, name: &str, value: &str) -> Result<(), Error> {

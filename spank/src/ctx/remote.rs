@@ -230,20 +230,41 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
     }
 }
 
-/// The task may open exactly its placement's GPUs. A failure fails the
-/// task before it execs (Slurm reports the step's launch as failed; the
-/// node stays up), and the reason goes to slurmd's log and carma.log.
+/// The task may open exactly its placement's GPUs. When that cannot be
+/// done the task is killed before it execs: the step fails with the
+/// reason in its stderr (slurmstepd's error lines), slurmd's log and
+/// carma.log, and the node stays up (a failing task_post_fork would drain
+/// it for a batch step).
 pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
     let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
     let pid = sp.item_u32(Item::TaskPid)?;
-    isolate(&d.gpu_indices, pid).map_err(|e| {
-        let msg = format!(
-            "job {} step {}: GPU isolation failed, the task was not started: {e}",
-            d.step.job, d.step_name
-        );
+    if let Err(e) = isolate(&d.gpu_indices, pid) {
+        let msg = format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
+        log::error(&format!("task_post_fork: {msg}"));
         log::record_failure(&msg);
-        Error::msg(msg)
-    })
+        sp.kill_unstarted_task(pid)?;
+        if d.step_name == "batch" {
+            // The job's output file: the user reads why there. Failing the
+            // hook would drain the node (Slurm 22.05).
+            tell_task(pid, &msg);
+        } else {
+            // srun shows a failed hook's message with the launch failure
+            // (the task's stderr pipe is not read yet at this point).
+            return Err(Error::msg(msg));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `msg` to the stderr slurmstepd gave the unstarted batch task
+/// (the job's output file, opened by slurmstepd as the user): the user
+/// sees why the job died. Best effort: the logs have the line anyway.
+fn tell_task(pid: u32, msg: &str) {
+    use std::io::Write;
+    let stderr = std::fs::OpenOptions::new().append(true).open(format!("/proc/{pid}/fd/2"));
+    if let Ok(mut f) = stderr {
+        let _ = writeln!(f, "carma: this step was not started: {msg}");
+    }
 }
 
 fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
