@@ -186,7 +186,8 @@ impl Spank {
     /// died, which Slurm does not blame on the node (a failing
     /// task_post_fork of a batch step drains it on Slurm 22.05).
     pub fn kill_unstarted_task(&self, pid: u32) -> Result<(), Error> {
-        let pid = libc::pid_t::try_from(pid).ok().filter(|p| *p > 0).ok_or_else(|| Error::msg("task pid out of range"))?;
+        let pid =
+            libc::pid_t::try_from(pid).ok().filter(|p| *p > 0).ok_or_else(|| Error::msg("task pid out of range"))?;
         // SAFETY: kill(2) takes plain integers; `pid` is this slurmstepd's
         // child, blocked until every task_post_fork has returned, so it
         // cannot have been reaped and its pid reused.

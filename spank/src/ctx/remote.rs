@@ -239,7 +239,8 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
     let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
     let pid = sp.item_u32(Item::TaskPid)?;
     if let Err(e) = isolate(&d.gpu_indices, pid) {
-        let msg = format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
+        let msg =
+            format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
         log::error(&format!("task_post_fork: {msg}"));
         log::record_failure(&msg);
         sp.kill_unstarted_task(pid)?;

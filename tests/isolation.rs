@@ -1,0 +1,213 @@
+//! A job reaches only its GPUs (ConstrainDevices=yes, cgroup v1): every
+//! job opens every GPU device file of the node (`/dev/nvidia0`..`3`, made
+//! by tests/cluster.sh as the driver makes them, with no driver behind
+//! them) and reports each open: ENXIO ("No such device or address") means
+//! the device cgroup let it through, EPERM that it denied it.
+
+mod common;
+use common::*;
+use std::collections::BTreeSet;
+
+/// Prints `CVD=<CUDA_VISIBLE_DEVICES> gpu0=open|EPERM ...` (one line).
+const PROBE: &str = r#"r=""
+for i in 0 1 2 3; do
+  e=$( (exec 3</dev/nvidia$i) 2>&1 )
+  case "$e" in
+    *"not permitted"*) r="$r gpu$i=EPERM" ;;
+    *"No such device"*) r="$r gpu$i=open" ;;
+    *) r="$r gpu$i=other($e)" ;;
+  esac
+done
+echo "CVD=${CUDA_VISIBLE_DEVICES:-}$r""#;
+
+/// What one probe line says: the GPUs the job was told to use, and those
+/// it could open; every other open must have been denied.
+fn probe(line: &str) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let line = line.split_once("CVD=").map(|(_, l)| l).unwrap_or_else(|| panic!("not a probe line: {line}"));
+    let mut words = line.split_whitespace();
+    let cvd = if line.starts_with(' ') { "" } else { words.next().unwrap_or("") };
+    let told = cvd.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let mut opened = BTreeSet::new();
+    for w in words {
+        let (gpu, result) = w.split_once('=').unwrap();
+        let i: u32 = gpu.trim_start_matches("gpu").parse().unwrap();
+        match result {
+            "open" => {
+                opened.insert(i);
+            }
+            "EPERM" => {}
+            other => panic!("gpu{i}: unexpected answer {other} in {line}"),
+        }
+    }
+    (told, opened)
+}
+
+fn probe_lines(text: &str) -> Vec<(BTreeSet<u32>, BTreeSet<u32>)> {
+    text.lines().filter(|l| l.contains("CVD=")).map(probe).collect()
+}
+
+fn srun_probe(opts: &[&str]) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let mut args = vec!["srun"];
+    args.extend_from_slice(opts);
+    args.extend_from_slice(&["bash", "-c", PROBE]);
+    let r = user(&args, 90).ok();
+    let lines = probe_lines(&r.stdout);
+    assert_eq!(lines.len(), 1, "srun {opts:?}: {}\n{}", r.stdout, r.stderr);
+    lines[0].clone()
+}
+
+fn set(v: &[u32]) -> BTreeSet<u32> {
+    v.iter().copied().collect()
+}
+
+#[test]
+fn plain_whole_gpu_and_carma_steps_open_exactly_their_gpus() {
+    require_cluster();
+    // No GPU asked for: none can be opened.
+    let (told, opened) = srun_probe(&["-p", "debug"]);
+    assert!(told.is_empty() && opened.is_empty(), "plain job opened {opened:?}");
+    // Whole GPUs from Slurm: exactly those.
+    let (told, opened) = srun_probe(&["-p", "debug", "--gres=gpu:2"]);
+    assert_eq!((told.len(), &opened), (2, &told));
+    // CARMA steps, one GPU and two, without any GRES from Slurm.
+    for gpus in ["1", "2"] {
+        let (told, opened) =
+            srun_probe(&["-p", "debug", &format!("--carma-gpus={gpus}"), "--carma-mem=4G", "--carma-policy=magm"]);
+        assert_eq!(told.len(), gpus.parse::<usize>().unwrap());
+        assert_eq!(opened, told, "CARMA placed the step on {told:?}");
+    }
+    wait_released();
+}
+
+#[test]
+fn a_carma_placement_away_from_slurms_shard_opens_its_gpu_and_not_the_shards() {
+    require_cluster();
+    // GPU 0 nearly full: 36G of 40G held by a CARMA job with a shard on it.
+    let holder = script(&unique("holder"), "sleep 120");
+    let id = user(&["sbatch", "--parsable", "-p", "debug", "--gres=shard:1", "--carma-mem=36G", &holder], 30)
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    wait_reservations(1);
+    // Slurm gives the next shard job GPU 0's shard again (the first GPU
+    // with shards free); CARMA cannot fit 4G + headroom there.
+    let (told, opened) = srun_probe(&["-p", "debug", "--gres=shard:1", "--carma-mem=4G", "--carma-policy=magm"]);
+    assert_eq!(told.len(), 1);
+    assert!(!told.contains(&0), "placed on the full GPU 0: {told:?}");
+    assert_eq!(opened, told, "the shard's GPU 0 must stay closed, CARMA's GPU open");
+    root(&["scancel", &id], 20).ok();
+    wait_completed(&id);
+    wait_released();
+}
+
+#[test]
+fn two_jobs_collocated_on_one_gpu_each_open_only_it() {
+    require_cluster();
+    // First fit puts both 4G jobs on GPU 0; each probes while the other runs.
+    let body = format!("{PROBE}\nsleep 8");
+    let name = unique("pair");
+    let mut outs = Vec::new();
+    let mut ids = Vec::new();
+    for k in 0..2 {
+        let out = work_dir().join(format!("{name}-{k}.out")).to_string_lossy().into_owned();
+        let path = script(&format!("{name}-{k}"), &body);
+        let args = ["sbatch", "--parsable", "-p", "debug", "--carma-mem=4G", "--carma-policy=ff", "-o", &out, &path];
+        ids.push(user(&args, 30).ok().stdout.trim().to_string());
+        outs.push(out);
+    }
+    wait_reservations(2);
+    for id in &ids {
+        wait_completed(id);
+    }
+    let lines: Vec<_> = outs.iter().map(|o| probe_lines(&std::fs::read_to_string(o).unwrap())).collect();
+    for l in &lines {
+        assert_eq!(l.len(), 1, "{lines:?}");
+        assert_eq!(l[0].1, l[0].0, "a collocated job opened other than its GPU: {lines:?}");
+    }
+    assert_eq!(lines[0][0].0, set(&[0]));
+    assert_eq!(lines[1][0].0, set(&[0]), "both on GPU 0 (first fit)");
+    wait_released();
+}
+
+#[test]
+fn transparent_and_two_node_jobs_open_exactly_their_placements() {
+    require_cluster();
+    // A batch job that asks Slurm for a whole GPU in a transparent scope
+    // runs as a CARMA shard job.
+    let body = format!("echo DECISION=${{CARMA_DECISION:-none}}\n{PROBE}");
+    let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:1"], &[], &body, 90);
+    r.ok();
+    assert!(!text.contains("DECISION=none"), "not collocated by CARMA: {text}");
+    let lines = probe_lines(&text);
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!((lines[0].0.len(), &lines[0].1), (1, &lines[0].0));
+    // The same over two nodes: the step on each node opens its placement.
+    let body = format!("srun bash -c '{PROBE}'");
+    let (r, text) = sbatch_wait(&["-p", "multi", "-N", "2", "--gres=gpu:1"], &[], &body, 90);
+    r.ok();
+    let lines = probe_lines(&text);
+    assert_eq!(lines.len(), 2, "{text}");
+    for (told, opened) in &lines {
+        assert_eq!((told.len(), opened), (1, told), "{text}");
+    }
+    // One task on each node: each opens what its node's CARMA chose.
+    let mut args = vec!["srun", "-p", "multi", "-N", "2", "--ntasks-per-node=1", "--carma-mem=4G", "bash", "-c"];
+    args.push(PROBE);
+    let r = user(&args, 90).ok();
+    let lines = probe_lines(&r.stdout);
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    for (told, opened) in &lines {
+        assert_eq!((told.len(), opened), (1, told), "{}", r.stdout);
+    }
+    wait_released();
+}
+
+/// Moves the node's GPU device files away while alive: no grant can be
+/// made (the files are what the grant names).
+struct HiddenGpus;
+
+impl HiddenGpus {
+    fn new() -> HiddenGpus {
+        for i in 0..4 {
+            std::fs::rename(format!("/dev/nvidia{i}"), format!("/dev/carma-test-hidden-nvidia{i}")).unwrap();
+        }
+        HiddenGpus
+    }
+}
+
+impl Drop for HiddenGpus {
+    fn drop(&mut self) {
+        for i in 0..4 {
+            let _ = std::fs::rename(format!("/dev/carma-test-hidden-nvidia{i}"), format!("/dev/nvidia{i}"));
+        }
+    }
+}
+
+#[test]
+fn a_grant_that_cannot_be_made_fails_the_step_with_the_reason_and_leaves_the_node_up() {
+    require_cluster();
+    let (r, text) = {
+        let _hidden = HiddenGpus::new();
+        // srun: the step does not run; srun prints why.
+        let r = user(&["srun", "-p", "debug", "--carma-mem=4G", "bash", "-c", PROBE], 90);
+        assert!(probe_lines(&r.stdout).is_empty(), "the step ran unisolated: {}", r.stdout);
+        assert!(r.stderr.contains("GPU isolation failed") && r.stderr.contains("/dev/nvidia"), "{}", r.stderr);
+        // A batch job: failed, its output file says why.
+        sbatch_wait(&["-p", "debug", "--carma-mem=4G"], &[], PROBE, 90)
+    };
+    assert_ne!(r.code, 0, "sbatch --wait of the failed job: {}", r.stdout);
+    assert!(probe_lines(&text).is_empty(), "the batch job ran unisolated: {text}");
+    assert!(text.contains("carma: this step was not started") && text.contains("GPU isolation failed"), "{text}");
+    // The node is not drained, and the next CARMA job runs isolated.
+    let state =
+        root(&["sinfo", "-h", "-n", &root(&["hostname", "-s"], 10).ok().stdout.trim().to_string(), "-o", "%T"], 20);
+    assert!(!state.stdout.contains("drain"), "node drained: {}", state.stdout);
+    let (told, opened) = srun_probe(&["-p", "debug", "--carma-mem=4G"]);
+    assert_eq!((told.len(), &opened), (1, &told));
+    report(
+        "isolation",
+        "GPU device files missing at grant time: srun and batch steps failed with the reason; node not drained",
+    );
+    wait_released();
+}
