@@ -60,7 +60,9 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
         "echo \"$CARMA_DECISION\"\ncarma-fakejob --mem 16G --seconds 16",
     );
     wait_reservations(1);
-    let (victim, out) = submit(&["--carma-policy=ff", "--carma-mem=8G", "--export=ALL,GROW=30G"], VICTIM);
+    // Each run also probes the GPU device files (ConstrainDevices=yes).
+    let body = format!("{PROBE}\n{VICTIM}");
+    let (victim, out) = submit(&["--carma-policy=ff", "--carma-mem=8G", "--export=ALL,GROW=30G"], &body);
     let t0 = Instant::now();
     assert_eq!(wait_done(&victim, 90), "COMPLETED");
     let took = t0.elapsed();
@@ -78,6 +80,13 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
     );
     assert!(!runs[1].contains("gpu_indices=0 "), "rerun shared the neighbour's GPU: {text}");
     assert!(text.contains("carma-fakejob: done"), "{text}");
+    // Each run could open exactly its GPU: the shared one, then its own.
+    let probes = probe_lines(&text);
+    assert_eq!(probes.len(), 2, "{text}");
+    for (told, opened) in &probes {
+        assert_eq!((told.len(), opened), (1, told), "{text}");
+    }
+    assert!(!probes[1].0.contains(&0), "{text}");
     assert_eq!(field(&victim, "Restarts"), "1");
     // Slurm's requeue delay (BeginTime) was lifted: both runs took seconds, not minutes.
     assert!(took < Duration::from_secs(60), "restart was not prompt: {took:?}");

@@ -19,8 +19,10 @@
 //! deny every other GPU of the node. Nothing is ever denied at the job's
 //! level: a denial there would reach the job's other running steps.
 //!
-//! cgroup v2 (Slurm attaches BPF device programs): not granted yet; a
-//! CARMA step there fails with the reason rather than run unisolated.
+//! cgroup v2: Slurm attaches BPF device programs to the job and step
+//! (overridable) and the task; the task's program is replaced by one that
+//! denies the node's GPUs outside the placement and allows the rest
+//! ([`grant_v2`], `crate::bpf`).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -195,6 +197,23 @@ pub fn grant_v1(levels: &[PathBuf], allow: &[Device], deny: &[Device]) -> Result
     let list_path = inner.join("devices.list");
     let list = std::fs::read_to_string(&list_path).map_err(|e| format!("{}: {e}", list_path.display()))?;
     check_list(&list, allow, deny).map_err(|e| format!("{}: {e}", list_path.display()))
+}
+
+/// Gives the task's cgroup v2 directory a device program that denies
+/// `deny` (the node's GPUs outside the placement) and allows every other
+/// device, as Slurm's program does for the GRES it allocated. It replaces
+/// the program Slurm attached there (same flags: the kernel swaps it in one
+/// step), or, where Slurm attached none at the task's level (batch steps),
+/// overrides the step's (Slurm attaches job and step programs with
+/// BPF_F_ALLOW_OVERRIDE, so the nearest program is the one in force).
+pub fn grant_v2(task: &Path, deny: &[Device]) -> Result<(), String> {
+    let flags = crate::bpf::attached_flags(task)?.unwrap_or(0);
+    let program = crate::bpf::load(&crate::bpf::deny_program(deny))?;
+    crate::bpf::attach(task, &program, flags)?;
+    match crate::bpf::attached_flags(task)? {
+        Some(_) => Ok(()),
+        None => Err(format!("{}: no device program attached after the grant", task.display())),
+    }
 }
 
 /// A v1 `devices.list` lets the task open every `allow` and no `deny`.

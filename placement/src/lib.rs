@@ -12,6 +12,8 @@
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+#[allow(unsafe_code)] // bpf(2): the one system call (its module doc)
+pub mod bpf;
 pub mod clock;
 pub mod decide;
 pub mod devices;

@@ -234,3 +234,47 @@ impl Drop for Restore {
         }
     }
 }
+
+/// Device isolation probes (tests/isolation.rs, tests/recovery.rs): every job
+/// opens every GPU device file of the node (`/dev/nvidia0`..`3`, made by
+/// tests/cluster.sh with no driver behind them): ENXIO ("No such device or
+/// address") means the device cgroup let the open through, EPERM that it
+/// denied it.
+///
+/// Prints `CVD=<CUDA_VISIBLE_DEVICES> gpu0=open|EPERM ...` (one line).
+pub const PROBE: &str = r#"r=""
+for i in 0 1 2 3; do
+  e=$( (exec 3</dev/nvidia$i) 2>&1 )
+  case "$e" in
+    *"not permitted"*) r="$r gpu$i=EPERM" ;;
+    *"No such device"*) r="$r gpu$i=open" ;;
+    *) r="$r gpu$i=other($e)" ;;
+  esac
+done
+echo "CVD=${CUDA_VISIBLE_DEVICES:-}$r""#;
+
+/// What one probe line says: the GPUs the job was told to use, and those
+/// it could open; every other open must have been denied.
+pub fn probe(line: &str) -> (std::collections::BTreeSet<u32>, std::collections::BTreeSet<u32>) {
+    let line = line.split_once("CVD=").map(|(_, l)| l).unwrap_or_else(|| panic!("not a probe line: {line}"));
+    let mut words = line.split_whitespace();
+    let cvd = if line.starts_with(' ') { "" } else { words.next().unwrap_or("") };
+    let told = cvd.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let mut opened = std::collections::BTreeSet::new();
+    for w in words {
+        let (gpu, result) = w.split_once('=').unwrap();
+        let i: u32 = gpu.trim_start_matches("gpu").parse().unwrap();
+        match result {
+            "open" => {
+                opened.insert(i);
+            }
+            "EPERM" => {}
+            other => panic!("gpu{i}: unexpected answer {other} in {line}"),
+        }
+    }
+    (told, opened)
+}
+
+pub fn probe_lines(text: &str) -> Vec<(std::collections::BTreeSet<u32>, std::collections::BTreeSet<u32>)> {
+    text.lines().filter(|l| l.contains("CVD=")).map(probe).collect()
+}

@@ -274,13 +274,7 @@ fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
     match devices::of_task(pid)? {
         // ConstrainDevices=no: no job can be kept from any GPU here.
         Cgroup::Unconstrained => Ok(()),
-        Cgroup::V2(dir) => Err(format!(
-            "{} is a cgroup v2 directory: this CARMA release grants GPUs only in cgroup v1's devices controller \
-             (cgroup.conf CgroupPlugin=cgroup/v1), so it cannot let the task open GPU {}",
-            dir.display(),
-            carma_placement::index_list(gpus)
-        )),
-        Cgroup::V1(levels) => {
+        cgroup => {
             let allow = gpus
                 .iter()
                 .map(|&i| devices::char_device(&devices::gpu_file(dev, i)))
@@ -290,7 +284,11 @@ fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
                 .filter(|(i, _)| !gpus.contains(i))
                 .filter_map(|(_, f)| devices::char_device(&f).ok())
                 .collect();
-            devices::grant_v1(&levels, &allow, &deny)
+            match cgroup {
+                Cgroup::V1(levels) => devices::grant_v1(&levels, &allow, &deny),
+                Cgroup::V2(task) => devices::grant_v2(&task, &deny),
+                Cgroup::Unconstrained => Ok(()),
+            }
         }
     }
 }
