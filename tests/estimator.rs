@@ -31,7 +31,7 @@ fn cli_estimate(model: &str, batch: &str) -> (u64, String) {
     (v["mib"].as_u64().unwrap(), v["source"].as_str().unwrap().to_string())
 }
 
-const BODY: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPU $CUDA_VISIBLE_DEVICES\"\nsleep 6";
+const BODY: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPU $SLURM_STEP_GPUS\"\nsleep 6";
 
 fn field<'a>(out: &'a str, tag: &str) -> &'a str {
     out.lines().find_map(|l| l.strip_prefix(tag)).unwrap_or_else(|| panic!("no {tag} in job output:\n{out}"))

@@ -84,8 +84,11 @@ fn sbatch_policy_reaches_batch_step_and_inner_srun() {
         let line = out.lines().find(|l| l.starts_with(tag)).unwrap_or_else(|| panic!("no {tag} line in {out}"));
         let fields: Vec<&str> = line[tag.len()..].split('|').collect();
         assert!(fields[0].contains("policy=magm"), "{line}");
-        assert!(!fields[1].is_empty(), "CUDA_VISIBLE_DEVICES unset: {line}");
-        assert_eq!(fields[1], fields[2], "SLURM_STEP_GPUS differs: {line}");
+        // The node's index in SLURM_STEP_GPUS; CUDA's in CUDA_VISIBLE_DEVICES
+        // and GPU_DEVICE_ORDINAL: the device cgroup shows the step only its
+        // GPU, which CUDA numbers 0 (as Slurm numbers them).
+        assert!(fields[0].contains(&format!("gpu_indices={} ", fields[2])), "SLURM_STEP_GPUS differs: {line}");
+        assert_eq!(fields[1], "0", "CUDA_VISIBLE_DEVICES: {line}");
         assert_eq!(fields[1], fields[3], "GPU_DEVICE_ORDINAL differs: {line}");
     }
     let over = out.lines().find(|l| l.starts_with("OVERRIDE ")).expect("no OVERRIDE line");

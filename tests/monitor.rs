@@ -35,7 +35,7 @@ fn published_readings_are_window_means_and_placement_uses_them() {
     // A busy job on the second node: its SM activity reaches the published
     // mean over the 2 s window, sample by sample.
     let body = format!(
-        "echo \"GPU $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --config {N2_CONFIG} --mem 2G --sm 0.95 --busy 1.0 --seconds 8"
+        "echo \"GPU $SLURM_STEP_GPUS\"\ncarma-fakejob --config {N2_CONFIG} --mem 2G --sm 0.95 --busy 1.0 --seconds 8"
     );
     let name = unique("mon");
     let path = script(&name, &body);

@@ -47,7 +47,7 @@ fn a_shared_step_is_an_mps_client_fenced_to_its_reservation() {
     let node = node2();
     let args = on_node2(&node, &["--carma-mem=4G", "--carma-policy=ff", "env"]);
     let r = user(&args, 60).ok();
-    let gpu = r.var("CUDA_VISIBLE_DEVICES").unwrap();
+    let gpu = r.var("SLURM_STEP_GPUS").unwrap();
     assert_eq!(r.var("CUDA_MPS_PIPE_DIRECTORY"), Some(format!("{PIPE}/{gpu}")), "{}", r.stdout);
     assert_eq!(r.var("CUDA_MPS_LOG_DIRECTORY"), Some(format!("/var/log/carma-mps/{gpu}")));
     // The fence is the reservation, on the device as the job sees it.
@@ -191,7 +191,7 @@ fn without_an_mps_daemon_steps_share_by_time_slicing_and_say_so() {
     let _back = Back(control, moved);
     wait_gpus_idle();
     let r = user(&on_node2(&node, &["--carma-policy=ff", "--carma-mem=2G", "env"]), 60).ok();
-    assert_eq!(r.var("CUDA_VISIBLE_DEVICES").as_deref(), Some("0"));
+    assert_eq!(r.var("SLURM_STEP_GPUS").as_deref(), Some("0"));
     assert!(r.var("CUDA_MPS_PIPE_DIRECTORY").is_none(), "{}", r.stdout);
     assert!(r.var("CARMA_DECISION").unwrap().ends_with("sharing=timeslice (no MPS daemon)"));
     let log = std::fs::read_to_string(format!("/var/log/carma/carma-{node}.log")).unwrap_or_default();

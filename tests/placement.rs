@@ -18,7 +18,7 @@ struct Span {
     out: String,
 }
 
-const GPU_BODY: &str = "echo \"START $(date +%s.%N) $CUDA_VISIBLE_DEVICES\"\n\
+const GPU_BODY: &str = "echo \"START $(date +%s.%N) $SLURM_STEP_GPUS\"\n\
                         carma-fakejob $FAKE\nrc=$?\necho \"END $(date +%s.%N) $rc\"\nexit $rc";
 
 fn parse_span(out: &str) -> Span {
@@ -149,7 +149,7 @@ fn parallel_sruns_never_get_the_same_last_slot() {
             thread::spawn(|| {
                 let r = user_env(
                     &[("CARMA_MEM", "20G")],
-                    &["srun", "--carma-policy=ff", "bash", "-c", "echo \"START $(date +%s.%N) $CUDA_VISIBLE_DEVICES\"; carma-fakejob --mem 20G --seconds 2; echo \"END $(date +%s.%N) $?\""],
+                    &["srun", "--carma-policy=ff", "bash", "-c", "echo \"START $(date +%s.%N) $SLURM_STEP_GPUS\"; carma-fakejob --mem 20G --seconds 2; echo \"END $(date +%s.%N) $?\""],
                     120,
                 );
                 parse_span(&r.stdout)
@@ -174,9 +174,9 @@ fn gpus_slurm_gave_whole_are_never_collocation_targets() {
     require_cluster();
     // A job without CARMA holds GPU 0 whole through Slurm's gres.
     let hold =
-        thread::spawn(|| user(&["srun", "--gres=gpu:1", "bash", "-c", "echo GPU=$CUDA_VISIBLE_DEVICES; sleep 6"], 60));
+        thread::spawn(|| user(&["srun", "--gres=gpu:1", "bash", "-c", "echo GPU=$SLURM_STEP_GPUS; sleep 6"], 60));
     wait_reservations(1); // the prolog's record of the GPU Slurm gave whole
-    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CUDA_VISIBLE_DEVICES"], 60).ok();
+    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "SLURM_STEP_GPUS"], 60).ok();
     let held = hold.join().unwrap().ok();
     let held_gpu = held.stdout.trim().trim_start_matches("GPU=").to_string();
     assert_eq!(held_gpu, "0");
@@ -192,7 +192,7 @@ fn gpus_slurm_gave_whole_are_never_collocation_targets() {
         thread::sleep(std::time::Duration::from_millis(100));
     }
     let _ = std::fs::remove_file(up);
-    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CUDA_VISIBLE_DEVICES"], 60).ok();
+    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "SLURM_STEP_GPUS"], 60).ok();
     hold.join().unwrap().ok();
     assert_eq!(r.stdout.trim(), "0", "a shard job's GPU stays a collocation target");
     assert_state_empty();

@@ -128,7 +128,7 @@ fn an_understated_estimate_cannot_crowd_out_other_jobs() {
         sbatch_wait(
             &["--carma-policy=ff", "--carma-mem=1G"],
             &[],
-            "echo \"GPU $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 30G --seconds 6",
+            "echo \"GPU $SLURM_STEP_GPUS\"\ncarma-fakejob --mem 30G --seconds 6",
             120,
         )
     });
@@ -137,7 +137,7 @@ fn an_understated_estimate_cannot_crowd_out_other_jobs() {
     // First-fit would put a 14 GiB job on the same GPU if the declaration
     // were believed; the live reading puts it elsewhere.
     let (r, out) =
-        sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $CUDA_VISIBLE_DEVICES\"", 60);
+        sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $SLURM_STEP_GPUS\"", 60);
     assert_eq!(r.code, 0, "{out}");
     let (lr, lout) = liar.join().unwrap();
     assert_eq!(lr.code, 0, "{lout}");

@@ -110,7 +110,7 @@ fn reservations_per_gpu() -> (usize, BTreeMap<u64, usize>, Vec<String>) {
 }
 
 const TRAIN: &str =
-    "echo \"DECISION $CARMA_DECISION\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 15";
+    "echo \"DECISION $CARMA_DECISION\"\necho \"GPUS $SLURM_STEP_GPUS\"\ncarma-fakejob --mem 12G --seconds 15";
 
 #[test]
 fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is_recovered_and_learns() {

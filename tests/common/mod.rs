@@ -241,7 +241,10 @@ impl Drop for Restore {
 /// address") means the device cgroup let the open through, EPERM that it
 /// denied it.
 ///
-/// Prints `CVD=<CUDA_VISIBLE_DEVICES> gpu0=open|EPERM ...` (one line).
+/// Prints `PROBE gpus=<the node's GPU indices> cvd=<CUDA_VISIBLE_DEVICES>
+/// gpu0=open|EPERM ...` (one line). The node's indices are SLURM_STEP_GPUS
+/// (set by CARMA, or by Slurm in an srun step), else SLURM_JOB_GPUS (a
+/// batch step with whole GPUs).
 pub const PROBE: &str = r#"r=""
 for i in 0 1 2 3; do
   e=$( (exec 3</dev/nvidia$i) 2>&1 )
@@ -251,30 +254,34 @@ for i in 0 1 2 3; do
     *) r="$r gpu$i=other($e)" ;;
   esac
 done
-echo "CVD=${CUDA_VISIBLE_DEVICES:-}$r""#;
+echo "PROBE gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}} cvd=${CUDA_VISIBLE_DEVICES:-}$r""#;
 
-/// What one probe line says: the GPUs the job was told to use, and those
-/// it could open; every other open must have been denied.
+/// What one probe line says: the node's GPUs the job was given, and those
+/// it could open (every other open must have been denied). CUDA numbers
+/// the GPUs a process can open from 0: CUDA_VISIBLE_DEVICES must be
+/// 0..n-1 for n given GPUs.
 pub fn probe(line: &str) -> (std::collections::BTreeSet<u32>, std::collections::BTreeSet<u32>) {
-    let line = line.split_once("CVD=").map(|(_, l)| l).unwrap_or_else(|| panic!("not a probe line: {line}"));
-    let mut words = line.split_whitespace();
-    let cvd = if line.starts_with(' ') { "" } else { words.next().unwrap_or("") };
-    let told = cvd.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let rest = line.split_once("PROBE ").map(|(_, l)| l).unwrap_or_else(|| panic!("not a probe line: {line}"));
+    let list = |v: &str| -> Vec<u32> { v.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect() };
+    let mut told = Vec::new();
+    let mut cvd = Vec::new();
     let mut opened = std::collections::BTreeSet::new();
-    for w in words {
-        let (gpu, result) = w.split_once('=').unwrap();
-        let i: u32 = gpu.trim_start_matches("gpu").parse().unwrap();
-        match result {
-            "open" => {
-                opened.insert(i);
+    for w in rest.split_whitespace() {
+        let (key, value) = w.split_once('=').unwrap_or_else(|| panic!("{line}"));
+        match (key, value) {
+            ("gpus", v) => told = list(v),
+            ("cvd", v) => cvd = list(v),
+            (gpu, "open") => {
+                opened.insert(gpu.trim_start_matches("gpu").parse().unwrap());
             }
-            "EPERM" => {}
-            other => panic!("gpu{i}: unexpected answer {other} in {line}"),
+            (_, "EPERM") => {}
+            (gpu, other) => panic!("{gpu}: unexpected answer {other} in {line}"),
         }
     }
-    (told, opened)
+    assert_eq!(cvd, (0..told.len() as u32).collect::<Vec<_>>(), "CUDA numbering: {line}");
+    (told.into_iter().collect(), opened)
 }
 
 pub fn probe_lines(text: &str) -> Vec<(std::collections::BTreeSet<u32>, std::collections::BTreeSet<u32>)> {
-    text.lines().filter(|l| l.contains("CVD=")).map(probe).collect()
+    text.lines().filter(|l| l.contains("PROBE ")).map(probe).collect()
 }

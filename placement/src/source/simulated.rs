@@ -155,19 +155,48 @@ impl SimulatedGpus {
         &self.file
     }
 
+    /// The GPUs this process can reach, as CUDA enumerates them: each GPU
+    /// whose device file (`/dev/nvidiaN`) the device cgroup lets it open
+    /// (an open refused with EPERM hides the GPU; with no driver behind
+    /// the file an allowed open fails with ENXIO; without device files at
+    /// all every GPU is reachable), in index order.
+    pub fn enumerated(&self) -> Vec<u32> {
+        let dev = Path::new("/dev");
+        let mut out: Vec<u32> = self
+            .gpus
+            .iter()
+            .map(|g| g.index)
+            .filter(|&i| match fs::File::open(crate::devices::gpu_file(dev, i)) {
+                Err(e) => e.raw_os_error() != Some(libc::EPERM),
+                Ok(_) => true,
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The GPU indices a `CUDA_VISIBLE_DEVICES` value names, read as CUDA
-    /// reads it: indices, or GPU UUIDs (Slurm 26.05's gres.conf
-    /// `Flags=env_uuid` puts UUIDs there; SLURM_STEP_GPUS and SLURM_JOB_GPUS
-    /// keep indices).
+    /// reads it: indices into the GPUs this process can reach
+    /// ([`Self::enumerated`]: under Slurm's ConstrainDevices=yes,
+    /// `CUDA_VISIBLE_DEVICES=0` is the first GPU of the step's), or GPU UUIDs
+    /// (Slurm 26.05's gres.conf `Flags=env_uuid` puts UUIDs there;
+    /// SLURM_STEP_GPUS and SLURM_JOB_GPUS keep the node's indices).
     pub fn visible_indices(&self, visible: &str) -> Result<Vec<u32>, String> {
+        let reachable = self.enumerated();
         visible
             .split(',')
             .map(str::trim)
             .map(|g| {
-                let by_uuid = || self.gpus.iter().find(|s| s.uuid == g).map(|s| s.index);
-                match g.parse::<u32>() {
-                    Ok(i) if (i as usize) < self.gpus.len() => Ok(i),
-                    Ok(_) => Err(format!("CUDA_VISIBLE_DEVICES={visible}: no GPU {g} in {}", self.file.display())),
+                let by_uuid =
+                    || self.gpus.iter().find(|s| s.uuid == g && reachable.contains(&s.index)).map(|s| s.index);
+                match g.parse::<usize>() {
+                    Ok(i) if i < reachable.len() => Ok(reachable[i]),
+                    Ok(_) => Err(format!(
+                        "CUDA_VISIBLE_DEVICES={visible}: no GPU {g} among the {} this process can open (of {} in {})",
+                        reachable.len(),
+                        self.gpus.len(),
+                        self.file.display()
+                    )),
                     Err(_) => by_uuid().ok_or_else(|| {
                         format!("CUDA_VISIBLE_DEVICES={visible}: {g} is neither a GPU index nor the UUID of one")
                     }),

@@ -214,9 +214,14 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
         }
         None => Ok(()),
         Some(Ok(d)) => {
-            for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL"] {
-                sp.setenv(var, &d.gpus)?;
-            }
+            // CUDA numbers the GPUs a process can open: where the device
+            // cgroup shows the task only its placement, its first GPU is
+            // CUDA's 0, as Slurm numbers CUDA_VISIBLE_DEVICES under
+            // ConstrainDevices=yes. SLURM_STEP_GPUS keeps the node's indices.
+            let cuda = cuda_devices(&d.gpu_indices, &d.gpus);
+            sp.setenv("CUDA_VISIBLE_DEVICES", &cuda)?;
+            sp.setenv("GPU_DEVICE_ORDINAL", &cuda)?;
+            sp.setenv("SLURM_STEP_GPUS", &d.gpus)?;
             for (var, value) in &d.env {
                 sp.setenv(var, value)?;
             }
@@ -290,6 +295,16 @@ fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
                 Cgroup::Unconstrained => Ok(()),
             }
         }
+    }
+}
+
+/// `0,1,..` for a task whose devices a cgroup constrains (task_post_fork
+/// left it exactly its placement), else the node's indices.
+fn cuda_devices(gpus: &[u32], node_indices: &str) -> String {
+    use carma_placement::devices::{Cgroup, of_task};
+    match of_task(std::process::id()) {
+        Ok(Cgroup::V1(_) | Cgroup::V2(_)) => (0..gpus.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+        _ => node_indices.to_string(),
     }
 }
 
