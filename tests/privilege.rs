@@ -136,8 +136,7 @@ fn an_understated_estimate_cannot_crowd_out_other_jobs() {
     std::thread::sleep(Duration::from_secs(2));
     // First-fit would put a 14 GiB job on the same GPU if the declaration
     // were believed; the live reading puts it elsewhere.
-    let (r, out) =
-        sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $SLURM_STEP_GPUS\"", 60);
+    let (r, out) = sbatch_wait(&["--carma-policy=ff", "--carma-mem=14G"], &[], "echo \"GPU $SLURM_STEP_GPUS\"", 60);
     assert_eq!(r.code, 0, "{out}");
     let (lr, lout) = liar.join().unwrap();
     assert_eq!(lr.code, 0, "{lout}");

@@ -267,7 +267,11 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
 /// sees why the job died. Best effort: the logs have the line anyway.
 fn tell_task(pid: u32, msg: &str) {
     use std::io::Write;
-    let stderr = std::fs::OpenOptions::new().append(true).open(format!("/proc/{pid}/fd/2"));
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: an output "file" may be a FIFO nobody reads, or a full
+    // pipe; slurmstepd must not wait on either.
+    let stderr =
+        std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK).open(format!("/proc/{pid}/fd/2"));
     if let Ok(mut f) = stderr {
         let _ = writeln!(f, "carma: this step was not started: {msg}");
     }
