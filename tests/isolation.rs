@@ -162,8 +162,8 @@ fn a_grant_that_cannot_be_made_fails_the_step_with_the_reason_and_leaves_the_nod
     assert!(probe_lines(&text).is_empty(), "the batch job ran unisolated: {text}");
     assert!(text.contains("carma: this step was not started") && text.contains("GPU isolation failed"), "{text}");
     // The node is not drained, and the next CARMA job runs isolated.
-    let state =
-        root(&["sinfo", "-h", "-n", &root(&["hostname", "-s"], 10).ok().stdout.trim().to_string(), "-o", "%T"], 20);
+    let host = root(&["hostname", "-s"], 10).ok().stdout;
+    let state = root(&["sinfo", "-h", "-n", host.trim(), "-o", "%T"], 20);
     assert!(!state.stdout.contains("drain"), "node drained: {}", state.stdout);
     let (told, opened) = srun_probe(&["-p", "debug", "--carma-mem=4G"]);
     assert_eq!((told.len(), &opened), (1, &told));
