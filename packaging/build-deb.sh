@@ -73,6 +73,9 @@ install -m 0644 "$repo/packaging/copyright" "$doc/copyright"
 install -D -m 0644 "$repo/slurm-conf-examples/plugstack.conf" "$p/usr/share/carma-slurm/plugstack-carma.conf"
 # Transparent collocation: the Lua module and the two scripts that load it.
 install -m 0644 "$repo"/slurm-conf-examples/{carma_slurm,job_submit,cli_filter}.lua "$p/usr/share/carma-slurm/"
+# The series the package is for: the Lua writes GRES in that release's TRES
+# spelling (gres:carmamem:N up to 23.02, gres/carmamem:N since 23.11).
+echo "$series" >"$p/usr/share/carma-slurm/slurm-series"
 install -d "$p/DEBIAN"
 for s in postinst postrm; do install -m 0755 "$repo/packaging/carma-slurm.$s" "$p/DEBIAN/$s"; done
 cat >"$p/DEBIAN/control" <<EOF

@@ -16,6 +16,13 @@ cli_filter (srun): a step inside such a job that asks for GPUs
 form of GPU the job holds; without it Slurm refuses such steps
 ("Step requested GRES (gpu) not found in the job").
 
+Admission by GPU memory (job_submit): in the scopes carma.yaml's
+`admission:` names, a CARMA job (any --carma-* option, or rewritten above)
+also asks for the count-only GRES `carmamem` (gres.conf Count= GiB per node,
+no File=): its size per GPU plus the headroom, in GiB, times its GPUs.
+slurmctld then sends it only to a node with that much left; the plugin
+still chooses the GPU and grants its device (docs/admission.md).
+
 Left unchanged: jobs outside the scopes; jobs started by srun or salloc
 (their own steps ask Slurm for gpu, which the job would no longer hold);
 `--carma-policy=exclusive` (the user's opt-out); typed GPUs (`gpu:a100:1`);
@@ -33,9 +40,12 @@ line in slurmctld's log.
 local carma = {
 	command = "/usr/bin/carma transparent-scopes --config /etc/slurm/carma.yaml 2>&1",
 	refresh = 60,
+	-- The Slurm series the package was built for (written by build-deb.sh).
+	series_file = "/usr/share/carma-slurm/slurm-series",
 }
 
 local scopes = nil -- last good list
+local admits = {} -- admission scopes of the last good answer
 local loaded_at = nil
 local NO_VAL = slurm.NO_VAL or 4294967294
 
@@ -47,26 +57,28 @@ local function log_error(fmt, ...)
 	slurm.log_error("carma: " .. fmt, ...)
 end
 
--- Parses `carma transparent-scopes`: a header, `scope k=v ...` lines, `end`.
+-- Parses `carma transparent-scopes`: a header, `scope k=v ...` lines
+-- (transparent collocation), `admit k=v ...` lines (admission by GPU
+-- memory), `end`.
 local function parse(text)
-	local list, header, complete = {}, false, false
+	local list, admit, header, complete = {}, {}, false, false
 	for line in string.gmatch(text, "[^\n]+") do
 		if line == "carma-transparent-scopes 1" then
 			header = true
 		elseif line == "end" then
 			complete = header
-		elseif header and string.sub(line, 1, 6) == "scope " then
+		elseif header and (string.sub(line, 1, 6) == "scope " or string.sub(line, 1, 6) == "admit ") then
 			local s = {}
-			for k, v in string.gmatch(line, "(%w+)=(%S+)") do
+			for k, v in string.gmatch(line, "([%w_]+)=(%S+)") do
 				if v ~= "*" then
 					s[k] = v
 				end
 			end
-			table.insert(list, s)
+			table.insert(string.sub(line, 1, 6) == "scope " and list or admit, s)
 		end
 	end
 	if complete then
-		return list
+		return list, admit
 	end
 	return nil
 end
@@ -82,7 +94,7 @@ local function current_scopes()
 	if pipe then
 		pipe:close()
 	end
-	local list = parse(text)
+	local list, admit = parse(text)
 	if list == nil then
 		local why = string.gsub(text, "\n", " ")
 		log_error("cannot read the transparent scopes (%s): %s; keeping %d scope(s)", carma.command, why,
@@ -91,7 +103,11 @@ local function current_scopes()
 		if scopes == nil or #list ~= #scopes then
 			log_info("%d transparent scope(s) in force", #list)
 		end
+		if #admit ~= #admits then
+			log_info("%d admission scope(s) in force", #admit)
+		end
 		scopes = list
+		admits = admit
 	end
 	return scopes or {}
 end
@@ -254,7 +270,87 @@ local function rewrite(job_desc, job, part_list, batch)
 		end
 	end
 	return string.format("carma: %s -> %s (transparent collocation, %s)", table.concat(before, ","),
-		table.concat(after, ","), describe(scope))
+		table.concat(after, ","), describe(scope)), scope
+end
+
+-- "gres/" on Slurm 23.11 and later, "gres:" before (the package's series).
+local tres_prefix = nil
+local function gres_prefix()
+	if tres_prefix == nil then
+		local f = io.open(carma.series_file, "r")
+		local series = f and f:read("*l") or ""
+		if f then
+			f:close()
+		end
+		local major, minor = string.match(series, "^(%d+)%.(%d+)$")
+		major, minor = tonumber(major), tonumber(minor)
+		if major == nil then
+			log_error("cannot read the Slurm series from %s: writing GRES as 23.11 and later do", carma.series_file)
+			tres_prefix = "gres/"
+		elseif major > 23 or (major == 23 and minor >= 11) then
+			tres_prefix = "gres/"
+		else
+			tres_prefix = "gres:"
+		end
+	end
+	return tres_prefix
+end
+
+-- The value of NAME in the job's SPANK environment (what the carma plugin
+-- in sbatch/srun/salloc passed on: CARMA_MEM=36864M, CARMA_ESTIMATE=...).
+local function spank_env(job_desc, name)
+	for _, kv in pairs(job_desc.spank_job_env or {}) do
+		local k, v = string.match(kv, "^([^=]+)=(.*)$")
+		if k == name then
+			return v
+		end
+	end
+	return nil
+end
+
+-- Admission by GPU memory: a CARMA job in an `admission:` scope asks Slurm
+-- for the count-only GRES (GiB per node), so that slurmctld sends it only
+-- to a node with that much GPU memory unpromised. Its size per GPU is the
+-- declared --carma-mem, else the estimate made at submit, else the
+-- transparent scope's default (`default_mib`); plus the headroom; times its
+-- GPUs. Exclusive jobs and jobs of unknown size are left to CARMA's wait.
+local function admit(job_desc, job, part_list, default_mib)
+	current_scopes()
+	if #admits == 0 then
+		return nil
+	end
+	local partitions = job.partition or default_partition(part_list)
+	if partitions == nil then
+		return nil
+	end
+	local scope = nil
+	for p in string.gmatch(partitions, "[^,]+") do
+		local s = find_scope(admits, p, job.account, job.qos)
+		if s == nil then
+			return nil
+		end
+		scope = scope or s
+	end
+	if spank_env(job_desc, "CARMA_POLICY") == "exclusive" then
+		return nil
+	end
+	local mib = tonumber(string.match(spank_env(job_desc, "CARMA_MEM") or "", "^(%d+)M$"))
+		or tonumber(string.match(spank_env(job_desc, "CARMA_ESTIMATE") or "", "^(%d+)M"))
+		or default_mib
+	local headroom = tonumber(scope.headroom_mib)
+	if mib == nil or headroom == nil or scope.gres == nil then
+		return nil
+	end
+	local gpus = tonumber(spank_env(job_desc, "CARMA_GPUS") or "") or 1
+	local gib = math.ceil((mib + headroom) / 1024) * gpus
+	local spec = gres_prefix() .. scope.gres .. ":" .. gib
+	local per_node = job_desc.tres_per_node
+	if per_node == nil or per_node == "" then
+		job_desc.tres_per_node = spec
+	else
+		job_desc.tres_per_node = per_node .. "," .. spec
+	end
+	return string.format("carma: admitted by GPU memory, %s:%d (%s)", scope.gres, gib, describe(scope))
 end
 
 local function record(job_desc, note, old_comment)
@@ -273,10 +369,21 @@ function carma.job_submit(job_desc, part_list, submit_uid)
 		account = job_desc.account or job_desc.default_account,
 		qos = job_desc.qos or job_desc.default_qos,
 	}
-	local note = rewrite(job_desc, job, part_list, job_desc.script ~= nil)
+	local note, scope = rewrite(job_desc, job, part_list, job_desc.script ~= nil)
 	if note ~= nil then
 		record(job_desc, note, job_desc.comment)
 		log_info("job from uid %s: %s", tostring(submit_uid), note)
+	end
+	local carma_job = note ~= nil
+	for _, kv in pairs(job_desc.spank_job_env or {}) do
+		carma_job = carma_job or string.sub(kv, 1, 6) == "CARMA_"
+	end
+	if carma_job then
+		local admitted = admit(job_desc, job, part_list, scope and tonumber(scope.default_mib))
+		if admitted ~= nil then
+			record(job_desc, admitted, job_desc.comment)
+			log_info("job from uid %s: %s", tostring(submit_uid), admitted)
+		end
 	end
 	return slurm.SUCCESS
 end

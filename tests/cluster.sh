@@ -11,7 +11,8 @@
 # on the first it reads the simulated GPUs directly (instant readings, which
 # most suites rely on).
 #
-# Partitions: debug (default; $NODE), shared ($NODE) and multi (both nodes).
+# Partitions: debug (default; $NODE), shared ($NODE), multi and wide (both
+# nodes; wide admits CARMA jobs by GPU memory).
 # shared and multi are transparent-collocation scopes (carma.yaml
 # transparent:, applied by slurmctld's job_submit/lua).
 #
@@ -115,14 +116,17 @@ DebugFlags=NO_CONF_HASH
 # OOM recovery: detects GPU OOM crashes of CARMA jobs and requeues them.
 Epilog=$EPILOG
 JobRequeue=1
-GresTypes=gpu,shard
+# carmamem: GPU memory in GiB, a count-only GRES for admission (docs/admission.md).
+GresTypes=gpu,shard,carmamem
 # More CPUs than exist, so that many small jobs run at once.
 SlurmdParameters=config_overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=32 Gres=gpu:4,shard:32 State=UNKNOWN
-NodeName=$NODE2 NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6819 CPUs=32 Gres=gpu:4,shard:32 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=32 Gres=gpu:4,shard:32,carmamem:160 State=UNKNOWN
+NodeName=$NODE2 NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6819 CPUs=32 Gres=gpu:4,shard:32,carmamem:160 State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=shared Nodes=$NODE MaxTime=INFINITE State=UP
 PartitionName=multi Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
+# Both nodes, CARMA jobs admitted by GPU memory (carma.yaml admission:).
+PartitionName=wide Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
 CONF
     # Four GPUs backed by character devices (Slurm 22.05 needs File=), each
     # split into 8 shards for collocated jobs: /dev/nvidiaN as the driver
@@ -145,6 +149,7 @@ Name=shard Count=8 File=/dev/nvidia0
 Name=shard Count=8 File=/dev/nvidia1
 Name=shard Count=8 File=/dev/nvidia2
 Name=shard Count=8 File=/dev/nvidia3
+Name=carmamem Count=160
 CONF
     # cgroup v1's devices controller (this machine's; docs/isolation.md).
     owned_write /etc/slurm/cgroup.conf <<CONF
@@ -173,6 +178,10 @@ estimator: {learn_runtime: {min_jobs: 0}}
 transparent:
   - {partition: shared, default_mem: 14G}
   - {partition: multi, default_mem: 4G}
+# slurmctld sends CARMA jobs of this partition only where their GPU memory
+# is free (tests/admission.rs).
+admission:
+  - {partition: wide}
 CONF
     local lua
     for lua in job_submit cli_filter; do

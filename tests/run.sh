@@ -21,8 +21,8 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 # Suites per release: every suite on the newest; on the older ones those
 # that meet what differs between releases (options and SPANK contexts,
 # job_submit/cli_filter Lua, requeue and epilog, slurmd restarts, packages).
-SLURM_22_05="foundation transparent recovery package isolation"
-SLURM_24_11="foundation transparent recovery faults privilege package monitor mps isolation"
+SLURM_22_05="foundation transparent recovery package isolation admission"
+SLURM_24_11="foundation transparent recovery faults privilege package monitor mps isolation admission"
 SLURM_26_05=all
 RELEASES=${CARMA_RELEASES:-host trixie sid}
 

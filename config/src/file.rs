@@ -214,7 +214,16 @@ pub struct Config {
     /// Where jobs that ask for whole GPUs are collocated without asking
     /// (`transparent:`); empty = nowhere.
     pub transparent: Vec<Scope>,
+    /// Where slurmctld admits CARMA jobs by GPU memory (`admission:`):
+    /// job_submit.lua adds the count-only GRES [`ADMISSION_GRES`] (GiB per
+    /// node: the job's estimate and headroom per GPU, times its GPUs);
+    /// empty = nowhere. Scopes name partitions, accounts or QOS only.
+    pub admission: Vec<Scope>,
 }
+
+/// The count-only GRES (gres.conf `Name=carmamem Count=<GiB>`, no `File=`)
+/// that admission asks for, in GiB.
+pub const ADMISSION_GRES: &str = "carmamem";
 
 /// Output lines of the common frameworks when the GPU runs out of memory,
 /// taken from their sources (docs/oom-messages.md says where each comes
@@ -297,6 +306,7 @@ impl Default for Config {
                 learn_runtime: LearnRuntime::default(),
             },
             transparent: Vec::new(),
+            admission: Vec::new(),
         }
     }
 }
@@ -425,6 +435,7 @@ struct RawConfig {
     timeouts: Option<RawTimeouts>,
     estimator: Option<RawEstimator>,
     transparent: Option<Vec<RawScope>>,
+    admission: Option<Vec<RawScope>>,
 }
 
 impl Config {
@@ -666,6 +677,34 @@ impl RawConfig {
             }
             c.transparent.push(s);
         }
+        for (i, raw) in self.admission.into_iter().flatten().enumerate() {
+            let key = |field: &str| format!("admission[{i}].{field}");
+            let name = |field: &str, v: Option<String>| -> Result<Option<String>, ConfigError> {
+                v.map(|v| scope::valid_name(&v).map(|()| v).map_err(|e| bad(&key(field), e))).transpose()
+            };
+            if raw.policy.is_some() || raw.default_mem.is_some() {
+                let field = if raw.policy.is_some() { "policy" } else { "default_mem" };
+                return Err(bad(
+                    &key(field),
+                    "admission scopes name only partition, account or qos (policies and sizes belong to transparent:)"
+                        .into(),
+                ));
+            }
+            let s = Scope {
+                partition: name("partition", raw.partition)?,
+                account: name("account", raw.account)?,
+                qos: name("qos", raw.qos)?,
+                policy: None,
+                default_mib: None,
+            };
+            if s.partition.is_none() && s.account.is_none() && s.qos.is_none() {
+                return Err(bad(
+                    &format!("admission[{i}]"),
+                    "names no partition, account or qos; give at least one".into(),
+                ));
+            }
+            c.admission.push(s);
+        }
         Ok(c)
     }
 }
@@ -813,6 +852,10 @@ mod tests {
             ("transparent: [{partition: gpu, default_mem: lots}]\n", "transparent[0].default_mem"),
             ("transparent: [{partition: gpu, policy: fastest}]\n", "transparent[0].policy"),
             ("transparent: [{partitions: gpu}]\n", "partitions"),
+            ("admission: [{qos: \"\"}]\n", "admission[0].qos"),
+            ("admission: [{partition: gpu, policy: ff}]\n", "admission[0].policy"),
+            ("admission: [{account: ml, default_mem: 4G}]\n", "admission[0].default_mem"),
+            ("admission: [{}]\n", "admission[0]"),
             ("monitor: {interval: 2s, stale_after: 3s}\n", "monitor.stale_after"),
             ("monitor: {interval: 10ms}\n", "monitor.interval"),
             (
@@ -860,5 +903,14 @@ mod tests {
         assert_eq!(c.transparent_scope(&job("shared")).map(Scope::selectors).as_deref(), Some("partition:shared"));
         assert_eq!(c.transparent_scope(&job("other")).map(Scope::selectors).as_deref(), Some("account:ml,qos:low"));
         assert!(parse("").unwrap().transparent.is_empty());
+    }
+
+    #[test]
+    fn admission_scopes_are_selectors_only() {
+        let c = parse("admission:\n  - {partition: wide}\n  - {account: ml}\n").unwrap();
+        assert_eq!(c.admission.len(), 2);
+        assert_eq!(c.admission[0].selectors(), "partition:wide");
+        assert_eq!(c.admission[1].to_string(), "scope partition=* account=ml qos=*");
+        assert!(parse("").unwrap().admission.is_empty());
     }
 }

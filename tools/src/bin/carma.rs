@@ -3,7 +3,7 @@
 //!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
 //!   carma estimate --model FILE [--batch-size N] [--json]   the GPU memory estimate and why
 //!   carma place --dry-run [--mem SIZE] [--policy P] [--gpus N]   where a job would go now, and why not elsewhere
-//!   carma transparent-scopes [--config FILE]   the scopes job_submit.lua rewrites (one line each)
+//!   carma transparent-scopes [--config FILE]   the scopes job_submit.lua rewrites and admits by memory (one line each)
 //!   carma simulate ...                       replay a job trace under CARMA's policies
 #![forbid(unsafe_code)]
 
@@ -147,7 +147,18 @@ fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
     let cfg = config(&a)?;
     println!("carma-transparent-scopes 1");
     for s in &cfg.transparent {
-        println!("{s}");
+        // default_mib: what admission asks for a rewritten job without an estimate.
+        match s.default_mib {
+            Some(mib) => println!("{s} default_mib={mib}"),
+            None => println!("{s}"),
+        }
+    }
+    // Admission scopes (carma.yaml admission:): the GRES and the headroom
+    // job_submit.lua adds to each CARMA job's per-GPU size.
+    for s in &cfg.admission {
+        let line = s.to_string();
+        let selectors = line.strip_prefix("scope ").unwrap_or(&line);
+        println!("admit {selectors} gres={} headroom_mib={}", carma_config::ADMISSION_GRES, cfg.headroom_mib);
     }
     println!("end");
     Ok(())

@@ -1,0 +1,111 @@
+//! Cluster-wide admission by GPU memory (#30) on the real cluster: in
+//! partition `wide` (both nodes; carma.yaml `admission:`), job_submit.lua
+//! adds the count-only GRES `carmamem` (GiB per node, 160 per node here:
+//! 4 GPUs of 40G) to each CARMA job, so slurmctld sends a job only to a
+//! node with that much GPU memory unpromised; CARMA still chooses the GPU
+//! there (and grants its device: tests/isolation.rs).
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+fn field(job: &str, key: &str) -> String {
+    let r = root(&["scontrol", "show", "job", job], 20);
+    r.stdout
+        .lines()
+        .flat_map(|l| if key == "Comment" { vec![l.trim()] } else { l.split_whitespace().collect() })
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn submit(opts: &[&str], body: &str) -> (String, String) {
+    let name = unique("adm");
+    let path = script(&name, body);
+    let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
+    let mut args = vec!["sbatch", "--parsable", "-J", &name, "-o", &out];
+    args.extend_from_slice(opts);
+    args.push(&path);
+    (user(&args, 30).ok().stdout.trim().to_string(), out)
+}
+
+fn carma_logs() -> String {
+    let mut text = String::new();
+    for f in ["/var/log/carma/carma.log", &format!("/var/log/carma/carma-{}.log", node2())] {
+        text += &std::fs::read_to_string(f).unwrap_or_default();
+    }
+    text
+}
+
+#[test]
+fn a_job_that_fits_only_on_the_empty_node_is_sent_there() {
+    require_cluster();
+    wait_released();
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    // Node 1's four 40G GPUs each hold a 36G CARMA job: 4 x 38 GiB of its
+    // 160 admitted (36G + 2G headroom each); node 2 is empty.
+    let holders: Vec<String> =
+        (0..4).map(|_| submit(&["-p", "wide", "-w", &host, "--carma-mem=36G"], "sleep 120").0).collect();
+    wait_reservations(4);
+    for h in &holders {
+        assert!(field(h, "TresPerNode").contains("carmamem:38"), "{h}: {}", field(h, "TresPerNode"));
+    }
+    // An 8G job needs 10 GiB: node 1 has 8 left, so Slurm sends it to node 2.
+    let t0 = Instant::now();
+    let (r, text) =
+        sbatch_wait(&["-p", "wide", "--carma-mem=8G"], &[], "echo \"NODE $SLURMD_NODENAME $CARMA_DECISION\"", 60);
+    r.ok();
+    let line = text.lines().find(|l| l.starts_with("NODE ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.starts_with(&format!("NODE {} ", node2())), "sent to a full node: {line}");
+    assert!(line.contains("gpu_indices="), "{line}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "it waited: {:?}", t0.elapsed());
+    for h in &holders {
+        root(&["scancel", h], 20).ok();
+    }
+    for h in &holders {
+        wait_completed(h);
+    }
+    wait_released();
+    report("admission", "full node + empty node: the 8G job was sent to the empty node by Slurm, placed at once");
+}
+
+#[test]
+fn a_burst_of_mixed_jobs_over_two_nodes_never_fails_for_no_fit() {
+    require_cluster();
+    wait_released();
+    // 32 jobs of 6 to 22G (the GPUs hold 40G each): more than both nodes
+    // hold at once, so Slurm queues what does not fit anywhere.
+    let sizes = [6, 10, 14, 18, 22];
+    let jobs: Vec<String> = (0..32)
+        .map(|i| {
+            let mem = format!("--carma-mem={}G", sizes[i % sizes.len()]);
+            submit(&["-p", "wide", &mem], "echo \"NODE $SLURMD_NODENAME $CARMA_DECISION\"\nsleep 4").0
+        })
+        .collect();
+    let start = Instant::now();
+    for j in &jobs {
+        loop {
+            let st = field(j, "JobState");
+            if !["PENDING", "CONFIGURING", "RUNNING", "COMPLETING"].contains(&st.as_str()) {
+                assert_eq!(st, "COMPLETED", "job {j}");
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(240), "job {j} still {st}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    let logs = carma_logs();
+    let failed: Vec<&String> = jobs
+        .iter()
+        .filter(|j| logs.lines().any(|l| l.contains(&format!("job {j} ")) && l.contains("no GPU fit")))
+        .collect();
+    assert!(failed.is_empty(), "jobs failed for no fit: {failed:?}");
+    let nodes: std::collections::BTreeSet<String> = jobs.iter().map(|j| field(j, "NodeList")).collect();
+    assert_eq!(nodes.len(), 2, "both nodes used: {nodes:?}");
+    report(
+        "admission",
+        &format!("32 mixed jobs over 2 nodes: all completed, none failed for no fit, in {:?}", start.elapsed()),
+    );
+    wait_released();
+}
