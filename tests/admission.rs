@@ -109,3 +109,22 @@ fn a_burst_of_mixed_jobs_over_two_nodes_never_fails_for_no_fit() {
     );
     wait_released();
 }
+
+#[test]
+fn an_estimated_job_asks_for_its_estimate_and_headroom() {
+    require_cluster();
+    let model = user_copy("carma/model-summaries/resnet18_cifar100.model");
+    let (mib, _) = cli_estimate(&model, "128");
+    let m = format!("--carma-model={model}");
+    let (id, out) = submit(&["-p", "wide", &m, "--carma-batch-size=128"], "echo \"D $CARMA_DECISION\"");
+    wait_completed(&id);
+    let want = (mib + 2048).div_ceil(1024);
+    assert!(field(&id, "TresPerNode").ends_with(&format!("carmamem:{want}")), "{}", field(&id, "TresPerNode"));
+    assert!(
+        field(&id, "Comment").contains(&format!("admitted by GPU memory, carmamem:{want}")),
+        "{}",
+        field(&id, "Comment")
+    );
+    let text = std::fs::read_to_string(out).unwrap();
+    assert!(text.contains(&format!("estimate={mib}M source=layers")), "{text}");
+}

@@ -9,28 +9,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::thread;
 
-fn data() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data");
-    assert!(d.join("onnx").is_dir(), "no {}: the repository's data/ is missing", d.display());
-    d
-}
-
-/// A copy of one of the repository's model files that the test user owns.
-fn user_copy(rel: &str) -> String {
-    let src = data().join(rel);
-    let dst = work_dir().join(src.file_name().unwrap());
-    std::fs::copy(&src, &dst).unwrap();
-    Command::new("chown").args([USER, dst.to_str().unwrap()]).status().unwrap();
-    dst.to_string_lossy().into_owned()
-}
-
-/// What `carma estimate` (run as the user) says for this file and batch.
-fn cli_estimate(model: &str, batch: &str) -> (u64, String) {
-    let r = user(&["carma", "estimate", "--model", model, "--batch-size", batch, "--json"], 60).ok();
-    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    (v["mib"].as_u64().unwrap(), v["source"].as_str().unwrap().to_string())
-}
-
 const BODY: &str = "echo \"DECISION $CARMA_DECISION\"\necho \"GPU $SLURM_STEP_GPUS\"\nsleep 6";
 
 fn field<'a>(out: &'a str, tag: &str) -> &'a str {

@@ -285,3 +285,26 @@ pub fn probe(line: &str) -> (std::collections::BTreeSet<u32>, std::collections::
 pub fn probe_lines(text: &str) -> Vec<(std::collections::BTreeSet<u32>, std::collections::BTreeSet<u32>)> {
     text.lines().filter(|l| l.contains("PROBE ")).map(probe).collect()
 }
+
+/// The repository's data/ (read through the test binary's manifest dir).
+pub fn data() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data");
+    assert!(d.join("onnx").is_dir(), "no {}: the repository's data/ is missing", d.display());
+    d
+}
+
+/// A copy of `data/REL` in the work directory, owned by the test user.
+pub fn user_copy(rel: &str) -> String {
+    let src = data().join(rel);
+    let dst = work_dir().join(src.file_name().unwrap());
+    std::fs::copy(&src, &dst).unwrap();
+    std::process::Command::new("chown").args([USER, dst.to_str().unwrap()]).status().unwrap();
+    dst.to_string_lossy().into_owned()
+}
+
+/// What `carma estimate` (run as the user) says for this file and batch.
+pub fn cli_estimate(model: &str, batch: &str) -> (u64, String) {
+    let r = user(&["carma", "estimate", "--model", model, "--batch-size", batch, "--json"], 60).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    (v["mib"].as_u64().unwrap(), v["source"].as_str().unwrap().to_string())
+}
