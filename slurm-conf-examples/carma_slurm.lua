@@ -205,12 +205,9 @@ local function unset(v)
 	return v == nil or v == NO_VAL or v == 0
 end
 
--- Rewrites job_desc's GPU request in place. `job` holds the facts that
--- decide the scope (partition may be a comma list: every partition must
--- be in scope); `batch`: a job with a script (jobs started by srun or
--- salloc keep whole GPUs). Returns the note recorded in the comment, or nil.
-local function rewrite(job_desc, job, part_list, batch)
-	local list = current_scopes()
+-- The scope of `list` a job is in: its partition (a comma list: every
+-- partition must be in a scope; the first one's applies), account, QOS.
+local function job_scope(list, job, part_list)
 	if #list == 0 then
 		return nil
 	end
@@ -225,6 +222,18 @@ local function rewrite(job_desc, job, part_list, batch)
 			return nil
 		end
 		scope = scope or s
+	end
+	return scope
+end
+
+-- Rewrites job_desc's GPU request in place. `job` holds the facts that
+-- decide the scope (partition may be a comma list: every partition must
+-- be in scope); `batch`: a job with a script (jobs started by srun or
+-- salloc keep whole GPUs). Returns the note recorded in the comment, or nil.
+local function rewrite(job_desc, job, part_list, batch)
+	local scope = job_scope(current_scopes(), job, part_list)
+	if scope == nil then
+		return nil
 	end
 	if opted_out(job_desc) or not batch then
 		return nil
@@ -316,20 +325,9 @@ end
 -- GPUs. Exclusive jobs and jobs of unknown size are left to CARMA's wait.
 local function admit(job_desc, job, part_list, default_mib)
 	current_scopes()
-	if #admits == 0 then
+	local scope = job_scope(admits, job, part_list)
+	if scope == nil then
 		return nil
-	end
-	local partitions = job.partition or default_partition(part_list)
-	if partitions == nil then
-		return nil
-	end
-	local scope = nil
-	for p in string.gmatch(partitions, "[^,]+") do
-		local s = find_scope(admits, p, job.account, job.qos)
-		if s == nil then
-			return nil
-		end
-		scope = scope or s
 	end
 	if spank_env(job_desc, "CARMA_POLICY") == "exclusive" then
 		return nil

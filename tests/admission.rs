@@ -6,19 +6,9 @@
 //! there (and grants its device: tests/isolation.rs).
 
 mod common;
+use common::job_field as field;
 use common::*;
 use std::time::{Duration, Instant};
-
-fn field(job: &str, key: &str) -> String {
-    let r = root(&["scontrol", "show", "job", job], 20);
-    r.stdout
-        .lines()
-        .flat_map(|l| if key == "Comment" { vec![l.trim()] } else { l.split_whitespace().collect() })
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
 
 fn submit(opts: &[&str], body: &str) -> (String, String) {
     let name = unique("adm");

@@ -5,6 +5,7 @@
 //! `debug` is outside every scope.
 
 mod common;
+use common::job_field as field;
 use common::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,18 +21,6 @@ fn submit(opts: &[&str], name: &str, path: &str) -> (String, String) {
     args.push(path);
     let id = user(&args, 30).ok().stdout.trim().to_string();
     (id, out)
-}
-
-fn field(job: &str, key: &str) -> String {
-    let r = root(&["scontrol", "show", "job", job], 20);
-    // Comment= runs to the end of its line (it may hold blanks).
-    r.stdout
-        .lines()
-        .flat_map(|l| if key == "Comment" { vec![l.trim()] } else { l.split_whitespace().collect() })
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
 }
 
 /// A TRES string in one spelling: Slurm 22.05 writes `gres:gpu:1`, 23.11

@@ -308,3 +308,16 @@ pub fn cli_estimate(model: &str, batch: &str) -> (u64, String) {
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     (v["mib"].as_u64().unwrap(), v["source"].as_str().unwrap().to_string())
 }
+
+/// A field of `scontrol show job` (Comment= runs to the end of its line:
+/// it may hold blanks).
+pub fn job_field(job: &str, key: &str) -> String {
+    let r = root(&["scontrol", "show", "job", job], 20);
+    r.stdout
+        .lines()
+        .flat_map(|l| if key == "Comment" { vec![l.trim()] } else { l.split_whitespace().collect() })
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
