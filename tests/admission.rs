@@ -118,3 +118,77 @@ fn an_estimated_job_asks_for_its_estimate_and_headroom() {
     let text = std::fs::read_to_string(out).unwrap();
     assert!(text.contains(&format!("estimate={mib}M source=layers")), "{text}");
 }
+
+/// carma-monitor for the first node while alive (the second node's runs
+/// always); on drop the node's admission count is set back to its
+/// configured 160.
+struct Node1Monitor(std::process::Child, String);
+
+impl Node1Monitor {
+    fn start(host: &str) -> Node1Monitor {
+        let child = std::process::Command::new("carma-monitor")
+            .args(["--config", "/etc/slurm/carma.yaml"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("carma-monitor");
+        Node1Monitor(child, host.to_string())
+    }
+}
+
+impl Drop for Node1Monitor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let gres = "Gres=gpu:4,shard:32,carmamem:160";
+        let _ = root(&["scontrol", "update", &format!("NodeName={}", self.1), gres], 20);
+    }
+}
+
+/// The node's admission count as slurmctld has it.
+fn count(node: &str) -> u64 {
+    let r = root(&["scontrol", "show", "node", "-o", node], 20).ok();
+    let gres = r.stdout.split_whitespace().find_map(|w| w.strip_prefix("Gres=")).unwrap_or_default().to_string();
+    gres.split(',').find_map(|e| e.strip_prefix("carmamem:")).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+fn wait_count(node: &str, want: u64) {
+    let start = Instant::now();
+    while count(node) != want {
+        assert!(start.elapsed() < Duration::from_secs(20), "{node}: carmamem {} after 20 s, want {want}", count(node));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn gpus_taken_whole_leave_the_count_and_the_next_job_goes_elsewhere() {
+    require_cluster();
+    wait_released();
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let _monitor = Node1Monitor::start(&host);
+    wait_count(&host, 160);
+    // Two jobs take GPUs of node 1 whole (Slurm's gres/gpu, no CARMA): the
+    // monitor withdraws their 80 GiB from the node's count.
+    let whole: Vec<String> =
+        (0..2).map(|_| submit(&["-p", "wide", "-w", &host, "--gres=gpu:1"], "sleep 120").0).collect();
+    wait_count(&host, 80);
+    // Three 36G CARMA jobs (38 GiB each): at most two fit node 1's 80, the
+    // rest are sent to node 2. Counting shards alone, Slurm would have put all
+    // three on node 1, where the third finds no GPU.
+    let t0 = Instant::now();
+    let jobs: Vec<String> = (0..3).map(|_| submit(&["-p", "wide", "--carma-mem=36G"], "sleep 3").0).collect();
+    for j in &jobs {
+        wait_completed(j);
+        assert_eq!(field(j, "JobState"), "COMPLETED", "job {j}");
+    }
+    let on_node1 = jobs.iter().filter(|j| field(j, "NodeList") == host).count();
+    assert!(on_node1 <= 2, "{:?}", jobs.iter().map(|j| field(j, "NodeList")).collect::<Vec<_>>());
+    assert!(t0.elapsed() < Duration::from_secs(40), "a job waited: {:?}", t0.elapsed());
+    for j in &whole {
+        root(&["scancel", j], 20).ok();
+        wait_completed(j);
+    }
+    wait_count(&host, 160);
+    wait_released();
+    report("admission", "two GPUs of node 1 taken whole: its count fell to 80 GiB, the third 36G job went to node 2");
+}

@@ -195,7 +195,9 @@ fn a_plugin_or_package_for_another_slurm_series_is_refused() {
 }
 
 fn node_state(node: &str) -> String {
-    root(&["sinfo", "-h", "-N", "-n", node, "-o", "%T"], 10).stdout.trim().to_string()
+    // One line per partition the node is in: the state is the node's.
+    let out = root(&["sinfo", "-h", "-N", "-n", node, "-o", "%T"], 10).stdout;
+    out.lines().next().unwrap_or("").trim().to_string()
 }
 
 /// Waits (at most `secs`) until the node's state passes `ok`; returns the last state.

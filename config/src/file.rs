@@ -134,6 +134,12 @@ pub struct MonitorConfig {
     /// Where carma-monitor reads SM activity and occupancy on GPUs without
     /// NVML GPM (Ampere and older): a dcgm-exporter's metrics endpoint.
     pub dcgm_exporter: Option<HttpEndpoint>,
+    /// This node's name in Slurm (default: the short host name), whose
+    /// admission count carma-monitor keeps (docs/admission.md).
+    pub slurm_node: Option<String>,
+    /// How often carma-monitor sets the node's admission count in slurmctld
+    /// when it changed.
+    pub admission_interval: Duration,
 }
 
 /// A plain-HTTP endpoint, `http://HOST:PORT/PATH`.
@@ -277,6 +283,8 @@ impl Default for Config {
                 interval: Duration::from_secs(1),
                 stale_after: Duration::from_secs(10),
                 dcgm_exporter: None,
+                slurm_node: None,
+                admission_interval: Duration::from_secs(10),
             },
             sharing: Sharing::Timeslice,
             mps: MpsConfig {
@@ -392,6 +400,8 @@ struct RawMonitor {
     interval: Option<Scalar>,
     stale_after: Option<Scalar>,
     dcgm_exporter: Option<String>,
+    slurm_node: Option<String>,
+    admission_interval: Option<Scalar>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -529,6 +539,16 @@ impl RawConfig {
             }
             if let Some(url) = &m.dcgm_exporter {
                 c.monitor.dcgm_exporter = Some(HttpEndpoint::parse(url).map_err(|e| bad("monitor.dcgm_exporter", e))?);
+            }
+            if let Some(n) = &m.slurm_node {
+                scope::valid_name(n).map_err(|e| bad("monitor.slurm_node", e))?;
+                c.monitor.slurm_node = Some(n.clone());
+            }
+            if let Some(v) = &m.admission_interval {
+                c.monitor.admission_interval = duration("monitor.admission_interval", v)?;
+                if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&c.monitor.admission_interval) {
+                    return Err(bad("monitor.admission_interval", "use 1s to 600s".into()));
+                }
             }
             if c.monitor.stale_after < 2 * c.monitor.interval {
                 return Err(bad("monitor.stale_after", "must be at least twice monitor.interval".into()));

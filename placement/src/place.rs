@@ -448,6 +448,15 @@ impl Placer {
         Ok(n)
     }
 
+    /// The GPU memory shared jobs could still be promised here, in GiB, on
+    /// `readings` and the recorded state (carma-monitor's admission count;
+    /// [`crate::policy::admissible_gib`]).
+    pub fn admissible_gib(&self, readings: &[GpuReading]) -> Result<u64, PlaceError> {
+        let st = self.store.snapshot()?;
+        let owners = self.processes.owners_on(readings, &st);
+        Ok(crate::policy::admissible_gib(readings, &st, &owners, &self.params()))
+    }
+
     /// What a job needed when it ran out of GPU memory (carma-epilog): a
     /// lower bound of its peak, remembered like an observed one.
     pub fn remember_peak(&self, signature: &str, mib: u64) -> Result<(), PlaceError> {

@@ -182,6 +182,25 @@ pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<
     gpu.free_mib().saturating_sub(promised_mib(gpu, state, owners))
 }
 
+/// The GPU memory shared jobs could still be promised on this node, in
+/// GiB: each GPU a shared job may use (not held whole by Slurm or by an
+/// exclusive job, its activity within the cap) offers its effective free
+/// memory, rounded down to whole GiB. It is the node's admission count
+/// (docs/admission.md) less what Slurm has allocated; a job asks for its
+/// size plus headroom, so the headroom is not taken off here. One GPU's
+/// free memory may still be too little for a job the sum admits.
+pub fn admissible_gib(gpus: &[GpuReading], state: &NodeState, owners: &HashMap<u32, u32>, p: &Params) -> u64 {
+    gpus.iter()
+        .filter(|g| {
+            let held = state.reservations.iter().any(|r| {
+                r.gpus.contains(&g.index) && (r.holding == Holding::SlurmWhole || r.exclusive)
+            });
+            !held && g.activity(p.metric) <= p.cap()
+        })
+        .map(|g| effective_free_mib(g, state, owners) / 1024)
+        .sum()
+}
+
 /// Why `gpu` cannot take the demand, or `None` if it can.
 fn reject(
     gpu: &GpuReading,

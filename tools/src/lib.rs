@@ -2,6 +2,7 @@
 //! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod args;
 pub mod cli_log;
 pub mod monitor;

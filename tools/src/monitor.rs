@@ -67,6 +67,12 @@ impl Window {
     }
 }
 
+/// The short host name: Slurm's default node name.
+fn short_hostname() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    name.trim().split('.').next().unwrap_or("").to_string()
+}
+
 /// Samples and publishes until `stop` is set (or once). Errors reading the
 /// GPUs are logged when they change and sampling goes on: meanwhile the
 /// publication ages, and placement falls back to direct reads once it is
@@ -87,6 +93,12 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     let mut window = Window::new(cfg.monitor_window);
     let mut last_error: Option<String> = None;
     let mut next = Instant::now();
+    // The node's admission count in slurmctld (only where its Slurm node
+    // has the admission GRES: docs/admission.md).
+    let node = cfg.monitor.slurm_node.clone().unwrap_or_else(short_hostname);
+    let mut admission = crate::admission::Admission::new(node);
+    let mut next_admission = Instant::now();
+    let mut admission_error: Option<String> = None;
     while !stop.load(Ordering::SeqCst) {
         match source.read() {
             Ok(gpus) => {
@@ -104,6 +116,29 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
                     .map_err(|e| format!("cannot publish: {e}"))
                     .and_then(|()| placer.observe_peaks(&gpus).map_err(|e| format!("cannot record peaks: {e}")));
                 note(&mut last_error, result.err(), log);
+                if !once && now >= next_admission {
+                    next_admission = now + cfg.monitor.admission_interval;
+                    let synced = placer
+                        .admissible_gib(&p.gpus)
+                        .map_err(|e| e.to_string())
+                        .and_then(|gib| admission.sync(gib))
+                        .map_err(|e| format!("admission count: {e}"));
+                    match synced {
+                        Ok(change) => {
+                            if let Some(change) = change {
+                                log(&format!("carma-monitor: {change}"));
+                            }
+                            admission_error = None;
+                        }
+                        // Said once per distinct failure: slurmctld may be
+                        // down for a while.
+                        Err(e) if admission_error.as_ref() != Some(&e) => {
+                            log(&format!("carma-monitor: {e}"));
+                            admission_error = Some(e);
+                        }
+                        Err(_) => {}
+                    }
+                }
             }
             Err(e) => note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log),
         }

@@ -332,3 +332,20 @@ fn the_cap_applies_to_the_configured_reading_and_the_reason_names_it() {
     };
     assert_eq!((lug(&sm), lug(&busy)), (vec![0], vec![1]));
 }
+
+#[test]
+fn the_admission_count_is_what_shared_jobs_could_still_get_in_whole_gib() {
+    let mut st = NodeState::default();
+    // GPU0 20G used, GPU1 10G, GPU2 30G, GPU3 over the SM cap.
+    let g = node();
+    assert_eq!(admissible_gib(&g, &st, &HashMap::new(), &P), 20 + 30 + 10);
+    // A CARMA promise of 15.5G on GPU1, whose 10G in use is another
+    // process's: 40 - 10 - 15.5 = 14.5G free -> 14.
+    st.reservations.push(carma(7, vec![1], 10240 + 5632, 1001));
+    assert_eq!(admissible_gib(&g, &st, &HashMap::new(), &P), 20 + 14 + 10);
+    // GPU2 given whole by Slurm: none of it.
+    let mut whole = carma(8, vec![2], 0, 1);
+    whole.holding = Holding::SlurmWhole;
+    st.reservations.push(whole);
+    assert_eq!(admissible_gib(&g, &st, &HashMap::new(), &P), 20 + 14);
+}

@@ -1,0 +1,148 @@
+//! The node's admission count in slurmctld (docs/admission.md): the
+//! count-only GRES `carmamem` of this node is kept at the GPU memory CARMA
+//! could still promise here plus what Slurm has allocated of it to running
+//! jobs, so that slurmctld's free count is what CARMA can place. Run by
+//! carma-monitor; `scontrol` is run without a shell, with fixed arguments
+//! and a time limit.
+
+use carma_config::ADMISSION_GRES;
+use std::process::Command;
+
+/// `scontrol show node -o`'s `Gres=` and `GresUsed=` of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGres {
+    /// The configured list, as `scontrol update Gres=` takes it back.
+    pub gres: String,
+    /// The admission GRES's count now, and what Slurm has allocated of it.
+    pub count: u64,
+    pub allocated: u64,
+}
+
+/// Splits a GRES list at the commas outside parentheses
+/// (`gpu:2(IDX:0-1),shard:(null):0(0/8,0/8)`).
+fn entries(list: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&list[start..]);
+    out.into_iter().filter(|e| !e.is_empty()).collect()
+}
+
+/// An entry without its trailing annotation (`gpu:4(S:0)` → `gpu:4`,
+/// `gpu:(null):1(IDX:2)` → `gpu:(null):1`).
+fn bare(entry: &str) -> &str {
+    match entry.rfind('(') {
+        Some(i) if entry.ends_with(')') => &entry[..i],
+        _ => entry,
+    }
+}
+
+/// The count of the admission GRES in a list, if it is there
+/// (`carmamem:160`, `carmamem:(null):38`).
+fn count_of(list: &str) -> Option<u64> {
+    entries(list).into_iter().map(bare).find_map(|e| {
+        let (name, rest) = e.split_once(':')?;
+        (name == ADMISSION_GRES).then(|| rest.rsplit(':').next()?.parse().ok())?
+    })
+}
+
+/// The node's GRES facts from `scontrol show node -o NAME`; `None` when it
+/// has no admission GRES.
+pub fn parse_node(text: &str) -> Option<NodeGres> {
+    let field = |key: &str| text.split_whitespace().find_map(|w| w.strip_prefix(key));
+    let gres = field("Gres=")?;
+    let count = count_of(gres)?;
+    let allocated = field("GresUsed=").and_then(count_of).unwrap_or(0);
+    let list: Vec<&str> = entries(gres).into_iter().map(bare).collect();
+    Some(NodeGres { gres: list.join(","), count, allocated })
+}
+
+/// The node's list with the admission GRES's count set to `count` (the
+/// update replaces the whole list: everything else stays as it was).
+pub fn with_count(gres: &str, count: u64) -> String {
+    entries(gres)
+        .into_iter()
+        .map(|e| match e.split_once(':') {
+            Some((name, _)) if name == ADMISSION_GRES => format!("{ADMISSION_GRES}:{count}"),
+            _ => e.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn scontrol(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("timeout")
+        .args(["10", "scontrol"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run scontrol: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("scontrol {}: {}", args.join(" "), err.trim()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Keeps one node's admission count.
+pub struct Admission {
+    node: String,
+    /// The node has no admission GRES: said once, then nothing is done.
+    off: bool,
+}
+
+impl Admission {
+    pub fn new(node: String) -> Admission {
+        Admission { node, off: false }
+    }
+
+    /// Sets the node's count to `free_gib` + what Slurm has allocated, if
+    /// it differs. Returns the change made, as a log line.
+    pub fn sync(&mut self, free_gib: u64) -> Result<Option<String>, String> {
+        if self.off {
+            return Ok(None);
+        }
+        let text = scontrol(&["show", "node", "-o", &self.node])?;
+        let Some(now) = parse_node(&text) else {
+            self.off = true;
+            return Ok(Some(format!(
+                "node {} has no {ADMISSION_GRES} GRES in Slurm: its admission count is not kept",
+                self.node
+            )));
+        };
+        let want = free_gib + now.allocated;
+        if want == now.count {
+            return Ok(None);
+        }
+        let gres = format!("Gres={}", with_count(&now.gres, want));
+        scontrol(&["update", &format!("NodeName={}", self.node), &gres])?;
+        Ok(Some(format!(
+            "node {} {ADMISSION_GRES} {} -> {want} ({free_gib} GiB promisable + {} allocated)",
+            self.node, now.count, now.allocated
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_count_and_what_slurm_allocated_of_it() {
+        let text = "NodeName=vm Arch=x86_64 CoresPerSocket=1 Gres=gpu:4(S:0),shard:32(S:0),carmamem:160 \
+                    NodeAddr=127.0.0.1 GresUsed=gpu:(null):1(IDX:2),shard:(null):3(1/8,2/8,0/8,0/8),carmamem:38 State=MIXED";
+        let n = parse_node(text).unwrap();
+        assert_eq!(n, NodeGres { gres: "gpu:4,shard:32,carmamem:160".into(), count: 160, allocated: 38 });
+        assert_eq!(with_count(&n.gres, 118), "gpu:4,shard:32,carmamem:118");
+        assert_eq!(count_of("gpu:(null):0(IDX:N/A),carmamem:(null):12"), Some(12));
+        assert_eq!(parse_node("NodeName=x Gres=gpu:4,shard:32 GresUsed=gpu:0"), None);
+    }
+}
