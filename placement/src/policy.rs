@@ -192,9 +192,10 @@ pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<
 pub fn admissible_gib(gpus: &[GpuReading], state: &NodeState, owners: &HashMap<u32, u32>, p: &Params) -> u64 {
     gpus.iter()
         .filter(|g| {
-            let held = state.reservations.iter().any(|r| {
-                r.gpus.contains(&g.index) && (r.holding == Holding::SlurmWhole || r.exclusive)
-            });
+            let held = state
+                .reservations
+                .iter()
+                .any(|r| r.gpus.contains(&g.index) && (r.holding == Holding::SlurmWhole || r.exclusive));
             !held && g.activity(p.metric) <= p.cap()
         })
         .map(|g| effective_free_mib(g, state, owners) / 1024)

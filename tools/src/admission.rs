@@ -118,7 +118,11 @@ impl Admission {
                 self.node
             )));
         };
-        let want = free_gib + now.allocated;
+        // Slurm drops a GRES whose count is set to 0 from the node's list
+        // (measured on 22.05), and this monitor would then find none: 1
+        // GiB stands for none, less than any job asks (its headroom alone
+        // is more with the default 2G).
+        let want = (free_gib + now.allocated).max(1);
         if want == now.count {
             return Ok(None);
         }
