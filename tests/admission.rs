@@ -192,3 +192,19 @@ fn gpus_taken_whole_leave_the_count_and_the_next_job_goes_elsewhere() {
     wait_released();
     report("admission", "two GPUs of node 1 taken whole: its count fell to 80 GiB, the third 36G job went to node 2");
 }
+
+#[test]
+fn a_plain_gpu_job_collocated_transparently_asks_for_its_default_size() {
+    require_cluster();
+    // widet: transparent (default 4G) and admitted by memory: the job's
+    // whole GPU becomes a shard, and 4G + 2G headroom = 6 GiB of carmamem.
+    let (id, out) = submit(&["-p", "widet", "--gres=gpu:1"], "echo \"D $CARMA_DECISION\"");
+    wait_completed(&id);
+    assert_eq!(field(&id, "JobState"), "COMPLETED");
+    let tres = field(&id, "TresPerNode").replace("gres/", "gres:");
+    assert_eq!(tres, "gres:shard:1,gres:carmamem:6");
+    let comment = field(&id, "Comment");
+    assert!(comment.contains("transparent collocation") && comment.contains("carmamem:6"), "{comment}");
+    let text = std::fs::read_to_string(out).unwrap();
+    assert!(text.contains("estimate=4096M"), "{text}");
+}

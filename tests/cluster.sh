@@ -11,9 +11,9 @@
 # on the first it reads the simulated GPUs directly (instant readings, which
 # most suites rely on).
 #
-# Partitions: debug (default; $NODE), shared ($NODE), multi and wide (both
-# nodes; wide admits CARMA jobs by GPU memory).
-# shared and multi are transparent-collocation scopes (carma.yaml
+# Partitions: debug (default; $NODE), shared ($NODE), multi, wide and widet
+# (both nodes; wide and widet admit CARMA jobs by GPU memory).
+# shared, multi and widet are transparent-collocation scopes (carma.yaml
 # transparent:, applied by slurmctld's job_submit/lua).
 #
 #   tests/cluster.sh deps      install Debian packages (Slurm, munge, clang)
@@ -125,8 +125,10 @@ NodeName=$NODE2 NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6819 CPUs=32 Gres=gpu
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=shared Nodes=$NODE MaxTime=INFINITE State=UP
 PartitionName=multi Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
-# Both nodes, CARMA jobs admitted by GPU memory (carma.yaml admission:).
+# Both nodes, CARMA jobs admitted by GPU memory (carma.yaml admission:);
+# widet also collocates plain GPU jobs transparently.
 PartitionName=wide Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
+PartitionName=widet Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
 CONF
     # Four GPUs backed by character devices (Slurm 22.05 needs File=), each
     # split into 8 shards for collocated jobs: /dev/nvidiaN as the driver
@@ -178,10 +180,12 @@ estimator: {learn_runtime: {min_jobs: 0}}
 transparent:
   - {partition: shared, default_mem: 14G}
   - {partition: multi, default_mem: 4G}
+  - {partition: widet, default_mem: 4G}
 # slurmctld sends CARMA jobs of this partition only where their GPU memory
 # is free (tests/admission.rs).
 admission:
   - {partition: wide}
+  - {partition: widet}
 # carma-monitor keeps the node's admission count (started by
 # tests/admission.rs for this node; always running for the second).
 monitor: {admission_interval: 1s}
