@@ -20,8 +20,7 @@ use once_cell::sync::OnceCell;
 
 /// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
-    gpus: String,
-    gpu_indices: Vec<u32>,
+    gpus: Vec<u32>,
     summary: String,
     /// More of the task's environment (an MPS client's pipe and fence).
     env: Vec<(&'static str, String)>,
@@ -165,9 +164,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     };
     let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary}"));
-    let gpus = carma_placement::index_list(&decision.gpus);
-    let gpu_indices = decision.gpus.clone();
-    let _ = DECISION.set(Ok(Decision { gpus, gpu_indices, summary, env, step, step_name }));
+    let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, summary, env, step, step_name }));
     Ok(())
 }
 
@@ -218,10 +215,11 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
             // cgroup shows the task only its placement, its first GPU is
             // CUDA's 0, as Slurm numbers CUDA_VISIBLE_DEVICES under
             // ConstrainDevices=yes. SLURM_STEP_GPUS keeps the node's indices.
-            let cuda = cuda_devices(&d.gpu_indices, &d.gpus);
+            let node_indices = carma_placement::index_list(&d.gpus);
+            let cuda = cuda_devices(d.gpus.len(), &node_indices);
             sp.setenv("CUDA_VISIBLE_DEVICES", &cuda)?;
             sp.setenv("GPU_DEVICE_ORDINAL", &cuda)?;
-            sp.setenv("SLURM_STEP_GPUS", &d.gpus)?;
+            sp.setenv("SLURM_STEP_GPUS", &node_indices)?;
             for (var, value) in &d.env {
                 sp.setenv(var, value)?;
             }
@@ -243,7 +241,7 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
 pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
     let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
     let pid = sp.item_u32(Item::TaskPid)?;
-    if let Err(e) = isolate(&d.gpu_indices, pid) {
+    if let Err(e) = isolate(&d.gpus, pid) {
         let msg =
             format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
         log::error(&format!("task_post_fork: {msg}"));
@@ -280,34 +278,32 @@ fn tell_task(pid: u32, msg: &str) {
 fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
     use carma_placement::devices::{self, Cgroup};
     let dev = std::path::Path::new("/dev");
-    match devices::of_task(pid)? {
-        // ConstrainDevices=no: no job can be kept from any GPU here.
+    let cgroup = devices::of_task(pid)?;
+    // ConstrainDevices=no: no job can be kept from any GPU here.
+    if cgroup == Cgroup::Unconstrained {
+        return Ok(());
+    }
+    // The placement's files must exist (v2 grants by denying the others).
+    let allow =
+        gpus.iter().map(|&i| devices::char_device(&devices::gpu_file(dev, i))).collect::<Result<Vec<_>, _>>()?;
+    let deny: Vec<_> = devices::gpu_files(dev)
+        .into_iter()
+        .filter(|(i, _)| !gpus.contains(i))
+        .filter_map(|(_, f)| devices::char_device(&f).ok())
+        .collect();
+    match cgroup {
+        Cgroup::V1(levels) => devices::grant_v1(&levels, &allow, &deny),
+        Cgroup::V2(task) => devices::grant_v2(&task, &deny),
         Cgroup::Unconstrained => Ok(()),
-        cgroup => {
-            let allow = gpus
-                .iter()
-                .map(|&i| devices::char_device(&devices::gpu_file(dev, i)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let deny: Vec<_> = devices::gpu_files(dev)
-                .into_iter()
-                .filter(|(i, _)| !gpus.contains(i))
-                .filter_map(|(_, f)| devices::char_device(&f).ok())
-                .collect();
-            match cgroup {
-                Cgroup::V1(levels) => devices::grant_v1(&levels, &allow, &deny),
-                Cgroup::V2(task) => devices::grant_v2(&task, &deny),
-                Cgroup::Unconstrained => Ok(()),
-            }
-        }
     }
 }
 
 /// `0,1,..` for a task whose devices a cgroup constrains (task_post_fork
 /// left it exactly its placement), else the node's indices.
-fn cuda_devices(gpus: &[u32], node_indices: &str) -> String {
+fn cuda_devices(count: usize, node_indices: &str) -> String {
     use carma_placement::devices::{Cgroup, of_task};
     match of_task(std::process::id()) {
-        Ok(Cgroup::V1(_) | Cgroup::V2(_)) => (0..gpus.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+        Ok(Cgroup::V1(_) | Cgroup::V2(_)) => (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
         _ => node_indices.to_string(),
     }
 }
