@@ -101,6 +101,13 @@ s=$work/carma-slurm-sim
 install -D -m 0755 "$bin/carma-fakejob" "$s/usr/bin/carma-fakejob"
 strip --strip-unneeded "$s/usr/bin/carma-fakejob"
 install -D -m 0644 "$repo/packaging/sim-gpus.yaml" "$s/usr/share/doc/carma-slurm-sim/examples/sim-gpus.yaml"
+# The NVML stand-in: outside the loader's path on purpose (a GPU node's
+# driver owns libnvidia-ml.so.1); a test node names it in ld.so.conf.d or
+# in carma.yaml (gpu_source: {nvml: {library: ...}}).
+install -D -m 0644 "$bin/libnvidia_ml.so" "$s/usr/lib/carma-sim/libnvidia-ml.so.1"
+strip --strip-unneeded "$s/usr/lib/carma-sim/libnvidia-ml.so.1"
+install -D -m 0644 "$repo/data/h100/collocation.csv" "$s/usr/share/carma-sim/h100-collocation.csv"
+install -D -m 0644 "$repo/data/h100/probes.csv" "$s/usr/share/carma-sim/h100-probes.csv"
 install -m 0644 "$repo/packaging/copyright" "$s/usr/share/doc/carma-slurm-sim/copyright"
 install -d "$s/DEBIAN"
 cat >"$s/DEBIAN/control" <<EOF
@@ -115,7 +122,9 @@ Installed-Size: $(du -sk "$s/usr" | cut -f1)
 Description: simulated GPUs for CARMA for Slurm (demos and tests)
  carma-fakejob is a training-like process that registers GPU memory and SM
  activity with CARMA's simulated GPU source, so CARMA can be tried and tested
- on nodes without GPUs. Not needed on production GPU nodes.
+ on nodes without GPUs. /usr/lib/carma-sim/libnvidia-ml.so.1 presents the
+ same GPUs behind NVML's C interface (H100 and A100 profiles, faults), so
+ CARMA's NVML path runs without a GPU. Not for production GPU nodes.
 EOF
 
 for d in "$p" "$s"; do

@@ -2,7 +2,12 @@
 # A real Slurm cluster on 127.0.0.1 with the CARMA plugin installed (the
 # host's Slurm 22.05, or a newer release inside a tests/releases.sh chroot),
 # used by the tests, CI and the demo: node $NODE with 4 simulated GPUs, and
-# a second node ${NODE}b (4 more) for multi-node jobs. Both slurmd run on this
+# a second node ${NODE}b (4 more) for multi-node jobs. CARMA reads them as
+# GPU nodes' are read, through NVML (gpu_source: nvml): the NVML stand-in
+# (nvml-standin/, /usr/lib/carma-sim/libnvidia-ml.so.1 from the
+# carma-slurm-sim package) presents each node's simulated GPUs: $SIM for
+# the first (found through ld.so.conf.d), and the file beside the second's
+# copy of the library, which its carma.yaml names. Both slurmd run on this
 # host: Debian's Slurm is not built with --enable-multiple-slurmd, but a
 # second slurmd with its own Port=, spool, pid file and plugstack (hence its
 # own carma.yaml, CARMA state and simulated GPUs) works; slurmd reads its
@@ -41,9 +46,12 @@ PLUGIN=/usr/lib/carma/carma_spank.so
 EPILOG=/usr/sbin/carma-epilog
 TARGET=${CARGO_TARGET_DIR:-$repo/target}
 SIM=/etc/carma/sim-gpus.yaml
+STANDIN=/usr/lib/carma-sim/libnvidia-ml.so.1
 TEST_USER=carmatest
 NODE2=${NODE}b
 N2=/etc/slurm/node2
+# The second node's stand-in: a link to the library and its own GPUs.
+STANDIN2=/etc/carma/standin-$NODE2
 TEST_USER2=carmatest2
 # Stand-ins for one MPS control daemon per GPU of the second node: the
 # pipe directory with its `control` pipe, which is what CARMA looks for.
@@ -168,7 +176,8 @@ CONF
     owned_write /etc/slurm/carma.yaml <<CONF
 $MARK
 default_policy: magm
-gpu_source: {simulated: $SIM}
+# The NVML stand-in's GPUs ($SIM), as a GPU node reads its driver's.
+gpu_source: nvml
 state_dir: /run/carma
 log_file: /var/log/carma/carma.log
 timeouts: {lock: 5s, wait: 60s, poll: 250ms}
@@ -220,7 +229,7 @@ write_node2() {
     owned_write "$N2/cgroup.conf" </etc/slurm/cgroup.conf
     sed "s#/etc/slurm/carma.yaml#$N2/carma.yaml#" /etc/slurm/plugstack.conf | owned_write "$N2/plugstack.conf"
     {
-        sed -e "s#$SIM#/etc/carma/sim-gpus-$NODE2.yaml#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \
+        sed -e "s#^gpu_source: .*#gpu_source: {nvml: {library: $STANDIN2/libnvidia-ml.so.1}}#" -e "s#^state_dir: .*#state_dir: /run/carma2#" \
             -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" \
             -e "s#^estimator: .*#estimator: {learn_runtime: {min_jobs: 3, window: 3}}#" -e "/^monitor: /d" /etc/slurm/carma.yaml
         # This node's placement reads carma-monitor's readings (tests/monitor.rs).
@@ -230,7 +239,8 @@ write_node2() {
         echo "sharing: mps"
         echo "mps: {pipe_dir: $MPS_PIPE, log_dir: /var/log/carma-mps}"
     } | owned_write "$N2/carma.yaml"
-    sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" | owned_write "/etc/carma/sim-gpus-$NODE2.yaml"
+    sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" | owned_write "$STANDIN2/sim-gpus.yaml"
+    ln -sfn "$STANDIN" "$STANDIN2/libnvidia-ml.so.1"
     owned_write "$N2/epilog" <<CONF
 #!/bin/sh
 $MARK
@@ -266,6 +276,11 @@ install_carma() {
         install -d -m 0755 "$MPS_PIPE/$g"
         [ -p "$MPS_PIPE/$g/control" ] || mkfifo -m 0600 "$MPS_PIPE/$g/control"
     done
+    # The first node's NVML is the stand-in, on the loader's path as a
+    # driver's library is.
+    printf "%s\n%s\n" "$MARK" /usr/lib/carma-sim | owned_write /etc/ld.so.conf.d/carma-nvml-standin.conf
+    ldconfig
+    [ "$(ldconfig -p | grep -c 'libnvidia-ml.so.1 ')" -ge 1 ] || die "ldconfig does not list the NVML stand-in"
     # Simulated GPU processes register here (like /tmp: users create, only owners delete).
     install -d -m 1777 /run/carma-sim /run/carma-sim2
     rm -f /run/carma-sim/*.json /run/carma-sim2/*.json
@@ -335,7 +350,7 @@ start() {
     wait_idle "$NODE2" "$LOG/slurmd-$NODE2.log"
     # A node drained by an earlier run (failed prolog/epilog) is resumed.
     scontrol update nodename="$NODE,$NODE2" state=resume >/dev/null 2>&1 || true
-    echo "cluster.sh: $NODE and $NODE2 up with 4 simulated GPUs each; CARMA plugin $PLUGIN"
+    echo "cluster.sh: $NODE and $NODE2 up with 4 simulated GPUs each behind the NVML stand-in; CARMA plugin $PLUGIN"
 }
 
 case "${1:-}" in

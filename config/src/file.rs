@@ -19,8 +19,10 @@ const MAX_CONFIG_BYTES: u64 = 256 * 1024;
 /// Where live GPU readings come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuSource {
-    /// NVIDIA's NVML, loaded at run time.
-    Nvml,
+    /// NVIDIA's NVML, loaded at run time: `libnvidia-ml.so.1` from the
+    /// loader's path, or the file `library` names (a driver installed
+    /// outside the loader's path; the test cluster's GPU stand-in).
+    Nvml { library: Option<PathBuf> },
     /// A file describing simulated GPUs (nodes without GPUs: CI, demos).
     Simulated(PathBuf),
 }
@@ -179,6 +181,9 @@ pub struct Timeouts {
     pub wait: Duration,
     /// First re-check interval while waiting; doubles up to 8x.
     pub poll: Duration,
+    /// Longest wait for one reading of the node's GPUs (a driver call that
+    /// hangs fails the read, not the step's slurmstepd).
+    pub gpu_read: Duration,
 }
 
 /// The validated configuration.
@@ -291,7 +296,7 @@ impl Default for Config {
                 pipe_dir: PathBuf::from("/run/nvidia-mps"),
                 log_dir: PathBuf::from("/var/log/nvidia-mps"),
             },
-            gpu_source: GpuSource::Nvml,
+            gpu_source: GpuSource::Nvml { library: None },
             state_dir: PathBuf::from("/run/carma"),
             log_file: None,
             unknown_estimate: UnknownEstimate::Exclusive,
@@ -304,6 +309,9 @@ impl Default for Config {
                 lock: Duration::from_secs(5),
                 wait: Duration::from_secs(600),
                 poll: Duration::from_secs(2),
+                // An H100 node answers a full read in ~30 ms per GPU; the
+                // reader holds the state lock, whose waiters give up at 5 s.
+                gpu_read: Duration::from_secs(3),
             },
             // The CUDA context, cuBLAS/cuDNN handles and the framework's own
             // allocations of a PyTorch job on an A100: a property of the
@@ -410,6 +418,7 @@ struct RawTimeouts {
     lock: Option<Scalar>,
     wait: Option<Scalar>,
     poll: Option<Scalar>,
+    gpu_read: Option<Scalar>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -567,8 +576,14 @@ impl RawConfig {
         }
         if let Some(v) = self.gpu_source {
             c.gpu_source = parse_gpu_source(&v).map_err(|m| bad("gpu_source", m))?;
-            if let GpuSource::Simulated(p) = &c.gpu_source {
-                abs_path("gpu_source.simulated", &p.to_string_lossy())?;
+            match &c.gpu_source {
+                GpuSource::Simulated(p) => {
+                    abs_path("gpu_source.simulated", &p.to_string_lossy())?;
+                }
+                GpuSource::Nvml { library: Some(p) } => {
+                    abs_path("gpu_source.nvml.library", &p.to_string_lossy())?;
+                }
+                GpuSource::Nvml { library: None } => {}
             }
         }
         if let Some(d) = self.state_dir {
@@ -629,6 +644,12 @@ impl RawConfig {
             }
             if let Some(v) = &t.poll {
                 c.timeouts.poll = duration("timeouts.poll", v)?;
+            }
+            if let Some(v) = &t.gpu_read {
+                c.timeouts.gpu_read = duration("timeouts.gpu_read", v)?;
+                if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&c.timeouts.gpu_read) {
+                    return Err(bad("timeouts.gpu_read", "give 100ms to 60s".into()));
+                }
             }
             if c.timeouts.lock.is_zero() || c.timeouts.poll.is_zero() {
                 return Err(bad("timeouts", "lock and poll must be longer than 0".into()));
@@ -737,11 +758,16 @@ impl Config {
 }
 
 fn parse_gpu_source(v: &serde_yaml::Value) -> Result<GpuSource, String> {
-    const HINT: &str = "use 'nvml' or '{simulated: /path/to/gpus.yaml}'";
+    const HINT: &str =
+        "use 'nvml', '{nvml: {library: /path/to/libnvidia-ml.so.1}}' or '{simulated: /path/to/gpus.yaml}'";
     match v {
-        serde_yaml::Value::String(s) if s == "nvml" => Ok(GpuSource::Nvml),
-        serde_yaml::Value::Mapping(m) if m.len() == 1 => match m.get("simulated") {
-            Some(serde_yaml::Value::String(p)) => Ok(GpuSource::Simulated(PathBuf::from(p))),
+        serde_yaml::Value::String(s) if s == "nvml" => Ok(GpuSource::Nvml { library: None }),
+        serde_yaml::Value::Mapping(m) if m.len() == 1 => match (m.get("simulated"), m.get("nvml")) {
+            (Some(serde_yaml::Value::String(p)), _) => Ok(GpuSource::Simulated(PathBuf::from(p))),
+            (_, Some(serde_yaml::Value::Mapping(n))) if n.len() == 1 => match n.get("library") {
+                Some(serde_yaml::Value::String(p)) => Ok(GpuSource::Nvml { library: Some(PathBuf::from(p)) }),
+                _ => Err(format!("nvml: the only key is library; {HINT}")),
+            },
             _ => Err(format!("unknown source; {HINT}")),
         },
         _ => Err(format!("unknown source; {HINT}")),
@@ -814,7 +840,7 @@ mod tests {
         let c = Config::load(Path::new("/nonexistent/carma.yaml")).unwrap();
         assert_eq!(c.sm_activity_cap, 0.80);
         assert_eq!(c.headroom_mib, 2048);
-        assert_eq!(c.gpu_source, GpuSource::Nvml);
+        assert_eq!(c.gpu_source, GpuSource::Nvml { library: None });
     }
 
     #[test]
@@ -829,6 +855,8 @@ mod tests {
         assert_eq!(c.default_policy, Policy::BestFit);
         assert_eq!(c.headroom_mib, 1024);
         assert_eq!(c.gpu_source, GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into()));
+        let n = parse("gpu_source: {nvml: {library: /opt/nvidia/lib64/libnvidia-ml.so.1}}\n").unwrap();
+        assert_eq!(n.gpu_source, GpuSource::Nvml { library: Some("/opt/nvidia/lib64/libnvidia-ml.so.1".into()) });
         assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
         assert_eq!(c.no_fit, NoFitAction::Fail);
         assert_eq!(c.recovery_mode, RecoveryMode::Looser);
@@ -860,6 +888,9 @@ mod tests {
             ("default_policy: fastest\n", "default_policy"),
             ("gpu_source: cuda\n", "gpu_source"),
             ("gpu_source: {simulated: relative.yaml}\n", "gpu_source.simulated"),
+            ("gpu_source: {nvml: {library: libnvidia-ml.so.1}}\n", "gpu_source.nvml.library"),
+            ("timeouts: {gpu_read: 10ms}\n", "timeouts.gpu_read"),
+            ("gpu_source: {nvml: {path: /usr/lib/libnvidia-ml.so.1}}\n", "the only key is library"),
             ("state_dir: var/lib\n", "state_dir"),
             ("no_fit: pray\n", "no_fit"),
             ("recovery: {mode: twice}\n", "recovery.mode"),

@@ -81,7 +81,7 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     // Checks (and creates) the root-owned state directory; the placer
     // records placed jobs' peaks as the monitor sees them.
     let placer = carma_placement::Placer::from_config(cfg, log).map_err(|e| e.to_string())?;
-    let mut source = carma_placement::open_monitored(cfg).map_err(|e| e.to_string())?;
+    let mut source = carma_placement::open_monitored(cfg, log).map_err(|e| e.to_string())?;
     let interval = cfg.monitor.interval;
     log(&format!(
         "carma-monitor: sampling {} every {} ms, window {} s, publishing {}",

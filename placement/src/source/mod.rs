@@ -1,6 +1,7 @@
 //! Where GPU readings come from: NVML on GPU nodes, a file of simulated GPUs
 //! elsewhere. Chosen by `gpu_source` in carma.yaml, never by build flags.
 
+mod bounded;
 pub mod dcgm_exporter;
 mod nvml;
 pub mod published;
@@ -11,6 +12,7 @@ use carma_config::{Config, GpuSource as SourceConfig};
 use std::fmt;
 use std::time::Duration;
 
+pub use bounded::Bounded;
 pub use nvml::NvmlSource;
 pub use simulated::SimulatedGpus;
 
@@ -38,23 +40,37 @@ pub fn open_source(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, So
     if cfg.monitor.published {
         return Ok(Box::new(published::PublishedSource::new(cfg, log)));
     }
-    open_direct(&cfg.gpu_source, cfg.monitor_window)
+    open_direct(cfg, log)
+}
+
+/// NVML, opened and read in a thread of its own: each read is bounded by
+/// `timeouts.gpu_read` ([`Bounded`]).
+fn open_nvml(cfg: &Config, sampling: bool, log: fn(&str)) -> Result<Box<dyn GpuSource>, SourceError> {
+    let SourceConfig::Nvml { library } = &cfg.gpu_source else {
+        return Err(SourceError("gpu_source is not nvml".into()));
+    };
+    let (library, window) = (library.clone(), cfg.monitor_window);
+    Ok(Box::new(Bounded::spawn("nvml", cfg.timeouts.gpu_read, move || {
+        let l = library.as_deref();
+        let s = if sampling { NvmlSource::init_sampling(l, window, log)? } else { NvmlSource::init(l, window, log)? };
+        Ok(Box::new(s) as Box<dyn GpuSource>)
+    })?))
 }
 
 /// The configured GPUs for a reader that samples at intervals (carma-monitor):
 /// NVML then measures SM activity between samples with GPM, where supported.
-pub fn open_sampling(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {
-    match cfg {
-        SourceConfig::Nvml => Ok(Box::new(NvmlSource::init_sampling(window)?)),
-        other => open_direct(other, window),
+pub fn open_sampling(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, SourceError> {
+    match &cfg.gpu_source {
+        SourceConfig::Nvml { .. } => open_nvml(cfg, true, log),
+        _ => open_direct(cfg, log),
     }
 }
 
 /// carma-monitor's source: [`open_sampling`], with SM activity and
 /// occupancy from a dcgm-exporter where carma.yaml names one (GPUs without
 /// GPM). Each scrape is bounded by the sampling interval (at most 2 s).
-pub fn open_monitored(cfg: &Config) -> Result<Box<dyn GpuSource>, SourceError> {
-    let source = open_sampling(&cfg.gpu_source, cfg.monitor_window)?;
+pub fn open_monitored(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, SourceError> {
+    let source = open_sampling(cfg, log)?;
     Ok(match &cfg.monitor.dcgm_exporter {
         Some(e) => {
             let timeout = cfg.monitor.interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
@@ -66,9 +82,9 @@ pub fn open_monitored(cfg: &Config) -> Result<Box<dyn GpuSource>, SourceError> {
 
 /// Opens the configured GPUs themselves. NVML is loaded at run time: on a
 /// node without a driver this returns an error in well under a millisecond.
-pub fn open_direct(cfg: &SourceConfig, window: Duration) -> Result<Box<dyn GpuSource>, SourceError> {
-    match cfg {
-        SourceConfig::Nvml => Ok(Box::new(NvmlSource::init(window)?)),
+pub fn open_direct(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, SourceError> {
+    match &cfg.gpu_source {
+        SourceConfig::Nvml { .. } => open_nvml(cfg, false, log),
         SourceConfig::Simulated(path) => Ok(Box::new(SimulatedGpus::load(path)?)),
     }
 }
@@ -86,7 +102,7 @@ mod tests {
             return;
         }
         let t = std::time::Instant::now();
-        let e = open_direct(&SourceConfig::Nvml, Duration::from_secs(60)).err().expect("NVML opened without a driver");
+        let e = open_direct(&Config::default(), |_| {}).err().expect("NVML opened without a driver");
         assert!(e.to_string().starts_with("NVML unavailable") && e.to_string().contains("driver"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(2));
     }

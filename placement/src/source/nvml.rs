@@ -12,7 +12,10 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Sampling;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MIB: u64 = 1024 * 1024;
@@ -23,27 +26,117 @@ pub struct NvmlSource {
     window: Duration,
     /// The last GPM sample of each device (sampling sources only).
     gpm: Option<Vec<Option<GpmSample<'static>>>>,
+    /// GPUs the driver reported lost (said once each).
+    lost: BTreeSet<u32>,
+    log: fn(&str),
 }
 
+/// The library this process loaded, and where it came from.
+static NVML: std::sync::OnceLock<(Nvml, Option<PathBuf>)> = std::sync::OnceLock::new();
+
+/// How often a process list is asked for again when it grew between
+/// NVML's count and its copy (each try leaves room for 5 more).
+const PROCESS_LIST_TRIES: usize = 3;
+
 impl NvmlSource {
-    /// A source for one-off reads (slurmstepd, `carma status`).
-    pub fn init(window: Duration) -> Result<NvmlSource, SourceError> {
-        static NVML: std::sync::OnceLock<Nvml> = std::sync::OnceLock::new();
+    /// A source for one-off reads (slurmstepd, `carma status`), from the
+    /// driver's `libnvidia-ml.so.1` on the loader's path or `library`.
+    pub fn init(library: Option<&Path>, window: Duration, log: fn(&str)) -> Result<NvmlSource, SourceError> {
+        let unavailable = |e: NvmlError| {
+            let from = library.map(|l| format!(" from {}", l.display())).unwrap_or_default();
+            SourceError(format!("NVML unavailable{from} ({e}); is the NVIDIA driver installed and loaded?"))
+        };
         let nvml = match NVML.get() {
-            Some(n) => n,
+            Some((n, _)) => n,
             None => {
-                let n = Nvml::init()
-                    .map_err(|e| SourceError(format!("NVML unavailable ({e}); is the NVIDIA driver installed?")))?;
-                NVML.get_or_init(|| n)
+                let n = match library {
+                    Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+                    None => Nvml::init(),
+                }
+                .map_err(unavailable)?;
+                &NVML.get_or_init(|| (n, library.map(Path::to_path_buf))).0
             }
         };
-        Ok(NvmlSource { nvml, window, gpm: None })
+        Ok(NvmlSource { nvml, window, gpm: None, lost: BTreeSet::new(), log })
     }
 
     /// A source read at intervals (carma-monitor): SM activity and
     /// occupancy from GPM between consecutive reads, where supported.
-    pub fn init_sampling(window: Duration) -> Result<NvmlSource, SourceError> {
-        Ok(NvmlSource { gpm: Some(Vec::new()), ..NvmlSource::init(window)? })
+    pub fn init_sampling(library: Option<&Path>, window: Duration, log: fn(&str)) -> Result<NvmlSource, SourceError> {
+        Ok(NvmlSource { gpm: Some(Vec::new()), ..NvmlSource::init(library, window, log)? })
+    }
+
+    /// The device's compute processes. NVML counts them, then copies them
+    /// into a buffer 5 larger: processes started in between can outgrow it
+    /// (`Insufficient Size`), and the list is asked for again.
+    fn processes(dev: &nvml_wrapper::Device<'static>) -> Result<Vec<GpuProcess>, NvmlError> {
+        let mut tries = 0;
+        let list = loop {
+            tries += 1;
+            match dev.running_compute_processes() {
+                Err(NvmlError::InsufficientSize(_)) if tries < PROCESS_LIST_TRIES => continue,
+                other => break other?,
+            }
+        };
+        Ok(list
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_mib: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b.div_ceil(MIB),
+                    UsedGpuMemory::Unavailable => 0,
+                },
+            })
+            .collect())
+    }
+
+    /// One GPU's reading; `Ok(None)` if the driver says the GPU is lost.
+    fn read_one(&mut self, index: u32, since_us: u64) -> Result<Option<GpuReading>, SourceError> {
+        let err = |what: &str, e: NvmlError| SourceError(format!("NVML {what} of GPU {index}: {e}"));
+        let lost = |e: &NvmlError| matches!(e, NvmlError::GpuLost);
+        let dev = match self.nvml.device_by_index(index) {
+            Err(e) if lost(&e) => return Ok(None),
+            other => other.map_err(|e| err("device", e))?,
+        };
+        let mem = match dev.memory_info() {
+            Err(e) if lost(&e) => return Ok(None),
+            other => other.map_err(|e| err("memory info", e))?,
+        };
+        let processes = match Self::processes(&dev) {
+            Err(e) if lost(&e) => return Ok(None),
+            other => other.map_err(|e| err("processes", e))?,
+        };
+        // Windowed busy time (utilization.gpu: the share of time any
+        // kernel ran); the instantaneous rate only if the driver keeps
+        // no samples for this device.
+        let busy = dev
+            .samples(Sampling::GpuUtilization, since_us)
+            .ok()
+            .and_then(|s| mean_sample(&s))
+            .or_else(|| dev.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0))
+            .unwrap_or(1.0);
+        // Without GPM busy time stands in for SM activity: it is never
+        // below it (an H100 read busy 0.92 at SM activity 0.01), so the
+        // SM cap errs on the safe side.
+        let (sm_activity, sm_occupancy) = match self.gpm_since_last(index, &dev) {
+            Some((sm, occ)) => (sm, Some(occ)),
+            None => (busy, None),
+        };
+        // An MPS server runs as a compute process of its GPU, as the
+        // user it serves.
+        let mps_uid = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid));
+        Ok(Some(GpuReading {
+            index,
+            uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
+            total_mib: mem.total / MIB,
+            used_mib: mem.used.div_ceil(MIB),
+            sm_activity,
+            busy,
+            processes,
+            power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            mps_uid,
+            sm_occupancy,
+        }))
     }
 
     /// SM activity and occupancy of device `index` since its last sample,
@@ -80,8 +173,7 @@ fn mean_sample(samples: &[nvml_wrapper::struct_wrappers::device::Sample]) -> Opt
 
 impl GpuSource for NvmlSource {
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
-        let err = |what: &str, e: nvml_wrapper::error::NvmlError| SourceError(format!("NVML {what}: {e}"));
-        let count = self.nvml.device_count().map_err(|e| err("device count", e))?;
+        let count = self.nvml.device_count().map_err(|e| SourceError(format!("NVML device count: {e}")))?;
         let since_us = SystemTime::now()
             .checked_sub(self.window)
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -89,51 +181,23 @@ impl GpuSource for NvmlSource {
             .unwrap_or(0);
         let mut out = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let dev = self.nvml.device_by_index(index).map_err(|e| err("device", e))?;
-            let mem = dev.memory_info().map_err(|e| err("memory info", e))?;
-            let processes: Vec<GpuProcess> = dev
-                .running_compute_processes()
-                .map_err(|e| err("processes", e))?
-                .into_iter()
-                .map(|p| GpuProcess {
-                    pid: p.pid,
-                    used_mib: match p.used_gpu_memory {
-                        UsedGpuMemory::Used(b) => b.div_ceil(MIB),
-                        UsedGpuMemory::Unavailable => 0,
-                    },
-                })
-                .collect();
-            // Windowed busy time (utilization.gpu: the share of time any
-            // kernel ran); the instantaneous rate only if the driver keeps
-            // no samples for this device.
-            let busy = dev
-                .samples(Sampling::GpuUtilization, since_us)
-                .ok()
-                .and_then(|s| mean_sample(&s))
-                .or_else(|| dev.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0))
-                .unwrap_or(1.0);
-            // Without GPM busy time stands in for SM activity: it is never
-            // below it (an H100 read busy 0.92 at SM activity 0.01), so the
-            // SM cap errs on the safe side.
-            let (sm_activity, sm_occupancy) = match self.gpm_since_last(index, &dev) {
-                Some((sm, occ)) => (sm, Some(occ)),
-                None => (busy, None),
-            };
-            // An MPS server runs as a compute process of its GPU, as the
-            // user it serves.
-            let mps_uid = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid));
-            out.push(GpuReading {
-                index,
-                uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
-                total_mib: mem.total / MIB,
-                used_mib: mem.used.div_ceil(MIB),
-                sm_activity,
-                busy,
-                processes,
-                power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-                mps_uid,
-                sm_occupancy,
-            });
+            match self.read_one(index, since_us)? {
+                Some(r) => {
+                    if self.lost.remove(&index) {
+                        (self.log)(&format!("GPU {index} answers NVML again; it is placed on again"));
+                    }
+                    out.push(r);
+                }
+                // A lost GPU is left out: nothing is placed on it, and the
+                // node's other GPUs still serve.
+                None => {
+                    if self.lost.insert(index) {
+                        (self.log)(&format!(
+                            "GPU {index}: NVML says the GPU is lost (fallen off the bus?); nothing is placed on it until it answers again"
+                        ));
+                    }
+                }
+            }
         }
         Ok(out)
     }

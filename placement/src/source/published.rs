@@ -127,7 +127,7 @@ impl GpuSource for PublishedSource {
             Err(why) => {
                 self.note_fallback(why);
                 if self.direct.is_none() {
-                    self.direct = Some(open_direct(&self.cfg.gpu_source, self.cfg.monitor_window)?);
+                    self.direct = Some(open_direct(&self.cfg, self.log)?);
                 }
                 self.direct.as_mut().expect("just opened").read()
             }

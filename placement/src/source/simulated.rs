@@ -26,12 +26,35 @@ use std::time::{Duration, Instant};
 const MAX_FILE_BYTES: u64 = 64 * 1024;
 const MAX_PROCESS_FILES: usize = 4096;
 pub const DEFAULT_PROCESS_DIR: &str = "/run/carma-sim";
+/// The file the NVML stand-in describes its GPUs with, beside the library
+/// or here.
+pub const STANDIN_FILE_NAME: &str = "sim-gpus.yaml";
+pub const DEFAULT_STANDIN_FILE: &str = "/etc/carma/sim-gpus.yaml";
+
+/// The description of the GPUs the NVML stand-in loaded from `library`
+/// (its file, or its directory) presents: `$CARMA_NVML_STANDIN`, else
+/// `sim-gpus.yaml` beside the library, else /etc/carma/sim-gpus.yaml. The
+/// stand-in and the simulated workloads on its GPUs agree through this.
+pub fn standin_description(library: Option<&Path>) -> PathBuf {
+    if let Some(p) = std::env::var_os("CARMA_NVML_STANDIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let dir = library.map(|l| if l.is_dir() { l.to_path_buf() } else { l.parent().unwrap_or(l).to_path_buf() });
+    match dir.map(|d| d.join(STANDIN_FILE_NAME)) {
+        Some(beside) if beside.exists() => beside,
+        _ => PathBuf::from(DEFAULT_STANDIN_FILE),
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
     gpus: Vec<RawGpu>,
     process_dir: Option<String>,
+    /// Read by the NVML stand-in (`nvml-standin/`): its GPU profile,
+    /// replayed readings and faults.
+    #[allow(dead_code)]
+    standin: Option<serde_yaml::Value>,
 }
 
 #[derive(Deserialize)]

@@ -6,12 +6,20 @@
 //! registers as one, and like CUDA under MPS it fails an allocation beyond
 //! its fence (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, e.g. `0=12288M`) the same way.
 //!
+//!
+//! On the NVML stand-in (`gpu_source: nvml`, the test cluster) the GPUs are
+//! the stand-in's description file, and an MPS client starts a process
+//! named as NVIDIA's MPS server is (`nvidia-cuda-mps-server`, as the job's
+//! user) on its GPUs: NVML lists the server among a GPU's compute
+//! processes, which is how CARMA sees whose MPS server a GPU runs.
+//!
 //! carma-fakejob --mem 8G [--sm 0.6] [--busy 0.9] [--seconds 30] [--ramp 2]
 //!               [--grow-to 30G --grow-after 5] [--config /etc/slurm/carma.yaml]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use carma_config::{Config, GpuSource, parse_size_mib};
 use carma_placement::source::SimulatedGpus;
+use carma_placement::source::simulated::standin_description;
 use carma_tools::args::Args;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,13 +63,11 @@ fn run() -> Result<i32, String> {
     let grow_after = a.parsed("grow-after", secs)?.unwrap_or(0.0);
     let config = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
         .map_err(|e| e.to_string())?;
-    let GpuSource::Simulated(file) = &config.gpu_source else {
-        return Err(format!(
-            "{} does not configure simulated GPUs (gpu_source: {{simulated: FILE}})",
-            config.path.display()
-        ));
+    let (file, standin) = match &config.gpu_source {
+        GpuSource::Simulated(file) => (file.clone(), false),
+        GpuSource::Nvml { library } => (standin_description(library.as_deref()), true),
     };
-    let sim = SimulatedGpus::load(file).map_err(|e| e.to_string())?;
+    let sim = SimulatedGpus::load(&file).map_err(|e| format!("{e} (its GPUs are simulated GPUs or the NVML stand-in's)"))?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES")
         .map_err(|_| "CUDA_VISIBLE_DEVICES is not set: no GPU visible".to_string())?;
     let gpus = sim.visible_indices(&visible)?;
@@ -71,6 +77,9 @@ fn run() -> Result<i32, String> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
     let mps = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_some();
+    if mps && standin {
+        mps_server(&sim, &gpus)?;
+    }
     let fence = match std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
         Ok(v) => fence_mib(&v)?,
         Err(_) => None,
@@ -118,6 +127,36 @@ fn run() -> Result<i32, String> {
         println!("carma-fakejob: done");
     }
     Ok(code)
+}
+
+/// Forks the stand-in for the MPS server of `gpus`: named as NVIDIA's
+/// (the kernel keeps `nvidia-cuda-mps`), registered on the GPUs with no
+/// memory of its own, gone when this client is.
+fn mps_server(sim: &SimulatedGpus, gpus: &[u32]) -> Result<(), String> {
+    let client = std::process::id();
+    // SAFETY: fork in a process with one thread (nothing was spawned); the
+    // child uses only this thread and exits with _exit.
+    let child = unsafe { libc::fork() };
+    match child {
+        -1 => Err(format!("cannot fork the MPS server stand-in: {}", std::io::Error::last_os_error())),
+        0 => {
+            // SAFETY: prctl with a NUL-terminated name and a signal number.
+            unsafe {
+                libc::prctl(libc::PR_SET_NAME, c"nvidia-cuda-mps-server".as_ptr() as libc::c_ulong, 0, 0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            }
+            let me = std::process::id();
+            let _ = sim.allocate(me, gpus, 0, 0.0, 0.0, false);
+            // SAFETY: getppid has no preconditions.
+            while unsafe { libc::getppid() } == client as libc::pid_t && !STOP.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            sim.release(me);
+            // SAFETY: ends the child without running the parent's atexit work.
+            unsafe { libc::_exit(0) }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The fence of the process's first device (`0=12288M`, `0=12G,1=12G`).
