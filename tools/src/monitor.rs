@@ -10,6 +10,7 @@ use carma_placement::GpuReading;
 use carma_placement::source::published::{self, Published};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One sample's readings: per GPU index, SM activity and busy.
@@ -94,11 +95,14 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     let mut last_error: Option<String> = None;
     let mut next = Instant::now();
     // The node's admission count in slurmctld (only where its Slurm node
-    // has the admission GRES: docs/admission.md).
+    // has the admission GRES: docs/admission.md), kept by a thread of its
+    // own: scontrol waits up to 10 s on an unreachable slurmctld, which
+    // must not delay sampling.
     let node = cfg.monitor.slurm_node.clone().unwrap_or_else(short_hostname);
-    let mut admission = crate::admission::Admission::new(node);
-    let mut next_admission = Instant::now();
-    let mut admission_error: Option<String> = None;
+    let admissible: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+    if !once {
+        spawn_admission(node, cfg.monitor.admission_interval, admissible.clone(), log);
+    }
     while !stop.load(Ordering::SeqCst) {
         match source.read() {
             Ok(gpus) => {
@@ -116,28 +120,9 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
                     .map_err(|e| format!("cannot publish: {e}"))
                     .and_then(|()| placer.observe_peaks(&gpus).map_err(|e| format!("cannot record peaks: {e}")));
                 note(&mut last_error, result.err(), log);
-                if !once && now >= next_admission {
-                    next_admission = now + cfg.monitor.admission_interval;
-                    let synced = placer
-                        .admissible_gib(&p.gpus)
-                        .map_err(|e| e.to_string())
-                        .and_then(|gib| admission.sync(gib))
-                        .map_err(|e| format!("admission count: {e}"));
-                    match synced {
-                        Ok(change) => {
-                            if let Some(change) = change {
-                                log(&format!("carma-monitor: {change}"));
-                            }
-                            admission_error = None;
-                        }
-                        // Said once per distinct failure: slurmctld may be
-                        // down for a while.
-                        Err(e) if admission_error.as_ref() != Some(&e) => {
-                            log(&format!("carma-monitor: {e}"));
-                            admission_error = Some(e);
-                        }
-                        Err(_) => {}
-                    }
+                // A state that cannot be read was said above (peaks).
+                if let Ok(gib) = placer.admissible_gib(&p.gpus) {
+                    *admissible.lock().unwrap_or_else(|p| p.into_inner()) = Some(gib);
                 }
             }
             Err(e) => note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log),
@@ -156,6 +141,41 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     }
     log("carma-monitor: stopped");
     Ok(())
+}
+
+/// Sets the node's admission count every `every` to the latest admissible
+/// GiB the sampling loop left in `latest`, for the life of the process.
+fn spawn_admission(node: String, every: Duration, latest: Arc<Mutex<Option<u64>>>, log: fn(&str)) {
+    let mut admission = crate::admission::Admission::new(node);
+    let mut last_error: Option<String> = None;
+    let spawned = std::thread::Builder::new().name("carma-admission".into()).spawn(move || {
+        loop {
+            let Some(gib) = *latest.lock().unwrap_or_else(|p| p.into_inner()) else {
+                // No reading yet.
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            };
+            match admission.sync(gib).map_err(|e| format!("admission count: {e}")) {
+                Ok(change) => {
+                    if let Some(change) = change {
+                        log(&format!("carma-monitor: {change}"));
+                    }
+                    last_error = None;
+                }
+                // Said once per distinct failure: slurmctld may be down
+                // for a while.
+                Err(e) if last_error.as_ref() != Some(&e) => {
+                    log(&format!("carma-monitor: {e}"));
+                    last_error = Some(e);
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(every);
+        }
+    });
+    if let Err(e) = spawned {
+        log(&format!("carma-monitor: cannot start the admission thread ({e}); the node's count is not kept"));
+    }
 }
 
 /// Logs an error when it first appears or changes, and the recovery.

@@ -148,7 +148,7 @@ mod tests {
         let ms = Duration::from_millis;
         let e = Bounded::spawn("x", ms(200), || Err(SourceError("no driver".into()))).err().unwrap();
         assert_eq!(e.0, "no driver");
-        let e = Bounded::spawn("x", ms(100), || {
+        let e = Bounded::spawn("x", ms(100), move || {
             std::thread::sleep(ms(500));
             Err(SourceError("late".into()))
         })

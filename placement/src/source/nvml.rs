@@ -62,8 +62,16 @@ impl NvmlSource {
 
     /// A source read at intervals (carma-monitor): SM activity and
     /// occupancy from GPM between consecutive reads, where supported.
+    /// The first GPM sample of each GPU is taken here, so that the first
+    /// read already measures SM activity (else busy time would stand in
+    /// for a whole window).
     pub fn init_sampling(library: Option<&Path>, window: Duration, log: fn(&str)) -> Result<NvmlSource, SourceError> {
-        Ok(NvmlSource { gpm: Some(Vec::new()), ..NvmlSource::init(library, window, log)? })
+        let mut s = NvmlSource { gpm: Some(Vec::new()), ..NvmlSource::init(library, window, log)? };
+        let count = s.nvml.device_count().unwrap_or(0);
+        let first: Vec<Option<GpmSample<'static>>> =
+            (0..count).map(|i| s.nvml.device_by_index(i).ok().and_then(|d| d.gpm_sample().ok())).collect();
+        s.gpm = Some(first);
+        Ok(s)
     }
 
     /// The device's compute processes. NVML counts them, then copies them
