@@ -109,27 +109,67 @@ fn an_insecure_state_directory_is_refused_with_the_fix() {
     report("fault", "state directory world-writable: refused with the chmod fix");
 }
 
+/// The first node's GPUs are the NVML stand-in's (tests/cluster.sh): its
+/// description file, with `standin: {faults: ...}` for the driver's faults.
+fn with_faults(faults: &str) {
+    let base: String = std::fs::read_to_string(SIM)
+        .unwrap()
+        .lines()
+        .take_while(|l| !l.starts_with("standin:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(SIM, format!("{base}standin: {{faults: {faults}}}\n")).unwrap();
+}
+
 #[test]
-fn a_missing_or_malformed_gpu_file_fails_carma_steps_with_its_name() {
+fn a_node_whose_nvml_does_not_load_fails_carma_steps_with_the_reason() {
     require_cluster();
     let _restore = Restore::new(SIM);
-    for (content, needle) in
-        [(Some("gpus: [oops\n"), "simulated GPU file /etc/carma/sim-gpus.yaml"), (None, "sim-gpus.yaml")]
-    {
-        match content {
-            Some(c) => std::fs::write(SIM, c).unwrap(),
-            None => std::fs::remove_file(SIM).unwrap(),
+    for (fault, needle) in [
+        (Some("{init: driver_not_loaded}"), "NVML unavailable (NVIDIA driver is not loaded)"),
+        (None, "NVML unavailable ("),
+    ] {
+        match fault {
+            Some(f) => with_faults(f),
+            None => std::fs::write(SIM, "gpus: [oops\n").unwrap(),
         }
         let (r, out) = sbatch_wait(&["--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
         assert_ne!(r.code, 0);
         assert!(out.contains("carma: this step was not started") && out.contains(needle), "{out}");
+        assert!(out.contains("is the NVIDIA driver installed and loaded?"), "{out}");
         assert!(!out.contains("SHOULD-NOT-RUN"));
         user(&["srun", "true"], 30).ok();
         node_ok();
     }
     report(
         "fault",
-        "simulated GPU file malformed or missing: CARMA steps fail naming the file; others run; node not drained",
+        "NVML does not load (no driver, broken library): CARMA steps fail with the reason; others run; node not drained",
+    );
+}
+
+#[test]
+fn a_lost_gpu_is_passed_over_and_a_hung_driver_fails_steps_in_bounded_time() {
+    require_cluster();
+    let _restore = Restore::new(SIM);
+    with_faults("{lost: [0, 1, 2]}");
+    let r = user(&["srun", "--carma-mem=2G", "--carma-policy=ff", "bash", "-c", "echo \"D=$CARMA_DECISION\""], 60).ok();
+    assert!(r.stdout.contains("gpu_indices=3 "), "{}", r.stdout);
+    assert!(carma_log().contains("GPU 0: NVML says the GPU is lost"), "no log line for the lost GPU");
+    // A driver call that hangs for 60 s: the read gives up at
+    // timeouts.gpu_read (3 s) and the step fails with the reason.
+    with_faults("{block: {call: memory_info, seconds: 60}}");
+    let t = Instant::now();
+    let r = user(&["srun", "--carma-mem=2G", "echo", "SHOULD-NOT-RUN"], 60);
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("nvml did not answer within 3000 ms (timeouts.gpu_read)"), "{}", r.stderr);
+    assert!(!r.stdout.contains("SHOULD-NOT-RUN"));
+    // Jobs CARMA does not place never read the GPUs.
+    user(&["srun", "true"], 30).ok();
+    node_ok();
+    report(
+        "fault",
+        "NVML: a lost GPU is left out (one log line) and jobs go to the others; a driver call hung for 60 s fails CARMA steps after 3 s; node not drained",
     );
 }
 

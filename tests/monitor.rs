@@ -2,7 +2,7 @@
 //! second node, whose carma.yaml says `monitor: {published: true,
 //! interval: 250ms, stale_after: 2s}` and `monitor_window: 2s`: placement
 //! there reads the published readings, and falls back to reading the
-//! (simulated) GPUs itself when they go stale. The monitor also records
+//! GPUs itself (NVML, the stand-in here) when they go stale. The monitor also records
 //! placed jobs' peaks, which their history learns from.
 
 mod common;
@@ -31,7 +31,7 @@ impl Drop for MonitorBack {
 fn published_readings_are_window_means_and_placement_uses_them() {
     require_cluster();
     let status = root(&["carma", "status", "--config", N2_CONFIG], 20).ok().stdout;
-    assert!(status.contains("monitor: readings ") && status.contains("(simulated, "), "{status}");
+    assert!(status.contains("monitor: readings ") && status.contains("(nvml, "), "{status}");
     // A busy job on the second node: its SM activity reaches the published
     // mean over the 2 s window, sample by sample.
     let body = format!(

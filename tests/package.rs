@@ -42,6 +42,14 @@ fn the_cluster_runs_the_packaged_plugin_built_for_its_slurm_series() {
     // The simulated-GPU workload is kept out of what production nodes get.
     assert_eq!(owner("/usr/bin/carma-fakejob"), "carma-slurm-sim");
     assert!(!dpkg_query(&["-L", "carma-slurm"]).contains("carma-fakejob"));
+    // So is the NVML stand-in: outside the loader's path (a GPU node's
+    // driver owns libnvidia-ml.so.1), with the soname the driver's has.
+    assert_eq!(owner("/usr/lib/carma-sim/libnvidia-ml.so.1"), "carma-slurm-sim");
+    assert!(!dpkg_query(&["-L", "carma-slurm"]).contains("libnvidia-ml"));
+    let dynamic = std::process::Command::new("objdump").args(["-p", "/usr/lib/carma-sim/libnvidia-ml.so.1"]).output();
+    if let Some(d) = dynamic.ok().filter(|d| d.status.success()) {
+        assert!(String::from_utf8_lossy(&d.stdout).contains("SONAME               libnvidia-ml.so.1"));
+    }
     // Depends on exactly the release series of the Slurm it was built with.
     let slurm = dpkg_query(&["-W", "-f", "${Version}", "libslurm-dev"]);
     let series: Vec<&str> = slurm.split('.').take(2).collect();

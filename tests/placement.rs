@@ -247,47 +247,79 @@ fn an_unplaceable_job_fails_with_its_reason_and_never_drains_the_node() {
 #[test]
 fn the_capped_reading_is_chosen_in_carma_yaml_and_named_in_decisions_status_and_dry_runs() {
     require_cluster();
-    wait_released();
+    // On the second node, whose placement reads carma-monitor's readings:
+    // SM activity is measured by NVML GPM between the monitor's samples (a
+    // one-off NVML read in slurmstepd has busy time only).
+    const N2: &str = "/etc/slurm/node2/carma.yaml";
+    let node = node2();
+    let reservations = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&root(&["carma", "status", "--json", "--config", N2], 20).stdout).unwrap_or_default();
+        v["reservations"].as_array().map_or(0, Vec::len)
+    };
+    let released = || {
+        let start = std::time::Instant::now();
+        while reservations() > 0 {
+            assert!(start.elapsed().as_secs() < 30, "reservations on {node} not released");
+            thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    released();
     // Outside CARMA, a light time-sliced job on GPU 0: its kernels run 90%
     // of the time but keep only 10% of the SMs busy.
     let mut light = Command::new("runuser")
         .args(["-u", USER, "--", "env", "CUDA_VISIBLE_DEVICES=0"])
-        .args(["carma-fakejob", "--mem", "2G", "--sm", "0.1", "--busy", "0.9", "--seconds", "120"])
+        .args(["carma-fakejob", "--config", N2, "--mem", "2G", "--sm", "0.1", "--busy", "0.9", "--seconds", "120"])
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let status = || root(&["carma", "status", "--config", N2], 20).stdout;
     let start = std::time::Instant::now();
-    while !root(&["carma", "status"], 20).stdout.lines().any(|l| l.starts_with("0 ") && l.contains(" 0.10  0.90 ")) {
-        assert!(start.elapsed().as_secs() < 30, "{}", root(&["carma", "status"], 20).stdout);
+    // The window's means reach the job's own readings (2 s window).
+    while !status().lines().any(|l| l.starts_with("0 ") && l.contains(" 0.10  0.90 ")) {
+        assert!(start.elapsed().as_secs() < 30, "{}", status());
         thread::sleep(std::time::Duration::from_millis(100));
     }
-    let status = root(&["carma", "status"], 20).ok().stdout;
-    assert!(status.starts_with("precondition: sm <= 0.80") && status.contains(" SM  BUSY "), "{status}");
-    let dry = || root(&["carma", "place", "--dry-run", "--mem", "4G", "--policy", "ff"], 20).ok().stdout;
+    let st = status();
+    assert!(st.starts_with("precondition: sm <= 0.80") && st.contains(" SM  BUSY "), "{st}");
+    let dry =
+        || root(&["carma", "place", "--dry-run", "--config", N2, "--mem", "4G", "--policy", "ff"], 20).ok().stdout;
     // Capping SM activity (the default), GPU 0 takes the job.
     let out = dry();
     assert!(out.contains("would place on gpu_indices=0") && out.contains("GPU0: chosen (SM activity 0.10"), "{out}");
     assert!(out.contains("GPU1: qualifies, ranked after the chosen"), "{out}");
-    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
+    let srun = [
+        "srun",
+        "-p",
+        "multi",
+        "-w",
+        node.as_str(),
+        "--carma-policy=ff",
+        "--carma-mem=1G",
+        "printenv",
+        "CARMA_DECISION",
+    ];
+    let r = user(&srun, 60).ok();
     assert!(r.stdout.contains("gpu_indices=0 ") && r.stdout.contains(" sm=0.10"), "{}", r.stdout);
-    wait_released();
+    released();
 
     // Capping busy time instead: GPU 0 is refused, and every report says why.
-    let _conf = Restore::new("/etc/slurm/carma.yaml");
-    let conf = std::fs::read_to_string("/etc/slurm/carma.yaml").unwrap();
-    std::fs::write("/etc/slurm/carma.yaml", format!("{conf}activity_metric: busy\nbusy_cap: 0.85\n")).unwrap();
+    let _conf = Restore::new(N2);
+    let conf = std::fs::read_to_string(N2).unwrap();
+    std::fs::write(N2, format!("{conf}activity_metric: busy\nbusy_cap: 0.85\n")).unwrap();
     let out = dry();
     assert!(out.contains("precondition: busy <= 0.85"), "{out}");
     assert!(out.contains("would place on gpu_indices=1") && out.contains("GPU0: no: busy 0.90 > cap 0.85"), "{out}");
-    let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
+    let r = user(&srun, 60).ok();
     assert!(r.stdout.contains("gpu_indices=1 ") && r.stdout.contains(" busy=0.00"), "{}", r.stdout);
     // A job that needs GPU 0 too does not fit now, and the reason names the
     // reading (a real step would wait up to timeouts.wait for it).
-    let out = root(&["carma", "place", "--dry-run", "--mem", "1G", "--gpus", "4"], 20).ok().stdout;
+    released();
+    let out = root(&["carma", "place", "--dry-run", "--config", N2, "--mem", "1G", "--gpus", "4"], 20).ok().stdout;
     assert!(out.contains("would not place now: 3 of 4 GPUs qualify, 4 needed"), "{out}");
     assert!(out.contains("GPU0: no: busy 0.90 > cap 0.85"), "{out}");
     // Dry runs reserve nothing.
-    wait_released();
+    assert_eq!(reservations(), 0);
     let _ = light.kill();
     let _ = light.wait();
 }

@@ -47,6 +47,11 @@ cargo test --profile "$PROFILE" -p carma-spank --tests --no-run 2>&1 |
     while read -r name exe; do echo "$name $(realpath "$exe")"; done >"$suites"
 [ -s "$suites" ] || { echo "run.sh: found no built suites" >&2; exit 1; }
 
+# carma-monitor under valgrind for 10 minutes on the NVML stand-in, beside
+# everything below (it needs under a tenth of a core).
+tests/leak.sh 600 >"$TARGET/leak.log" 2>&1 &
+leak=$!
+
 tests/cluster.sh start
 trap 'tests/cluster.sh stop' EXIT
 # Tests append what they injected and survived here (tests/reliability-report.sh).
@@ -87,8 +92,11 @@ for r in $RELEASES; do
     tests/releases.sh umount "$r"
     trap - EXIT
 done
+echo "== carma-monitor under valgrind (tests/leak.sh)"
+wait "$leak" || failed+=(leak-check)
+cat "$TARGET/leak.log"
 if [ ${#failed[@]} -gt 0 ]; then
-    echo "run.sh: real-Slurm suites failed on: ${failed[*]}" >&2
+    echo "run.sh: failed: ${failed[*]}" >&2
     exit 1
 fi
 echo "run.sh: all suites passed on: $RELEASES"

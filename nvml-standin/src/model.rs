@@ -175,9 +175,8 @@ impl Description {
                 let busy = (r.busy + row.map_or(0.0, |x| x.busy)).min(1.0);
                 // Occupancy ran at about half of SM activity on the H100
                 // (data/h100/collocation.csv) where nothing was measured.
-                let occupancy = (row.and_then(|x| x.occupancy).unwrap_or(row.map_or(0.0, |x| x.sm) * 0.5)
-                    + own_sm * 0.5)
-                    .min(1.0);
+                let occupancy =
+                    (row.and_then(|x| x.occupancy).unwrap_or(row.map_or(0.0, |x| x.sm) * 0.5) + own_sm * 0.5).min(1.0);
                 // The H100's board power: ~70 W idle, ~540 W × SM activity,
                 // ~50 W more whenever kernels run (docs/nvml-standin.md).
                 let modelled = 70.0 + 540.0 * sm + if busy > 0.0 { 50.0 } else { 0.0 };

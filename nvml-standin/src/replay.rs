@@ -18,13 +18,17 @@ pub fn row(file: &Path, mix: &str) -> Result<Row, String> {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
     let col = |name: &str| {
-        header.iter().position(|h| *h == name).ok_or_else(|| format!("replay file {}: no column {name}", file.display()))
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| format!("replay file {}: no column {name}", file.display()))
     };
     let (mode, jobs) = (col("mode")?, col("jobs")?);
     let (busy, sm, occ, power) =
         (col("nvml_utilization_gpu_pct")?, col("gpm_sm_activity_pct")?, col("gpm_sm_occupancy_pct")?, col("power_w")?);
-    let (want_mode, want_jobs) =
-        mix.split_once('/').ok_or_else(|| format!("replay mix '{mix}': write MODE/JOBS, e.g. timeslice/resnet50_64"))?;
+    let (want_mode, want_jobs) = mix
+        .split_once('/')
+        .ok_or_else(|| format!("replay mix '{mix}': write MODE/JOBS, e.g. timeslice/resnet50_64"))?;
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
         if f.get(mode) != Some(&want_mode) || f.get(jobs) != Some(&want_jobs) {

@@ -12,9 +12,14 @@
 //! its decision took (its share of deciding for others included), its page
 //! faults and how often it slept; the means are printed.
 //!
-//! Readings come from the simulated GPUs directly, and (64 concurrent) from
+//! Readings come from the simulated GPUs directly, (64 concurrent) from
 //! carma-monitor's published readings, as production reads them with
-//! `monitor: {published: true}`.
+//! `monitor: {published: true}`, and from NVML directly (the fallback
+//! when published readings are stale, and `gpu_source: nvml` without the
+//! monitor) on the NVML stand-in: nvml-wrapper loading libnvidia-ml.so.1,
+//! the bounded reader thread and every NVML call of a read, our cost (the
+//! stand-in answers each call in microseconds; a driver's calls take
+//! longer: ~30 ms for a whole read on an H100, docs/nvml-standin.md).
 //!
 //! CARMA_BENCH_ROUNDS overrides the number of bursts per configuration.
 //! The state directory is BENCH_DIR (default /dev/shm: tmpfs, like the
@@ -72,6 +77,24 @@ fn published_placer(dir: &Path) -> Placer {
     Placer::from_config(&cfg, |_| {}).unwrap()
 }
 
+/// The stand-in library the workspace built (target/PROFILE/).
+fn standin_library() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let lib = exe.parent()?.parent()?.join("libnvidia_ml.so");
+    lib.exists().then_some(lib)
+}
+
+/// The node's placer with `gpu_source: nvml` on the stand-in beside
+/// `dir`'s GPUs, opened as slurmstepd opens it (on its first read).
+fn nvml_placer(dir: &Path) -> Placer {
+    let cfg = carma_config::Config {
+        state_dir: dir.join("state"),
+        gpu_source: carma_config::GpuSource::Nvml { library: Some(dir.join("libnvidia-ml.so.1")) },
+        ..Default::default()
+    };
+    Placer::from_config(&cfg, |_| {}).unwrap()
+}
+
 fn placer(dir: &Path) -> Placer {
     let store = StateStore::open(&dir.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap();
     let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
@@ -104,7 +127,11 @@ fn child(args: &[String]) {
     let job: u32 = args[1].parse().unwrap();
     let policy = Policy::ALL[args[2].parse::<usize>().unwrap()];
     let holder: u32 = args[3].parse().unwrap();
-    let mut p = if args.get(4).is_some_and(|a| a == "published") { published_placer(&dir) } else { placer(&dir) };
+    let mut p = match args.get(4).map(String::as_str) {
+        Some("published") => published_placer(&dir),
+        Some("nvml") => nvml_placer(&dir),
+        _ => placer(&dir),
+    };
     let req = Request::declared(policy, 512);
     let gate = std::fs::File::open(dir.join("gate")).unwrap();
     println!("ready");
@@ -142,9 +169,19 @@ fn main() {
     println!("placement latency, simulated GPUs, one process per launch, state in {}, {rounds} rounds", base.display());
     let direct = [4usize, 64].into_iter().flat_map(|g| BURSTS.map(|b| (g, b, "direct")));
     let published = [4usize, 64].map(|g| (g, 64, "published"));
-    for (gpus, launches, source) in direct.chain(published) {
+    let standin = standin_library();
+    let nvml = [(4usize, 1usize, "nvml"), (4, 64, "nvml"), (64, 1, "nvml")];
+    let nvml = nvml.into_iter().filter(|_| standin.is_some());
+    if standin.is_none() {
+        println!("  (no NVML stand-in built beside this bench: cargo build -p carma-nvml-standin; nvml rows skipped)");
+    }
+    for (gpus, launches, source) in direct.chain(published).chain(nvml) {
         let dir = base.join(format!("g{gpus}-{source}"));
-        setup(&dir, gpus);
+        let file = setup(&dir, gpus);
+        if let Some(lib) = standin.as_ref().filter(|_| source == "nvml") {
+            std::fs::copy(&file, dir.join("sim-gpus.yaml")).unwrap();
+            std::os::unix::fs::symlink(lib, dir.join("libnvidia-ml.so.1")).unwrap();
+        }
         let gate_path = dir.join("gate");
         // Reservations are held by this process, so none is collected as
         // garbage while the children exit.

@@ -159,7 +159,10 @@ fn end(procs: &mut [Child]) {
 fn memory_processes_and_uuids_come_through_nvml_as_the_driver_gives_them() {
     let node = Node::new(
         "read",
-        &["{index: 0, uuid: GPU-aaaa, memory_total: 80G}", "{index: 1, uuid: GPU-bbbb, memory_total: 80G, memory_used: 2G}"],
+        &[
+            "{index: 0, uuid: GPU-aaaa, memory_total: 80G}",
+            "{index: 1, uuid: GPU-bbbb, memory_total: 80G, memory_used: 2G}",
+        ],
         "",
         "",
     );
@@ -295,7 +298,11 @@ fn exporter(page: String) -> u16 {
         for mut s in l.incoming().flatten() {
             let mut buf = [0u8; 4096];
             let _ = s.read(&mut buf);
-            let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{page}", page.len());
+            let _ = write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{page}",
+                page.len()
+            );
         }
     });
     port
@@ -304,7 +311,8 @@ fn exporter(page: String) -> u16 {
 #[test]
 fn without_gpm_the_a100_profile_reads_sm_activity_from_dcgm_exporter() {
     let gpus = ["{index: 0, uuid: GPU-aaaa, memory_total: 40G, sm_activity: 0.05, busy: 0.9}"];
-    let page = "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\nDCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",UUID=\"GPU-aaaa\"} 0.042\n".to_string();
+    let page =
+        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\nDCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",UUID=\"GPU-aaaa\"} 0.042\n".to_string();
     let port = exporter(page);
     let node = Node::new(
         "a100",

@@ -67,7 +67,8 @@ fn run() -> Result<i32, String> {
         GpuSource::Simulated(file) => (file.clone(), false),
         GpuSource::Nvml { library } => (standin_description(library.as_deref()), true),
     };
-    let sim = SimulatedGpus::load(&file).map_err(|e| format!("{e} (its GPUs are simulated GPUs or the NVML stand-in's)"))?;
+    let sim =
+        SimulatedGpus::load(&file).map_err(|e| format!("{e} (its GPUs are simulated GPUs or the NVML stand-in's)"))?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES")
         .map_err(|_| "CUDA_VISIBLE_DEVICES is not set: no GPU visible".to_string())?;
     let gpus = sim.visible_indices(&visible)?;
