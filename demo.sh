@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # CARMA demo: builds the plugin, starts a local Slurm cluster with 4
 # simulated A100-40GB GPUs and submits training-like jobs (carma-fakejob)
-# under different policies, printing where each landed.
+# under different policies, printing where each landed. CARMA reads the GPUs
+# as on a GPU node, through NVML (gpu_source: nvml), here answered by the
+# NVML stand-in of the carma-slurm-sim package (docs/nvml-standin.md).
 # Run as root on a throwaway Debian 12 machine: sudo ./demo.sh
 #
 # The cluster runs the newest supported Slurm, 26.05 (Debian sid, in a
@@ -61,7 +63,7 @@ for i in 1 2 3; do
     submit "plain-$i" -p shared --gres=gpu:1 -- --mem 6G --sm 0.2 --seconds 12 --ramp 2
 done
 sleep 5
-echo "== carma status while the jobs run"
+echo "== carma status while the jobs run (read through NVML: the stand-in's GPUs)"
 carma status
 echo "== waiting for the jobs to finish"
 while squeue -h -u "$user" | grep -q .; do sleep 1; done
