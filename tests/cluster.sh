@@ -197,7 +197,7 @@ admission:
   - {partition: widet}
 # carma-monitor keeps the node's admission count (started by
 # tests/admission.rs for this node; always running for the second).
-monitor: {admission_interval: 1s}
+monitor: {admission_interval: 1s, metrics: '127.0.0.1:9402'}
 CONF
     local lua
     for lua in job_submit cli_filter; do
@@ -233,7 +233,7 @@ write_node2() {
             -e "s#^log_file: .*#log_file: /var/log/carma/carma-$NODE2.log#" \
             -e "s#^estimator: .*#estimator: {learn_runtime: {min_jobs: 3, window: 3}}#" -e "/^monitor: /d" /etc/slurm/carma.yaml
         # This node's placement reads carma-monitor's readings (tests/monitor.rs).
-        echo "monitor: {published: true, interval: 250ms, stale_after: 2s, slurm_node: $NODE2, admission_interval: 1s}"
+        echo "monitor: {published: true, interval: 250ms, stale_after: 2s, slurm_node: $NODE2, admission_interval: 1s, metrics: '127.0.0.1:9403'}"
         echo "monitor_window: 2s"
         # and its collocated jobs share GPUs as MPS clients (tests/mps.rs).
         echo "sharing: mps"

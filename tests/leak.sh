@@ -40,7 +40,7 @@ cat >"$node/carma.yaml" <<CONF
 gpu_source: {nvml: {library: $node/libnvidia-ml.so.1}}
 state_dir: $node/state
 log_file: $node/carma.log
-monitor: {published: true, interval: 100ms, slurm_node: carma-leak-check-no-such-node, admission_interval: 60s}
+monitor: {published: true, interval: 100ms, slurm_node: carma-leak-check-no-such-node, admission_interval: 60s, metrics: off}
 monitor_window: 5s
 CONF
 # A registered process on GPU 3 (its memory and SM use, read through NVML).

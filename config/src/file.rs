@@ -142,7 +142,14 @@ pub struct MonitorConfig {
     /// How often carma-monitor sets the node's admission count in slurmctld
     /// when it changed.
     pub admission_interval: Duration,
+    /// Where carma-monitor serves its metrics (Prometheus text, GET
+    /// /metrics); `None`: not served.
+    pub metrics: Option<std::net::SocketAddr>,
 }
+
+/// carma-monitor's metrics address unless carma.yaml says otherwise:
+/// loopback only (a Prometheus on the node, or a tunnel/proxy, reads it).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9402";
 
 /// A plain-HTTP endpoint, `http://HOST:PORT/PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +297,7 @@ impl Default for Config {
                 dcgm_exporter: None,
                 slurm_node: None,
                 admission_interval: Duration::from_secs(10),
+                metrics: DEFAULT_METRICS_ADDR.parse().ok(),
             },
             sharing: Sharing::Timeslice,
             mps: MpsConfig {
@@ -410,6 +418,7 @@ struct RawMonitor {
     dcgm_exporter: Option<String>,
     slurm_node: Option<String>,
     admission_interval: Option<Scalar>,
+    metrics: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -558,6 +567,20 @@ impl RawConfig {
                 if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&c.monitor.admission_interval) {
                     return Err(bad("monitor.admission_interval", "use 1s to 600s".into()));
                 }
+            }
+            if let Some(m) = &m.metrics {
+                c.monitor.metrics = match m.as_str() {
+                    "off" => None,
+                    a => match a.parse::<std::net::SocketAddr>() {
+                        Ok(addr) if addr.port() != 0 => Some(addr),
+                        _ => {
+                            return Err(bad(
+                                "monitor.metrics",
+                                format!("'{a}' is not IP:PORT; write e.g. {DEFAULT_METRICS_ADDR} (or 0.0.0.0:9402 for every interface), or off"),
+                            ));
+                        }
+                    },
+                };
             }
             if c.monitor.stale_after < 2 * c.monitor.interval {
                 return Err(bad("monitor.stale_after", "must be at least twice monitor.interval".into()));
@@ -876,6 +899,12 @@ mod tests {
         let e = HttpEndpoint::parse("http://gpu-node-7:9400").unwrap();
         assert_eq!((e.host.as_str(), e.path.as_str()), ("gpu-node-7", "/"));
         assert_eq!(Config::default().monitor.dcgm_exporter, None);
+        assert_eq!(Config::default().monitor.metrics, Some("127.0.0.1:9402".parse().unwrap()));
+        assert_eq!(parse("monitor: {metrics: off}\n").unwrap().monitor.metrics, None);
+        assert_eq!(
+            parse("monitor: {metrics: '[::]:9500'}\n").unwrap().monitor.metrics,
+            Some("[::]:9500".parse().unwrap())
+        );
     }
 
     #[test]
@@ -890,6 +919,8 @@ mod tests {
             ("gpu_source: {simulated: relative.yaml}\n", "gpu_source.simulated"),
             ("gpu_source: {nvml: {library: libnvidia-ml.so.1}}\n", "gpu_source.nvml.library"),
             ("timeouts: {gpu_read: 10ms}\n", "timeouts.gpu_read"),
+            ("monitor: {metrics: 'localhost:9402'}\n", "monitor.metrics"),
+            ("monitor: {metrics: '127.0.0.1:0'}\n", "monitor.metrics"),
             ("gpu_source: {nvml: {path: /usr/lib/libnvidia-ml.so.1}}\n", "the only key is library"),
             ("state_dir: var/lib\n", "state_dir"),
             ("no_fit: pray\n", "no_fit"),

@@ -19,7 +19,7 @@ mod units;
 pub use activity::ActivityMetric;
 pub use digest::fnv1a;
 pub use file::{
-    ADMISSION_GRES, Config, ConfigError, DEFAULT_CONFIG_PATH, EstimatorConfig, EstimatorMethod, GpuSource,
+    ADMISSION_GRES, Config, ConfigError, DEFAULT_CONFIG_PATH, DEFAULT_METRICS_ADDR, EstimatorConfig, EstimatorMethod, GpuSource,
     HttpEndpoint, LearnRuntime, MonitorConfig, MpsConfig, NoFitAction, RecoveryMode, Timeouts, UnknownEstimate,
 };
 pub use options::{

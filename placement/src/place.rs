@@ -203,6 +203,11 @@ impl Placer {
         Ok(self.source()?.name())
     }
 
+    /// The recorded state (shared lock): carma-monitor's metrics.
+    pub fn state(&self) -> Result<NodeState, PlaceError> {
+        Ok(self.store.snapshot()?)
+    }
+
     /// Live readings and the recorded state (shared lock), for status.
     pub fn status(&mut self) -> Result<(Vec<GpuReading>, NodeState), PlaceError> {
         let readings = self.read()?;
@@ -342,7 +347,18 @@ impl Placer {
             self.collect(st, true);
             true
         };
-        crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect)
+        let d = crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect);
+        if d.is_ok() {
+            st.counters.placements += 1;
+        }
+        d
+    }
+
+    /// Counts a step that waits, or one that was not placed (carma-monitor
+    /// exports the counts); a state that cannot be written loses the count,
+    /// never the step.
+    fn count(&self, f: impl FnOnce(&mut crate::state::Counters)) {
+        let _ = self.store.update(|st| f(&mut st.counters));
     }
 
     /// Places, re-checking with back-off (poll, doubling up to 8×poll)
@@ -356,20 +372,27 @@ impl Placer {
     ) -> Result<Decision, PlaceError> {
         let start = Instant::now();
         let mut pause = poll;
+        let mut waiting = false;
         loop {
             match self.try_place(step, req) {
                 // More GPUs than the node has: waiting cannot help.
                 Err(PlaceError::NoFit(last)) if (last.reasons.len() as u32) < last.wanted => {
+                    self.count(|c| c.no_fit(last.class()));
                     return Err(PlaceError::NoFit(last));
                 }
                 Err(PlaceError::NoFit(last)) => {
                     let waited = start.elapsed();
                     if waited >= wait {
+                        self.count(|c| c.no_fit(last.class()));
                         return Err(if wait.is_zero() {
                             PlaceError::NoFit(last)
                         } else {
                             PlaceError::TimedOut { waited, last }
                         });
+                    }
+                    if !waiting {
+                        waiting = true;
+                        self.count(|c| c.waits += 1);
                     }
                     std::thread::sleep(pause.min(wait - waited));
                     pause = (pause * 2).min(poll * 8);
@@ -461,6 +484,12 @@ impl Placer {
     /// lower bound of its peak, remembered like an observed one.
     pub fn remember_peak(&self, signature: &str, mib: u64) -> Result<(), PlaceError> {
         Ok(self.store.update(|st| st.remember_peak(signature, mib))?)
+    }
+
+    /// A job of this node was requeued after running out of GPU memory
+    /// (carma-epilog).
+    pub fn count_recovery(&self) -> Result<(), PlaceError> {
+        Ok(self.store.update(|st| st.counters.oom_recoveries += 1)?)
     }
 
     /// The job ended (epilog): release whatever it still holds.

@@ -97,6 +97,29 @@ pub struct NoFit {
     pub reasons: Vec<(u32, Option<Reject>)>,
 }
 
+impl NoFit {
+    /// The reason most GPUs were passed over, as a metric label: `gpu_count`
+    /// (the node has fewer GPUs than asked), `memory`, `activity`, `held`
+    /// (whole, exclusive or not idle for an exclusive job) or `mps_user`.
+    pub fn class(&self) -> &'static str {
+        if (self.reasons.len() as u32) < self.wanted {
+            return "gpu_count";
+        }
+        let mut counts = [0usize; 4];
+        for why in self.reasons.iter().filter_map(|(_, w)| w.as_ref()) {
+            let i = match why {
+                Reject::Memory { .. } => 0,
+                Reject::Activity { .. } => 1,
+                Reject::MpsUser(_) => 3,
+                Reject::SlurmWhole(_) | Reject::Exclusive(_) | Reject::NotIdleJob(_) | Reject::NotIdleProcesses { .. } => 2,
+            };
+            counts[i] += 1;
+        }
+        let most = (0..4).max_by_key(|&i| (counts[i], 3 - i)).unwrap_or(0);
+        ["memory", "activity", "held", "mps_user"][most]
+    }
+}
+
 impl fmt::Display for NoFit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let eligible = self.reasons.iter().filter(|(_, r)| r.is_none()).count();

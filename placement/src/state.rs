@@ -87,6 +87,56 @@ pub struct NodeState {
     /// most `learned::KEPT` (the node's learned fixed memory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_samples: Vec<u64>,
+    /// What this node's placements came to, since the state file was made
+    /// (carma-monitor exports them as counters).
+    #[serde(default)]
+    pub counters: Counters,
+}
+
+/// Upper bounds of the buckets of ended jobs' observed peak / estimate
+/// (the last bucket, beyond 2.0, is +Inf).
+pub const ACCURACY_BOUNDS: [f64; 9] = [0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0];
+
+/// Counts since the state file was made; a rebuilt state starts them
+/// again (Prometheus reads that as a counter reset).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Counters {
+    /// Steps and jobs placed (shared or exclusive).
+    #[serde(default)]
+    pub placements: u64,
+    /// Steps that found no GPU at first and waited.
+    #[serde(default)]
+    pub waits: u64,
+    /// Steps that were not placed, by reason (memory, activity, held,
+    /// mps_user, gpu_count).
+    #[serde(default)]
+    pub no_fits: BTreeMap<String, u64>,
+    /// Jobs requeued after an out-of-memory crash.
+    #[serde(default)]
+    pub oom_recoveries: u64,
+    /// Ended shared jobs by observed peak / estimate: one count per bucket
+    /// of [`ACCURACY_BOUNDS`], then the +Inf bucket (not cumulative).
+    #[serde(default)]
+    pub accuracy_buckets: Vec<u64>,
+    #[serde(default)]
+    pub accuracy_sum: f64,
+}
+
+impl Counters {
+    /// Counts one ended job's observed peak / estimate.
+    pub fn observe_accuracy(&mut self, ratio: f64) {
+        if !ratio.is_finite() || ratio < 0.0 {
+            return;
+        }
+        self.accuracy_buckets.resize(ACCURACY_BOUNDS.len() + 1, 0);
+        let i = ACCURACY_BOUNDS.iter().position(|b| ratio <= *b).unwrap_or(ACCURACY_BOUNDS.len());
+        self.accuracy_buckets[i] += 1;
+        self.accuracy_sum += ratio;
+    }
+
+    pub fn no_fit(&mut self, reason: &str) {
+        *self.no_fits.entry(reason.to_string()).or_insert(0) += 1;
+    }
 }
 
 /// Bounds the state file: beyond this, the smallest signature is dropped.
@@ -101,6 +151,7 @@ impl Default for NodeState {
             reservations: Vec::new(),
             history: BTreeMap::new(),
             runtime_samples: Vec::new(),
+            counters: Counters::default(),
         }
     }
 }
@@ -166,6 +217,11 @@ impl NodeState {
     fn remember(&mut self, r: &Reservation) {
         if r.observed_mib == 0 {
             return;
+        }
+        // How far the estimate was from what the job used: shared
+        // reservations only (an exclusive one holds the whole GPU).
+        if !r.exclusive && r.estimate_mib > 0 {
+            self.counters.observe_accuracy(r.observed_mib as f64 / r.estimate_mib as f64);
         }
         if let Some(model) = r.model_mib {
             crate::learned::observe(&mut self.runtime_samples, r.observed_mib, model);
@@ -642,5 +698,22 @@ mod tests {
         assert!(st.release_holder(1, 99).is_none(), "unknown holder must not release");
         assert_eq!(st.release_holder(1, 10).map(|r| r.job), Some(1));
         assert!(st.job(1).is_none());
+    }
+
+    #[test]
+    fn ended_jobs_count_their_estimates_accuracy() {
+        let mut st = NodeState::default();
+        for (job, est, seen) in [(1, 1000, 950), (2, 1000, 1300), (3, 1000, 0), (4, 1000, 5000)] {
+            st.reservations.push(Reservation { estimate_mib: est, observed_mib: seen, ..res(job, 10 + job) });
+            st.release_job(job);
+        }
+        // 0.95 in the bucket up to 1.0, 1.3 up to 1.5, 5.0 beyond 2.0; an
+        // unobserved job is not counted.
+        let c = &st.counters;
+        assert_eq!(c.accuracy_buckets, vec![0, 0, 0, 0, 1, 0, 0, 1, 0, 1]);
+        assert!((c.accuracy_sum - (0.95 + 1.3 + 5.0)).abs() < 1e-9);
+        // Old state files have no counters: they read as zero.
+        let old: NodeState = serde_json::from_str(r#"{"version":1,"rr_cursor":0,"reservations":[]}"#).unwrap();
+        assert_eq!(old.counters, Counters::default());
     }
 }

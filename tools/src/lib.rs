@@ -5,6 +5,8 @@
 pub mod admission;
 pub mod args;
 pub mod cli_log;
+pub mod http;
+pub mod metrics;
 pub mod monitor;
 pub mod recovery;
 pub mod simulate;

@@ -101,9 +101,20 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     let node = cfg.monitor.slurm_node.clone().unwrap_or_else(short_hostname);
     let admissible: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
     if !once {
-        spawn_admission(node, cfg.monitor.admission_interval, admissible.clone(), log);
+        spawn_admission(node.clone(), cfg.monitor.admission_interval, admissible.clone(), log);
+    }
+    // The metrics endpoint serves the page rendered after each sample.
+    let page = crate::http::Page::default();
+    let mut stats = crate::metrics::MonitorStats::default();
+    if let (Some(addr), false) = (cfg.monitor.metrics, once) {
+        match crate::http::serve(addr, page.clone(), log) {
+            Ok(bound) => log(&format!("carma-monitor: metrics at http://{bound}/metrics")),
+            // Sampling and placement go on without the endpoint.
+            Err(e) => log(&format!("carma-monitor: metrics not served: {e} (carma.yaml monitor.metrics)")),
+        }
     }
     while !stop.load(Ordering::SeqCst) {
+        stats.reads += 1;
         match source.read() {
             Ok(gpus) => {
                 let now = Instant::now();
@@ -124,8 +135,15 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
                 if let Ok(gib) = placer.admissible_gib(&p.gpus) {
                     *admissible.lock().unwrap_or_else(|p| p.into_inner()) = Some(gib);
                 }
+                stats.last_read_s = p.written_ms as f64 / 1000.0;
+                if let Ok(st) = placer.state() {
+                    page.set(crate::metrics::render(&node, &p, &st, &stats));
+                }
             }
-            Err(e) => note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log),
+            Err(e) => {
+                stats.read_errors += 1;
+                note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log);
+            }
         }
         if once {
             break;

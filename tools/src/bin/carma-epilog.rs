@@ -124,12 +124,20 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
                 log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
             }
             match requeue(&job) {
-                Ok(()) => log(&format!(
-                    "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
-                    restart_count + 1,
-                    facts.max_recoveries,
-                    facts.mode.name()
-                )),
+                Ok(()) => {
+                    log(&format!(
+                        "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
+                        restart_count + 1,
+                        facts.max_recoveries,
+                        facts.mode.name()
+                    ));
+                    // carma-monitor exports the node's count of recoveries.
+                    let counted = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
+                        .and_then(|p| p.count_recovery());
+                    if let Err(e) = counted {
+                        log(&format!("job {job}: recovery not counted: {e}"));
+                    }
+                }
                 Err(e) => log(&format!("job {job} ran out of GPU memory{from} but was not requeued: {e}")),
             }
         }
