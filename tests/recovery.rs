@@ -91,6 +91,10 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
     // Slurm's requeue delay (BeginTime) was lifted: both runs took seconds, not minutes.
     assert!(took < Duration::from_secs(60), "restart was not prompt: {took:?}");
     assert!(carma_log().contains(&format!("job {victim} ran out of GPU memory in {out}")), "no epilog line");
+    // The job's record after it ended says how its last run was placed:
+    // recovered, exclusively.
+    let record = job_field(&victim, "AdminComment");
+    assert!(record.contains("recovery=exclusive") && record.contains("exclusive=true"), "{record}");
     assert_eq!(wait_done(&nb, 60), "COMPLETED", "the neighbour was affected");
     assert!(std::fs::read_to_string(nb_out).unwrap().contains("carma-fakejob: done"));
 }

@@ -21,9 +21,11 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 # Suites per release: every suite on the newest; on the older ones those
 # that meet what differs between releases (options and SPANK contexts,
 # job_submit/cli_filter Lua, requeue and epilog, slurmd restarts, packages).
-SLURM_22_05="foundation transparent recovery package isolation admission"
-SLURM_24_11="foundation transparent recovery faults privilege package monitor mps isolation admission"
-SLURM_26_05=all
+# prometheus runs on the host only: a Prometheus server scraping the
+# monitors' endpoints, which do not depend on Slurm's release.
+SLURM_22_05="foundation transparent recovery package isolation admission record prometheus"
+SLURM_24_11="foundation transparent recovery faults privilege package monitor mps isolation admission record"
+SLURM_26_05="all -prometheus"
 RELEASES=${CARMA_RELEASES:-host trixie sid}
 
 tests/cluster.sh deps

@@ -23,7 +23,11 @@ find /tmp/carma-tests -mindepth 1 ! -name reliability.log -delete
 
 series=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || echo unknown)
 names=("$@")
-[ "${names[*]}" = all ] && mapfile -t names < <(awk '{print $1}' "$list")
+# `all`, optionally less some: `all -prometheus`.
+if [ "${names[0]:-}" = all ]; then
+    skip=" ${names[*]:1} "
+    mapfile -t names < <(awk '{print $1}' "$list" | while read -r n; do case "$skip" in *" -$n "*) ;; *) echo "$n" ;; esac; done)
+fi
 failed=()
 for name in "${names[@]}"; do
     exe=$(awk -v n="$name" '$1 == n {print $2}' "$list")

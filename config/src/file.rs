@@ -576,7 +576,9 @@ impl RawConfig {
                         _ => {
                             return Err(bad(
                                 "monitor.metrics",
-                                format!("'{a}' is not IP:PORT; write e.g. {DEFAULT_METRICS_ADDR} (or 0.0.0.0:9402 for every interface), or off"),
+                                format!(
+                                    "'{a}' is not IP:PORT; write e.g. {DEFAULT_METRICS_ADDR} (or 0.0.0.0:9402 for every interface), or off"
+                                ),
                             ));
                         }
                     },

@@ -347,7 +347,8 @@ impl Placer {
             self.collect(st, true);
             true
         };
-        let d = crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect);
+        let d =
+            crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect);
         if d.is_ok() {
             st.counters.placements += 1;
         }

@@ -111,7 +111,10 @@ impl NoFit {
                 Reject::Memory { .. } => 0,
                 Reject::Activity { .. } => 1,
                 Reject::MpsUser(_) => 3,
-                Reject::SlurmWhole(_) | Reject::Exclusive(_) | Reject::NotIdleJob(_) | Reject::NotIdleProcesses { .. } => 2,
+                Reject::SlurmWhole(_)
+                | Reject::Exclusive(_)
+                | Reject::NotIdleJob(_)
+                | Reject::NotIdleProcesses { .. } => 2,
             };
             counts[i] += 1;
         }

@@ -9,7 +9,8 @@
 //!   [`ctx::job_script`] (prolog/epilog). slurmd needs nothing.
 //! - [`guard`]: every hook runs inside `catch_unwind`; errors and panics
 //!   become one log line and an error code, never an unwind into Slurm.
-//! - [`options`], [`log`], [`error`]: option values, log lines, errors.
+//! - [`options`], [`log`], [`error`]: option values, log lines, errors;
+//!   [`record`]: the job's CARMA record in its AdminComment.
 //! - [`spank`]: the typed handle over Slurm's `spank_*` calls, C codes →
 //!   `Result` in one place. `unsafe` lives in [`spank`] and [`hooks`] only,
 //!   each block with its SAFETY comment (clippy denies one without).
@@ -22,4 +23,5 @@ mod guard;
 mod hooks;
 mod log;
 mod options;
+mod record;
 mod spank;

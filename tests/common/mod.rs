@@ -315,7 +315,7 @@ pub fn job_field(job: &str, key: &str) -> String {
     let r = root(&["scontrol", "show", "job", job], 20);
     r.stdout
         .lines()
-        .flat_map(|l| if key == "Comment" { vec![l.trim()] } else { l.split_whitespace().collect() })
+        .flat_map(|l| if key.ends_with("Comment") { vec![l.trim()] } else { l.split_whitespace().collect() })
         .find_map(|w| w.strip_prefix(&format!("{key}=")))
         .unwrap_or_default()
         .trim()

@@ -93,9 +93,13 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         "Share of time any kernel ran (NVML utilization.gpu), mean over the monitor window.",
         &|i| Some(g[i].busy),
     );
-    per_gpu(&mut out, "carma_gpu_sm_occupancy_ratio", "gauge", "SM occupancy (NVML GPM or DCGM), where measured.", &|i| {
-        g[i].sm_occupancy
-    });
+    per_gpu(
+        &mut out,
+        "carma_gpu_sm_occupancy_ratio",
+        "gauge",
+        "SM occupancy (NVML GPM or DCGM), where measured.",
+        &|i| g[i].sm_occupancy,
+    );
     per_gpu(&mut out, "carma_gpu_power_watts", "gauge", "Board power.", &|i| g[i].power_w);
     per_gpu(&mut out, "carma_gpu_jobs", "gauge", "CARMA jobs placed on the GPU.", &|i| {
         Some(st.reservations.iter().filter(|r| r.gpus.contains(&g[i].index)).count() as f64)
@@ -105,13 +109,21 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
     for r in &st.reservations {
         let job = r.job.to_string();
         for gpu in &r.gpus {
-            out.sample("carma_job_reserved_bytes", &[("job", &job), ("gpu", &gpu.to_string())], r.estimate_mib as f64 * MIB);
+            out.sample(
+                "carma_job_reserved_bytes",
+                &[("job", &job), ("gpu", &gpu.to_string())],
+                r.estimate_mib as f64 * MIB,
+            );
         }
     }
     out.family("carma_job_estimate_bytes", "gauge", "A job's GPU memory estimate per GPU, and where it came from.");
     for r in &st.reservations {
         let job = r.job.to_string();
-        out.sample("carma_job_estimate_bytes", &[("job", &job), ("source", &r.estimate_source)], r.estimate_mib as f64 * MIB);
+        out.sample(
+            "carma_job_estimate_bytes",
+            &[("job", &job), ("source", &r.estimate_source)],
+            r.estimate_mib as f64 * MIB,
+        );
     }
     out.family("carma_job_observed_peak_bytes", "gauge", "Highest per-GPU memory a job's processes were seen using.");
     for r in &st.reservations {
@@ -242,5 +254,22 @@ mod tests {
             assert!(page.lines().any(|l| l == line), "missing {line}:\n{page}");
         }
         assert!(!page.contains("carma_gpu_sm_occupancy_ratio{"), "no occupancy measured: no sample");
+        // The shipped Grafana dashboard queries only series this page has.
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../slurm-conf-examples/grafana-carma.json")).unwrap();
+        let mut names = 0;
+        for t in dashboard["panels"].as_array().unwrap().iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+            let expr = t["expr"].as_str().unwrap();
+            for word in
+                expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("carma_"))
+            {
+                names += 1;
+                assert!(
+                    page.lines().any(|l| l.starts_with(word)),
+                    "the dashboard asks for {word}, which is not exported"
+                );
+            }
+        }
+        assert!(names >= 15, "{names}");
     }
 }

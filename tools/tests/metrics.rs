@@ -75,7 +75,9 @@ fn node(tag: &str) -> Node {
         .unwrap();
     let n = Node { dir, port, monitor };
     let start = Instant::now();
-    while get(n.port, "/metrics").is_err() || !get(n.port, "/metrics").unwrap().1.contains("carma_gpu_memory_used_bytes{") {
+    while get(n.port, "/metrics").is_err()
+        || !get(n.port, "/metrics").unwrap().1.contains("carma_gpu_memory_used_bytes{")
+    {
         assert!(start.elapsed() < Duration::from_secs(10), "no metrics: {}", n.log());
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -127,7 +129,10 @@ fn the_page_matches_carma_status_and_only_get_metrics_is_served() {
         assert_eq!(value(&page, &format!("carma_gpu_memory_total_bytes{labels}")), mib("total_mib"));
         assert_eq!(value(&page, &format!("carma_gpu_memory_used_bytes{labels}")), mib("used_mib"));
         assert_eq!(value(&page, &format!("carma_gpu_memory_effective_free_bytes{labels}")), mib("effective_free_mib"));
-        assert!((value(&page, &format!("carma_gpu_sm_activity_ratio{labels}")) - g["sm_activity"].as_f64().unwrap()).abs() < 1e-6);
+        assert!(
+            (value(&page, &format!("carma_gpu_sm_activity_ratio{labels}")) - g["sm_activity"].as_f64().unwrap()).abs()
+                < 1e-6
+        );
     }
     assert!(page.contains("carma_monitor_info{node=\""), "{page}");
     assert_eq!(get(n.port, "/").unwrap().0, "HTTP/1.1 200 OK");

@@ -308,6 +308,28 @@ fn cuda_devices(count: usize, node_indices: &str) -> String {
     }
 }
 
+/// The job's record in its AdminComment (crate::record): the decision
+/// without its moment's readings, and the peak its processes were seen at.
+fn record_job(cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Reservation) {
+    let node = cfg.monitor.slurm_node.clone().unwrap_or_else(short_hostname);
+    let kept: Vec<&str> = d
+        .summary
+        .split_whitespace()
+        .filter(|t| !["effective_free=", "sm=", "busy="].iter().any(|p| t.starts_with(p)))
+        .collect();
+    let peak = if r.observed_mib > 0 { format!("{}M", r.observed_mib) } else { "unseen".into() };
+    let entry = format!("carma@{node}: {} peak={peak}", kept.join(" "));
+    if let Err(e) = crate::record::write(r.job, &node, &entry) {
+        log::error(&format!("job {}: record not written to AdminComment: {e}", r.job));
+    }
+}
+
+/// The short host name (Slurm's default node name).
+fn short_hostname() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    name.trim().split('.').next().unwrap_or("").to_string()
+}
+
 /// Releases the step's hold; failures are logged only (garbage collection
 /// reclaims the reservation once this slurmstepd is gone).
 pub fn exit(_sp: &Spank) -> Result<(), Error> {
@@ -321,6 +343,7 @@ pub fn exit(_sp: &Spank) -> Result<(), Error> {
                 d.step_name,
                 carma_placement::index_list(&r.gpus)
             ));
+            record_job(options::config()?, d, &r);
         }
         Ok(())
     };

@@ -1,0 +1,56 @@
+//! Each job's CARMA record after it ends, in its AdminComment: what
+//! `scontrol show job` (and, with slurmdbd, `sacct -o AdminComment`) shows
+//! a user who asks "how much GPU memory did my job use, and what did CARMA
+//! reserve?".
+
+mod common;
+use common::*;
+
+const N2_CONFIG: &str = "/etc/slurm/node2/carma.yaml";
+
+fn admin_comment_as_user(job: &str) -> String {
+    let r = user(&["scontrol", "show", "job", job], 20).ok();
+    r.stdout.lines().find_map(|l| l.trim().strip_prefix("AdminComment=")).unwrap_or_default().trim().to_string()
+}
+
+#[test]
+fn a_finished_jobs_decision_estimate_and_observed_peak_are_in_its_admin_comment() {
+    require_cluster();
+    // On the second node carma-monitor watches the job's processes: 2 GiB
+    // against an estimate of 3 GiB.
+    let node = node2();
+    let body = format!("carma-fakejob --config {N2_CONFIG} --mem 2G --sm 0.2 --seconds 4");
+    let name = unique("rec");
+    let path = script(&name, &body);
+    let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
+    let args =
+        ["sbatch", "--parsable", "-p", "multi", "-w", &node, "--carma-mem=3G", "--carma-policy=ff", "-o", &out, &path];
+    let job = user(&args, 30).ok().stdout.trim().to_string();
+    wait_completed(&job);
+    let record = admin_comment_as_user(&job);
+    assert!(record.starts_with(&format!("carma@{node}: policy=ff estimate=3072M source=declared")), "{record}");
+    assert!(record.contains(" gpu_indices=") && record.contains(" exclusive=false"), "{record}");
+    assert!(record.ends_with(" peak=2048M"), "{record}");
+    assert!(
+        !record.contains("effective_free=") && !record.contains(" sm="),
+        "the moment's readings are not kept: {record}"
+    );
+    report("record", "a finished CARMA job's decision, estimate and observed peak are in its AdminComment");
+}
+
+#[test]
+fn a_site_note_in_admin_comment_survives_and_plain_jobs_get_no_record() {
+    require_cluster();
+    let name = unique("recnote");
+    let path = script(&name, "sleep 2");
+    let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
+    let job = user(&["sbatch", "--parsable", "--carma-mem=1G", "-o", &out, &path], 30).ok().stdout.trim().to_string();
+    // The site's own note, set while the job runs.
+    root(&["scontrol", "update", &format!("jobid={job}"), "admincomment=site: audited"], 20).ok();
+    wait_completed(&job);
+    let record = admin_comment_as_user(&job);
+    assert!(record.starts_with("site: audited | carma@") && record.contains("estimate=1024M"), "{record}");
+    let (r, _) = sbatch_wait(&[], &[], "true", 60);
+    let plain = r.stdout.split_whitespace().last().unwrap_or_default().to_string();
+    assert_eq!(admin_comment_as_user(&plain), "", "a job CARMA did not place has no record");
+}
