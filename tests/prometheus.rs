@@ -147,7 +147,7 @@ fn prometheus_scrapes_both_monitors_and_finds_the_jobs_as_carma_status_shows_the
     let start = Instant::now();
     let series = loop {
         let s = query("carma_job_reserved_bytes");
-        let seen: Vec<String> = s.iter().filter_map(|(m, _)| m["job"].as_str().map(String::from)).collect();
+        let seen: Vec<String> = s.iter().filter_map(|(m, _)| m["jobid"].as_str().map(String::from)).collect();
         if jobs.iter().all(|j| seen.contains(j)) {
             break s;
         }
@@ -163,7 +163,9 @@ fn prometheus_scrapes_both_monitors_and_finds_the_jobs_as_carma_status_shows_the
             for gpu in r["gpu_indices"].as_array().unwrap() {
                 let want = r["estimate_mib"].as_f64().unwrap() * 1048576.0;
                 let got = series.iter().find(|(m, _)| {
-                    m["job"].as_str() == Some(job.as_str()) && m["gpu"] == gpu.to_string() && m["instance"] == instance
+                    m["jobid"].as_str() == Some(job.as_str())
+                        && m["gpu"] == gpu.to_string()
+                        && m["instance"] == instance
                 });
                 assert_eq!(got.map(|g| g.1), Some(want), "job {job} GPU {gpu} on {instance}: {series:?}");
             }

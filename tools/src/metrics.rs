@@ -111,7 +111,7 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         for gpu in &r.gpus {
             out.sample(
                 "carma_job_reserved_bytes",
-                &[("job", &job), ("gpu", &gpu.to_string())],
+                &[("jobid", &job), ("gpu", &gpu.to_string())],
                 r.estimate_mib as f64 * MIB,
             );
         }
@@ -121,13 +121,13 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         let job = r.job.to_string();
         out.sample(
             "carma_job_estimate_bytes",
-            &[("job", &job), ("source", &r.estimate_source)],
+            &[("jobid", &job), ("source", &r.estimate_source)],
             r.estimate_mib as f64 * MIB,
         );
     }
     out.family("carma_job_observed_peak_bytes", "gauge", "Highest per-GPU memory a job's processes were seen using.");
     for r in &st.reservations {
-        out.sample("carma_job_observed_peak_bytes", &[("job", &r.job.to_string())], r.observed_mib as f64 * MIB);
+        out.sample("carma_job_observed_peak_bytes", &[("jobid", &r.job.to_string())], r.observed_mib as f64 * MIB);
     }
     out.family("carma_job_info", "gauge", "A job placed on this node: its policy and sharing mode (value 1).");
     for r in &st.reservations {
@@ -140,7 +140,7 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
             "timeslice"
         };
         let job = r.job.to_string();
-        out.sample("carma_job_info", &[("job", &job), ("policy", policy), ("sharing", sharing)], 1.0);
+        out.sample("carma_job_info", &[("jobid", &job), ("policy", policy), ("sharing", sharing)], 1.0);
     }
 
     let c = &st.counters;
@@ -237,9 +237,9 @@ mod tests {
             "carma_gpu_memory_total_bytes{gpu=\"0\",uuid=\"GPU-\\\"odd\\\"\"} 42949672960",
             "carma_gpu_sm_activity_ratio{gpu=\"0\",uuid=\"GPU-\\\"odd\\\"\"} 0.25",
             "carma_gpu_jobs{gpu=\"0\",uuid=\"GPU-\\\"odd\\\"\"} 1",
-            "carma_job_reserved_bytes{job=\"42\",gpu=\"0\"} 8589934592",
-            "carma_job_estimate_bytes{job=\"42\",source=\"model\"} 8589934592",
-            "carma_job_info{job=\"42\",policy=\"magm\",sharing=\"timeslice\"} 1",
+            "carma_job_reserved_bytes{jobid=\"42\",gpu=\"0\"} 8589934592",
+            "carma_job_estimate_bytes{jobid=\"42\",source=\"model\"} 8589934592",
+            "carma_job_info{jobid=\"42\",policy=\"magm\",sharing=\"timeslice\"} 1",
             "carma_placements_total 3",
             "carma_no_fits_total{reason=\"memory\"} 1",
             "carma_no_fits_total{reason=\"activity\"} 0",
