@@ -38,22 +38,15 @@ fn http(path: &str, port: u16) -> String {
     r.stdout
 }
 
+/// Prometheus' answer to an instant query, as it sent it.
+fn query_raw(q: &str) -> String {
+    let url = format!("http://127.0.0.1:{PORT}/api/v1/query");
+    root(&["curl", "-s", "--max-time", "5", "-G", &url, "--data-urlencode", &format!("query={q}")], 10).stdout
+}
+
 /// Prometheus' answer to an instant query: (labels, value) per series.
 fn query(q: &str) -> Vec<(serde_json::Value, f64)> {
-    let r = root(
-        &[
-            "curl",
-            "-s",
-            "--max-time",
-            "5",
-            "-G",
-            &format!("http://127.0.0.1:{PORT}/api/v1/query"),
-            "--data-urlencode",
-            &format!("query={q}"),
-        ],
-        10,
-    );
-    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&query_raw(q)).unwrap_or_default();
     v["data"]["result"]
         .as_array()
         .into_iter()
@@ -193,20 +186,8 @@ fn prometheus_scrapes_both_monitors_and_finds_the_jobs_as_carma_status_shows_the
                 .replace("$instance", ".*")
                 .replace("$__rate_interval", "1m")
                 .replace("$__range", "5m");
-            let r = root(
-                &[
-                    "curl",
-                    "-s",
-                    "--max-time",
-                    "5",
-                    "-G",
-                    &format!("http://127.0.0.1:{PORT}/api/v1/query"),
-                    "--data-urlencode",
-                    &format!("query={expr}"),
-                ],
-                10,
-            );
-            assert!(r.stdout.contains("\"status\":\"success\""), "panel {}: {expr}: {}", panel["title"], r.stdout);
+            let answer = query_raw(&expr);
+            assert!(answer.contains("\"status\":\"success\""), "panel {}: {expr}: {answer}", panel["title"]);
         }
     }
     for j in &jobs {

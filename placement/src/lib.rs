@@ -15,6 +15,7 @@
 #[allow(unsafe_code)] // bpf(2): the one system call (its module doc)
 pub mod bpf;
 pub mod clock;
+pub mod command;
 pub mod decide;
 pub mod devices;
 pub mod eventlog;

@@ -8,8 +8,7 @@
 //! (`carma@NODE: ...`) replaces that node's earlier one, entries joined by
 //! ` | `. scontrol runs with fixed arguments, no shell, bounded in time.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const SCONTROL_TIME: Duration = Duration::from_secs(5);
 /// AdminComment is free text; a record of many nodes stays readable.
@@ -34,33 +33,8 @@ pub fn merge(existing: &str, node: &str, entry: &str) -> String {
     parts.join(SEP)
 }
 
-/// scontrol with `args`, its stdout; killed after SCONTROL_TIME.
 fn scontrol(args: &[&str]) -> Result<String, String> {
-    let mut child = Command::new("scontrol")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run scontrol: {e}"))?;
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() < SCONTROL_TIME => std::thread::sleep(Duration::from_millis(10)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("scontrol {} took over {} s", args.join(" "), SCONTROL_TIME.as_secs()));
-            }
-        }
-    }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!("scontrol {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
+    carma_placement::command::run("scontrol", args, SCONTROL_TIME)
 }
 
 /// Writes `entry` as `node`'s part of the job's AdminComment.

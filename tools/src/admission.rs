@@ -6,7 +6,6 @@
 //! and a time limit.
 
 use carma_config::ADMISSION_GRES;
-use std::process::Command;
 
 /// `scontrol show node -o`'s `Gres=` and `GresUsed=` of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,16 +79,7 @@ pub fn with_count(gres: &str, count: u64) -> String {
 }
 
 fn scontrol(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("timeout")
-        .args(["10", "scontrol"])
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run scontrol: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("scontrol {}: {}", args.join(" "), err.trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    carma_placement::command::run("scontrol", args, std::time::Duration::from_secs(10))
 }
 
 /// Keeps one node's admission count.

@@ -272,42 +272,10 @@ fn helper_append(args: &[OsString]) -> i32 {
     }
 }
 
-/// Runs a Slurm command with fixed arguments (no shell), bounded in time;
-/// its standard output on success. Outputs asked for here (a few jobs)
-/// stay far below a pipe's buffer, so reading after the exit cannot block.
+/// A Slurm command with fixed arguments (no shell), bounded in time; its
+/// standard output on success.
 fn slurm_output(prog: &str, args: &[&str]) -> Result<String, String> {
-    let mut child = Command::new(prog)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {prog}: {e}"))?;
-    let start = Instant::now();
-    let read = |pipe: Option<&mut dyn Read>| {
-        let mut text = String::new();
-        if let Some(p) = pipe {
-            let _ = p.take(64 * 1024).read_to_string(&mut text);
-        }
-        text
-    };
-    loop {
-        match child.try_wait() {
-            Ok(Some(st)) if st.success() => {
-                return Ok(read(child.stdout.as_mut().map(|p| p as &mut dyn Read)));
-            }
-            Ok(Some(st)) => {
-                let err = read(child.stderr.as_mut().map(|p| p as &mut dyn Read));
-                return Err(format!("{prog} {} failed ({st}): {}", args.join(" "), err.trim().replace('\n', " ")));
-            }
-            Ok(None) if start.elapsed() < SCONTROL_TIMEOUT => std::thread::sleep(Duration::from_millis(10)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{prog} {} timed out after {SCONTROL_TIMEOUT:?}", args.join(" ")));
-            }
-        }
-    }
+    carma_placement::command::run(prog, args, SCONTROL_TIMEOUT)
 }
 
 fn scontrol(args: &[&str]) -> Result<(), String> {

@@ -1,0 +1,72 @@
+//! Slurm's commands (scontrol, squeue) run by CARMA's root parts: fixed
+//! arguments, never a shell, bounded in time and in what is read back.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// More output than this is not read (a job's or node's record is a few KiB).
+const MAX_OUTPUT: u64 = 1 << 20;
+
+/// Runs `prog args`, killed after `timeout`; its standard output on
+/// success, else one line with its standard error. Output is read while
+/// it runs, so a full pipe cannot hold it up.
+pub fn run(prog: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
+    let what = || format!("{prog} {}", args.join(" "));
+    let mut child = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {prog}: {e}"))?;
+    let reader = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(p) = pipe {
+                let _ = p.take(MAX_OUTPUT).read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = reader(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = reader(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{} timed out after {} s", what(), timeout.as_secs_f64()));
+            }
+        }
+    };
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    if status.success() {
+        Ok(out)
+    } else {
+        Err(format!("{} failed ({status}): {}", what(), err.trim().replace('\n', " ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_failures_and_hangs() {
+        let s = Duration::from_secs(5);
+        assert_eq!(run("printf", &["a b"], s).unwrap(), "a b");
+        let e = run("ls", &["/nonexistent-carma"], s).unwrap_err();
+        assert!(e.starts_with("ls /nonexistent-carma failed") && e.contains("No such file"), "{e}");
+        let t = Instant::now();
+        let e = run("sleep", &["10"], Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("timed out") && t.elapsed() < Duration::from_secs(2), "{e}");
+        // More than a pipe holds, while the command runs.
+        let big = run("head", &["-c", "300000", "/dev/zero"], s).unwrap();
+        assert_eq!(big.len(), 300000);
+        assert!(run("no-such-command-carma", &[], s).unwrap_err().contains("cannot run"));
+    }
+}
