@@ -157,7 +157,7 @@ fn prometheus_scrapes_both_monitors_and_finds_the_jobs_as_carma_status_shows_the
                 let want = r["estimate_mib"].as_f64().unwrap() * 1048576.0;
                 let got = series.iter().find(|(m, _)| {
                     m["jobid"].as_str() == Some(job.as_str())
-                        && m["gpu"] == gpu.to_string()
+                        && m["gpu"].as_str() == Some(gpu.to_string().as_str())
                         && m["instance"] == instance
                 });
                 assert_eq!(got.map(|g| g.1), Some(want), "job {job} GPU {gpu} on {instance}: {series:?}");

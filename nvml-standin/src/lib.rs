@@ -541,9 +541,9 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut GpmMetricsGet) -> Ret {
             return Err(code::INVALID_ARGUMENT);
         }
         for m in r.metrics.iter_mut().take(r.num_metrics as usize) {
-            let (value, name): (f64, &'static [u8]) = match m.metric_id {
-                GPM_SM_UTIL => ((a.sm + b.sm) / 2.0 * 100.0, b"SM_UTIL\0"),
-                GPM_SM_OCCUPANCY => ((a.occupancy + b.occupancy) / 2.0 * 100.0, b"SM_OCCUPANCY\0"),
+            let (value, name): (f64, &'static std::ffi::CStr) = match m.metric_id {
+                GPM_SM_UTIL => ((a.sm + b.sm) / 2.0 * 100.0, c"SM_UTIL"),
+                GPM_SM_OCCUPANCY => ((a.occupancy + b.occupancy) / 2.0 * 100.0, c"SM_OCCUPANCY"),
                 _ => {
                     m.nvml_return = code::NOT_SUPPORTED;
                     continue;
@@ -551,9 +551,9 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut GpmMetricsGet) -> Ret {
             };
             m.nvml_return = code::SUCCESS;
             m.value = value;
-            m.short_name = name.as_ptr().cast();
-            m.long_name = name.as_ptr().cast();
-            m.unit = b"%\0".as_ptr().cast();
+            m.short_name = name.as_ptr();
+            m.long_name = name.as_ptr();
+            m.unit = c"%".as_ptr();
         }
         Ok(())
     })
