@@ -61,7 +61,10 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it writes /etc/slurm and starts daemons)"
 
 deps() {
-    local pkgs=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev clang libclang-dev valgrind prometheus curl)
+    local pkgs=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev clang libclang-dev)
+    # The host also runs carma-monitor under valgrind (tests/leak.sh) and a
+    # Prometheus server (tests/prometheus.rs); a release's chroot does not.
+    [ -n "${CARMA_CHROOT:-}" ] || pkgs+=(valgrind prometheus curl)
     local missing=()
     for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ ${#missing[@]} -gt 0 ]; then

@@ -124,7 +124,7 @@ enter() {
     make_root "$codename"
     mount_root "$codename"
     mount_work "$codename"
-    chroot "$(root_of "$codename")" /usr/bin/env -C "$PWD" PROFILE="$PROFILE" CARGO_TARGET_DIR="$TARGET" \
+    chroot "$(root_of "$codename")" /usr/bin/env -C "$PWD" PROFILE="$PROFILE" CARGO_TARGET_DIR="$TARGET" CARMA_CHROOT="$codename" \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
 }
 

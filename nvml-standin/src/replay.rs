@@ -55,10 +55,13 @@ mod tests {
 
     #[test]
     fn rows_of_the_h100_measurements() {
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
         let r = row(&data("collocation.csv"), "timeslice/mobilenetv3_32+resnet18_32").unwrap();
-        assert_eq!((r.busy, r.sm, r.occupancy, r.power_w), (0.99, 0.567, Some(0.259), Some(368.1)));
+        assert!(near(r.busy, 0.99) && near(r.sm, 0.567) && near(r.occupancy.unwrap(), 0.259), "{r:?}");
+        assert_eq!(r.power_w, Some(368.1));
         let light = row(&data("probes.csv"), "timeslice/tiny_mlp+tiny_mlp").unwrap();
-        assert_eq!((light.busy, light.sm, light.occupancy, light.power_w), (0.92, 0.011, None, None));
+        assert!(near(light.busy, 0.92) && near(light.sm, 0.011), "{light:?}");
+        assert_eq!((light.occupancy, light.power_w), (None, None));
         assert!(row(&data("collocation.csv"), "mps/nothing").unwrap_err().contains("no row mps/nothing"));
         assert!(row(&data("collocation.csv"), "resnet50_64").unwrap_err().contains("MODE/JOBS"));
     }

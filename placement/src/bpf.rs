@@ -135,7 +135,16 @@ pub fn load(program: &[Insn]) -> Result<OwnedFd, String> {
         prog_name: name,
         ..LoadAttr::default()
     };
-    let fd = bpf(BPF_PROG_LOAD, &mut attr, "loading the device program")?;
+    // The verifier answers EAGAIN when interrupted (a signal, memory
+    // pressure); libbpf tries 5 times, and so do we.
+    let mut tries = 0;
+    let fd = loop {
+        tries += 1;
+        match bpf(BPF_PROG_LOAD, &mut attr, "loading the device program") {
+            Err(_) if tries < 5 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) => continue,
+            other => break other?,
+        }
+    };
     // SAFETY: a successful BPF_PROG_LOAD returns a new file descriptor
     // that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

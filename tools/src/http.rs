@@ -74,6 +74,7 @@ fn answer(mut s: TcpStream, page: &Page) {
         }
         if req.len() > REQUEST_BYTES {
             respond(&mut s, "431 Request Header Fields Too Large", "request too large\n");
+            linger(&mut s);
             return;
         }
         let left = REQUEST_TIME.saturating_sub(start.elapsed());
@@ -106,6 +107,23 @@ fn answer(mut s: TcpStream, page: &Page) {
         ("GET", "/") => respond(&mut s, "200 OK", "carma-monitor: metrics at /metrics\n"),
         ("GET", _) => respond(&mut s, "404 Not Found", "not found; metrics at /metrics\n"),
         _ => respond(&mut s, "405 Method Not Allowed", "read-only: GET /metrics\n"),
+    }
+}
+
+/// Closes after an answer sent before the request was read whole: the
+/// rest is read and dropped for a moment (at most 1 MiB, 500 ms), so the
+/// close does not reset the connection before the client reads the answer.
+fn linger(s: &mut TcpStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let start = Instant::now();
+    let mut buf = [0u8; 8192];
+    let mut left = 1usize << 20;
+    while left > 0 && start.elapsed() < Duration::from_millis(500) {
+        let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
     }
 }
 

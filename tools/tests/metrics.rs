@@ -22,9 +22,18 @@ fn standin_library() -> PathBuf {
         .expect("libnvidia_ml.so not built: cargo build -p carma-nvml-standin")
 }
 
-/// A free loopback port (bound, then let go).
+/// A free loopback port (bound, then let go), never one already handed to
+/// another test of this process (the kernel may offer a let-go port again).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 struct Node {
