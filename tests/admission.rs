@@ -119,31 +119,6 @@ fn an_estimated_job_asks_for_its_estimate_and_headroom() {
     assert!(text.contains(&format!("estimate={mib}M source=layers")), "{text}");
 }
 
-/// carma-monitor for the first node while alive (the second node's runs
-/// always); on drop the node's admission count is set back to its
-/// configured 160.
-struct Node1Monitor(std::process::Child, String);
-
-impl Node1Monitor {
-    fn start(host: &str) -> Node1Monitor {
-        let child = std::process::Command::new("carma-monitor")
-            .args(["--config", "/etc/slurm/carma.yaml"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("carma-monitor");
-        Node1Monitor(child, host.to_string())
-    }
-}
-
-impl Drop for Node1Monitor {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let gres = "Gres=gpu:4,shard:32,carmamem:160";
-        let _ = root(&["scontrol", "update", &format!("NodeName={}", self.1), gres], 20);
-    }
-}
 
 /// The node's admission count as slurmctld has it.
 fn count(node: &str) -> u64 {

@@ -27,6 +27,10 @@
 #                              munged, slurmctld, slurmd
 #   tests/cluster.sh stop      stop the daemons (by pid file)
 #   tests/cluster.sh start-monitor   (re)start carma-monitor for the second node
+#
+# On the host (not in a release's chroot) it also runs Debian's Prometheus on
+# 127.0.0.1:9491, scraping both nodes' carma-monitor endpoints (127.0.0.1:9402
+# and :9403) every second (tests/load.rs, tests/prometheus.rs).
 #   tests/cluster.sh status
 #
 # Runs as root on a throwaway machine: it owns /etc/slurm/{slurm,gres,plugstack}.conf
@@ -294,8 +298,37 @@ install_carma() {
 
 pid_of() { local p; p=$(cat "$1" 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p"; }
 
+PROMETHEUS_ADDR=127.0.0.1:9491
+
+# Prometheus scraping both nodes' monitors (host only: the chroots lack it).
+start_prometheus() {
+    [ -z "${CARMA_CHROOT:-}" ] || return 0
+    command -v prometheus >/dev/null || die "prometheus missing (tests/cluster.sh deps installs it)"
+    local pid
+    if pid=$(pid_of "$RUN/prometheus.pid"); then kill "$pid"; sleep 0.5; fi
+    rm -rf "$VAR/prometheus"
+    install -d -m 0755 "$VAR/prometheus"
+    cat >"$RUN/prometheus.yml" <<CONF
+$MARK
+global: {scrape_interval: 1s, scrape_timeout: 1s}
+scrape_configs:
+  - job_name: carma
+    static_configs:
+      - targets: ['127.0.0.1:9402', '127.0.0.1:9403']
+CONF
+    setsid prometheus --config.file="$RUN/prometheus.yml" --storage.tsdb.path="$VAR/prometheus" \
+        --web.listen-address="$PROMETHEUS_ADDR" </dev/null >>"$LOG/prometheus.log" 2>&1 &
+    echo $! >"$RUN/prometheus.pid"
+    for _ in $(seq 100); do curl -sf "http://$PROMETHEUS_ADDR/-/ready" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    tail -5 "$LOG/prometheus.log" >&2
+    die "Prometheus not ready on $PROMETHEUS_ADDR within 10 s"
+}
+
 stop() {
     scontrol shutdown >/dev/null 2>&1 || true
+    local prom
+    if prom=$(pid_of "$RUN/prometheus.pid"); then kill -TERM "$prom" 2>/dev/null || true; fi
+    rm -f "$RUN/prometheus.pid"
     for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN/slurmctld.pid" "$RUN/b/carma-monitor.pid"; do
         local pid
         for _ in $(seq 50); do pid=$(pid_of "$p") || break; sleep 0.1; done
@@ -348,6 +381,7 @@ start() {
     slurmctld -c
     slurmd -N "$NODE"
     start_monitor
+    start_prometheus
     slurmd -N "$NODE2" -f "$N2/slurm.conf"
     wait_idle "$NODE" "$LOG/slurmd.log"
     wait_idle "$NODE2" "$LOG/slurmd-$NODE2.log"

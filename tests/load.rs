@@ -2,7 +2,10 @@
 //! cluster (4 simulated GPUs). While they run, `carma status --json` is
 //! sampled: no GPU may ever be promised beyond its capacity minus headroom;
 //! afterwards every job must have succeeded, every reservation be released
-//! and the state file be valid.
+//! and the state file be valid. carma-monitor runs on the node meanwhile;
+//! on the host, where tests/cluster.sh runs Prometheus scraping it, every
+//! job's reservation must have reached Prometheus (tests/prometheus.rs
+//! checks its values against `carma status`).
 
 mod common;
 use common::*;
@@ -40,8 +43,11 @@ fn check_invariants(status: &serde_json::Value) -> Result<(), String> {
 #[test]
 fn rounds_of_64_jobs_keep_every_invariant() {
     require_cluster();
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let _monitor = Node1Monitor::start(&host);
     let mut samples = 0usize;
     let started = Instant::now();
+    let mut all_ids = Vec::new();
     for round in 0..ROUNDS {
         let name = unique(&format!("load{round}"));
         let mut ids = Vec::new();
@@ -85,7 +91,9 @@ fn rounds_of_64_jobs_keep_every_invariant() {
             let r = root(&["scontrol", "show", "job", "-o", id], 20);
             assert!(r.stdout.contains("JobState=COMPLETED"), "job {id} did not complete: {}", r.stdout.trim());
         }
+        all_ids.extend(ids);
     }
+    let scraped = scraped_jobs();
     let st = root(&["carma", "status", "--json"], 20).ok();
     let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
     assert_eq!(v["reservations"].as_array().map(Vec::len), Some(0), "reservations left: {}", st.stdout);
@@ -94,6 +102,13 @@ fn rounds_of_64_jobs_keep_every_invariant() {
     assert_eq!(state["version"], 1);
     let drained = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
     assert!(!drained.contains("drain"), "{drained}");
+    if let Some(seen) = scraped {
+        // Jobs of 2-3 s, scraped every second: each was seen while it held
+        // its reservation (a few may fall between two scrapes).
+        let missed: Vec<&String> = all_ids.iter().filter(|id| !seen.contains(*id)).collect();
+        assert!(missed.len() * 10 <= all_ids.len(), "{} of {} jobs never reached Prometheus: {missed:?}", missed.len(), all_ids.len());
+        report("metrics", &format!("Prometheus scraped {} of {} load jobs' reservations from carma-monitor", all_ids.len() - missed.len(), all_ids.len()));
+    }
     report(
         "load",
         &format!(
@@ -103,4 +118,22 @@ fn rounds_of_64_jobs_keep_every_invariant() {
             started.elapsed().as_secs_f64()
         ),
     );
+}
+
+/// The job ids whose reservations the cluster's Prometheus scraped from
+/// this node over the last hour; `None` where no Prometheus runs (a
+/// release's chroot: tests/cluster.sh runs it on the host only).
+fn scraped_jobs() -> Option<Vec<String>> {
+    if !std::path::Path::new("/run/carma-cluster/prometheus.pid").exists() {
+        eprintln!("no Prometheus in this cluster (a release's chroot): its scrape is checked on the host");
+        return None;
+    }
+    // Let the last scrape land.
+    std::thread::sleep(Duration::from_secs(2));
+    let q = "count by (jobid) (last_over_time(carma_job_reserved_bytes{instance=\"127.0.0.1:9402\"}[1h]))";
+    let url = "http://127.0.0.1:9491/api/v1/query";
+    let r = root(&["curl", "-s", "--max-time", "10", "-G", url, "--data-urlencode", &format!("query={q}")], 20).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("Prometheus answers JSON");
+    assert_eq!(v["status"], "success", "{}", r.stdout);
+    Some(v["data"]["result"].as_array().unwrap().iter().filter_map(|s| s["metric"]["jobid"].as_str().map(String::from)).collect())
 }

@@ -1,37 +1,17 @@
-//! A real Prometheus server (Debian's package) on loopback scrapes both
-//! nodes' carma-monitor endpoints while CARMA jobs run; its HTTP API has
-//! the series for those jobs, with the values `carma status` shows at the
-//! same moment. `promtool check metrics` passes on both pages. The Grafana
+//! The cluster's Prometheus server (Debian's package, started on loopback
+//! by tests/cluster.sh on the host) scrapes both nodes' carma-monitor
+//! endpoints while CARMA jobs run; its HTTP API has the series for those
+//! jobs, with the values `carma status` shows at the same moment
+//! (tests/load.rs checks it saw every job of the load rounds). `promtool check metrics` passes on both pages. The Grafana
 //! dashboard's queries name only series the monitors export.
 
 mod common;
 use common::*;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const N2_CONFIG: &str = "/etc/slurm/node2/carma.yaml";
 const PORT: u16 = 9491;
-
-struct Running(Vec<Child>, Vec<std::path::PathBuf>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for d in &self.1 {
-            let _ = std::fs::remove_dir_all(d);
-        }
-        // The first node's admission count, as its monitor left it.
-        let gres = "Gres=gpu:4,shard:32,carmamem:160";
-        let _ = root(&["scontrol", "update", &format!("NodeName={}", hostname()), gres], 20);
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().split('.').next().unwrap().to_string()
-}
 
 fn http(path: &str, port: u16) -> String {
     let r = root(&["curl", "-s", "--max-time", "5", &format!("http://127.0.0.1:{port}{path}")], 10);
@@ -58,38 +38,17 @@ fn query(q: &str) -> Vec<(serde_json::Value, f64)> {
 #[test]
 fn prometheus_scrapes_both_monitors_and_finds_the_jobs_as_carma_status_shows_them() {
     require_cluster();
-    let dir = std::env::temp_dir().join(format!("carma-prometheus-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n\
-         scrape_configs:\n  - job_name: carma\n    static_configs:\n      - targets: ['127.0.0.1:9402', '127.0.0.1:9403']\n",
-    )
-    .unwrap();
-    let check =
-        Command::new("promtool").args(["check", "config", &dir.join("prometheus.yml").display().to_string()]).output();
+    // The cluster's Prometheus (tests/cluster.sh, host only) and its scrape
+    // configuration, which promtool accepts.
     assert!(
-        check.is_ok_and(|o| o.status.success()),
-        "promtool (Debian's prometheus package) missing or the config is bad"
+        std::path::Path::new("/run/carma-cluster/prometheus.pid").exists(),
+        "no Prometheus in this cluster: tests/cluster.sh starts it on the host (this suite runs there only)"
     );
+    let check = Command::new("promtool").args(["check", "config", "/run/carma-cluster/prometheus.yml"]).output();
+    assert!(check.is_ok_and(|o| o.status.success()), "promtool rejects the cluster's scrape configuration");
     // The first node's monitor (the second's always runs).
-    let m1 = Command::new("carma-monitor")
-        .args(["--config", "/etc/slurm/carma.yaml"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let prom = Command::new("prometheus")
-        .args([
-            &format!("--config.file={}", dir.join("prometheus.yml").display()),
-            &format!("--storage.tsdb.path={}", dir.join("data").display()),
-            &format!("--web.listen-address=127.0.0.1:{PORT}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _running = Running(vec![m1, prom], vec![dir.clone()]);
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let _monitor = Node1Monitor::start(&host);
 
     // Both pages pass Prometheus' own lint.
     let start = Instant::now();

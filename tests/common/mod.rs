@@ -321,3 +321,29 @@ pub fn job_field(job: &str, key: &str) -> String {
         .trim()
         .to_string()
 }
+
+/// carma-monitor for the first node while alive (the second node's runs
+/// always); on drop the node's admission count is set back to its
+/// configured 160.
+pub struct Node1Monitor(std::process::Child, String);
+
+impl Node1Monitor {
+    pub fn start(host: &str) -> Node1Monitor {
+        let child = std::process::Command::new("carma-monitor")
+            .args(["--config", "/etc/slurm/carma.yaml"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("carma-monitor");
+        Node1Monitor(child, host.to_string())
+    }
+}
+
+impl Drop for Node1Monitor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let gres = "Gres=gpu:4,shard:32,carmamem:160";
+        let _ = root(&["scontrol", "update", &format!("NodeName={}", self.1), gres], 20);
+    }
+}
