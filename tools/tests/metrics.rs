@@ -1,6 +1,9 @@
 //! carma-monitor's metrics endpoint, on the NVML stand-in: what it serves
 //! matches `carma status`, and hostile clients (slow senders, a huge
-//! request, many connections) neither stall sampling nor the endpoint.
+//! request, many connections) neither stall sampling nor the endpoint. The
+//! monitor names a Slurm node that does not exist (`monitor.slurm_node`):
+//! the host's test cluster may be up, and its node's admission count is not
+//! this test's to set.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -71,7 +74,7 @@ fn node(tag: &str) -> Node {
         dir.join("carma.yaml"),
         format!(
             "gpu_source: {{nvml: {{library: {d}/libnvidia-ml.so.1}}}}\nstate_dir: {d}/state\nlog_file: {d}/carma.log\n\
-             monitor: {{published: true, interval: 200ms, stale_after: 5s, metrics: '127.0.0.1:{port}'}}\nmonitor_window: 2s\n",
+             monitor: {{published: true, interval: 200ms, stale_after: 5s, metrics: '127.0.0.1:{port}', slurm_node: carma-test-no-such-node}}\nmonitor_window: 2s\n",
             d = dir.display()
         ),
     )

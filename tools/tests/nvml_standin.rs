@@ -3,7 +3,9 @@
 //! NVML stand-in, as on a GPU node: `carma` and `carma-monitor` load
 //! nvml-standin's libnvidia-ml.so.1 named by carma.yaml. Each test is its
 //! own node: a directory with the library, its GPU description, carma.yaml
-//! and state.
+//! and state. Their monitors name a Slurm node that does not exist
+//! (`monitor.slurm_node`): the host's test cluster may be up, and its node's
+//! admission count is not theirs to set.
 
 use carma_placement::source::SimulatedGpus;
 use std::io::{Read, Write};
@@ -267,7 +269,7 @@ fn the_monitor_publishes_gpm_sm_activity_of_the_h100_profile_within_one_window()
             "standin:\n  profile: h100\n  replay: {{file: {}, gpus: {{0: timeslice/mobilenetv3_32+resnet18_32}}}}\n",
             csv.display()
         ),
-        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off}\nmonitor_window: 2s\n",
+        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off, slurm_node: carma-test-no-such-node}\nmonitor_window: 2s\n",
     );
     let mut procs = sleepers(1);
     node.sim().allocate(procs[0].id(), &[1], 4096, 0.3, 0.5, false).unwrap().unwrap();
@@ -319,7 +321,7 @@ fn without_gpm_the_a100_profile_reads_sm_activity_from_dcgm_exporter() {
         &gpus,
         "standin: {profile: a100}\n",
         &format!(
-            "monitor: {{published: true, interval: 200ms, stale_after: 5s, metrics: off, dcgm_exporter: 'http://127.0.0.1:{port}/metrics'}}\nmonitor_window: 2s\n"
+            "monitor: {{published: true, interval: 200ms, stale_after: 5s, metrics: off, slurm_node: carma-test-no-such-node, dcgm_exporter: 'http://127.0.0.1:{port}/metrics'}}\nmonitor_window: 2s\n"
         ),
     );
     let m = node.monitor();
@@ -335,7 +337,7 @@ fn without_gpm_the_a100_profile_reads_sm_activity_from_dcgm_exporter() {
         "a100plain",
         &gpus,
         "standin: {profile: a100}\n",
-        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off}\nmonitor_window: 2s\n",
+        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off, slurm_node: carma-test-no-such-node}\nmonitor_window: 2s\n",
     );
     let m = plain.monitor();
     let p = plain.published(3);
@@ -352,7 +354,7 @@ fn a_light_pair_replayed_from_the_h100_passes_the_sm_cap_and_fails_the_busy_cap(
         "light",
         &["{index: 0, uuid: GPU-aaaa, memory_total: 80G, memory_used: 3G}"],
         &format!("standin:\n  replay: {{file: {}, gpus: {{0: timeslice/tiny_mlp+tiny_mlp}}}}\n", csv.display()),
-        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off}\nmonitor_window: 2s\n",
+        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off, slurm_node: carma-test-no-such-node}\nmonitor_window: 2s\n",
     );
     let m = node.monitor();
     let g = node.published(3)["gpus"][0].clone();
