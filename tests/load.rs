@@ -103,10 +103,11 @@ fn rounds_of_64_jobs_keep_every_invariant() {
     let drained = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
     assert!(!drained.contains("drain"), "{drained}");
     if let Some(seen) = scraped {
-        // Jobs of 2-3 s, scraped every second: each was seen while it held
-        // its reservation (a few may fall between two scrapes).
+        // Jobs of 2-3 s, sampled by the monitor every second and scraped
+        // every second: most are seen while they hold their reservation,
+        // some fall between (117 of 128 seen on an idle 2-core machine).
         let missed: Vec<&String> = all_ids.iter().filter(|id| !seen.contains(*id)).collect();
-        assert!(missed.len() * 10 <= all_ids.len(), "{} of {} jobs never reached Prometheus: {missed:?}", missed.len(), all_ids.len());
+        assert!(missed.len() * 4 <= all_ids.len(), "{} of {} jobs never reached Prometheus: {missed:?}", missed.len(), all_ids.len());
         report("metrics", &format!("Prometheus scraped {} of {} load jobs' reservations from carma-monitor", all_ids.len() - missed.len(), all_ids.len()));
     }
     report(
