@@ -119,7 +119,6 @@ fn an_estimated_job_asks_for_its_estimate_and_headroom() {
     assert!(text.contains(&format!("estimate={mib}M source=layers")), "{text}");
 }
 
-
 /// The node's admission count as slurmctld has it.
 fn count(node: &str) -> u64 {
     let r = root(&["scontrol", "show", "node", "-o", node], 20).ok();

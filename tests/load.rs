@@ -107,8 +107,20 @@ fn rounds_of_64_jobs_keep_every_invariant() {
         // every second: most are seen while they hold their reservation,
         // some fall between (117 of 128 seen on an idle 2-core machine).
         let missed: Vec<&String> = all_ids.iter().filter(|id| !seen.contains(*id)).collect();
-        assert!(missed.len() * 4 <= all_ids.len(), "{} of {} jobs never reached Prometheus: {missed:?}", missed.len(), all_ids.len());
-        report("metrics", &format!("Prometheus scraped {} of {} load jobs' reservations from carma-monitor", all_ids.len() - missed.len(), all_ids.len()));
+        assert!(
+            missed.len() * 4 <= all_ids.len(),
+            "{} of {} jobs never reached Prometheus: {missed:?}",
+            missed.len(),
+            all_ids.len()
+        );
+        report(
+            "metrics",
+            &format!(
+                "Prometheus scraped {} of {} load jobs' reservations from carma-monitor",
+                all_ids.len() - missed.len(),
+                all_ids.len()
+            ),
+        );
     }
     report(
         "load",
@@ -136,5 +148,12 @@ fn scraped_jobs() -> Option<Vec<String>> {
     let r = root(&["curl", "-s", "--max-time", "10", "-G", url, "--data-urlencode", &format!("query={q}")], 20).ok();
     let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("Prometheus answers JSON");
     assert_eq!(v["status"], "success", "{}", r.stdout);
-    Some(v["data"]["result"].as_array().unwrap().iter().filter_map(|s| s["metric"]["jobid"].as_str().map(String::from)).collect())
+    Some(
+        v["data"]["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["metric"]["jobid"].as_str().map(String::from))
+            .collect(),
+    )
 }

@@ -106,6 +106,9 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     // The metrics endpoint serves the page rendered after each sample.
     let page = crate::http::Page::default();
     let mut stats = crate::metrics::MonitorStats::default();
+    // The last publication: on a failed read the page is rendered again
+    // from it, so the error count and the age show while reads fail.
+    let mut last: Option<Published> = None;
     if let (Some(addr), false) = (cfg.monitor.metrics, once) {
         match crate::http::serve(addr, page.clone(), log) {
             Ok(bound) => log(&format!("carma-monitor: metrics at http://{bound}/metrics")),
@@ -139,10 +142,14 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
                 if let Ok(st) = placer.state() {
                     page.set(crate::metrics::render(&node, &p, &st, &stats));
                 }
+                last = Some(p);
             }
             Err(e) => {
                 stats.read_errors += 1;
                 note(&mut last_error, Some(format!("cannot read the GPUs: {e}")), log);
+                if let (Some(p), Ok(st)) = (&last, placer.state()) {
+                    page.set(crate::metrics::render(&node, p, &st, &stats));
+                }
             }
         }
         if once {

@@ -157,6 +157,34 @@ fn the_page_matches_carma_status_and_only_get_metrics_is_served() {
 }
 
 #[test]
+fn failed_reads_show_on_the_page_while_they_fail() {
+    let n = node("errors");
+    let page = get(n.port, "/metrics").unwrap().1;
+    assert_eq!(value(&page, "carma_monitor_read_errors_total"), 0.0);
+    // Every process list now outgrows its buffer: each read fails.
+    let text = std::fs::read_to_string(n.dir.join("sim-gpus.yaml")).unwrap();
+    let tmp = n.dir.join(".faulty");
+    std::fs::write(&tmp, format!("{text}standin: {{faults: {{process_race: {{extra: 8, times: 1000000}}}}}}\n"))
+        .unwrap();
+    std::fs::rename(&tmp, n.dir.join("sim-gpus.yaml")).unwrap();
+    // A process, so that NVML has a list to copy.
+    let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
+    let entry = format!("{{\"pid\":{},\"gpus\":[{{\"index\":1,\"used_mib\":100,\"sm\":0.1}}]}}", holder.id());
+    std::fs::write(n.dir.join(format!("procs/{}.json", holder.id())), entry).unwrap();
+    let start = Instant::now();
+    loop {
+        let page = get(n.port, "/metrics").unwrap().1;
+        if value(&page, "carma_monitor_read_errors_total") >= 2.0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "read errors never shown:\n{page}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+#[test]
 fn slow_huge_and_many_clients_stall_neither_sampling_nor_the_endpoint() {
     let n = node("hostile");
     // A huge request is refused once it passes 8 KiB.
