@@ -151,6 +151,17 @@ pub struct MonitorConfig {
 /// loopback only (a Prometheus on the node, or a tunnel/proxy, reads it).
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9402";
 
+impl MonitorConfig {
+    /// This node's name in Slurm: `slurm_node`, else the short host name
+    /// (Slurm's default node name).
+    pub fn node_name(&self) -> String {
+        self.slurm_node.clone().unwrap_or_else(|| {
+            let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            name.trim().split('.').next().unwrap_or("").to_string()
+        })
+    }
+}
+
 /// A plain-HTTP endpoint, `http://HOST:PORT/PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpEndpoint {

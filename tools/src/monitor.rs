@@ -68,12 +68,6 @@ impl Window {
     }
 }
 
-/// The short host name: Slurm's default node name.
-fn short_hostname() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    name.trim().split('.').next().unwrap_or("").to_string()
-}
-
 /// Samples and publishes until `stop` is set (or once). Errors reading the
 /// GPUs are logged when they change and sampling goes on: meanwhile the
 /// publication ages, and placement falls back to direct reads once it is
@@ -98,7 +92,7 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     // has the admission GRES: docs/admission.md), kept by a thread of its
     // own: scontrol waits up to 10 s on an unreachable slurmctld, which
     // must not delay sampling.
-    let node = cfg.monitor.slurm_node.clone().unwrap_or_else(short_hostname);
+    let node = cfg.monitor.node_name();
     let admissible: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
     if !once {
         spawn_admission(node.clone(), cfg.monitor.admission_interval, admissible.clone(), log);

@@ -311,7 +311,7 @@ fn cuda_devices(count: usize, node_indices: &str) -> String {
 /// The job's record in its AdminComment (crate::record): the decision
 /// without its moment's readings, and the peak its processes were seen at.
 fn record_job(cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Reservation) {
-    let node = cfg.monitor.slurm_node.clone().unwrap_or_else(short_hostname);
+    let node = cfg.monitor.node_name();
     let kept: Vec<&str> = d
         .summary
         .split_whitespace()
@@ -322,12 +322,6 @@ fn record_job(cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Res
     if let Err(e) = crate::record::write(r.job, &node, &entry) {
         log::error(&format!("job {}: record not written to AdminComment: {e}", r.job));
     }
-}
-
-/// The short host name (Slurm's default node name).
-fn short_hostname() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    name.trim().split('.').next().unwrap_or("").to_string()
 }
 
 /// Releases the step's hold; failures are logged only (garbage collection
