@@ -31,12 +31,12 @@ fn carma_logs() -> String {
 #[test]
 fn a_job_that_fits_only_on_the_empty_node_is_sent_there() {
     require_cluster();
-    wait_released();
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     // Node 1's four 40G GPUs each hold a 36G CARMA job: 4 x 38 GiB of its
     // 160 admitted (36G + 2G headroom each); node 2 is empty.
     let holders: Vec<String> =
         (0..4).map(|_| submit(&["-p", "wide", "-w", &host, "--carma-mem=36G"], "sleep 120").0).collect();
+    let _cancel = Cancel(holders.clone());
     wait_reservations(4);
     for h in &holders {
         assert!(field(h, "TresPerNode").contains("carmamem:38"), "{h}: {}", field(h, "TresPerNode"));
@@ -63,7 +63,6 @@ fn a_job_that_fits_only_on_the_empty_node_is_sent_there() {
 #[test]
 fn a_burst_of_mixed_jobs_over_two_nodes_never_fails_for_no_fit() {
     require_cluster();
-    wait_released();
     // 32 jobs of 6 to 22G (the GPUs hold 40G each): more than both nodes
     // hold at once, so Slurm queues what does not fit anywhere.
     let sizes = [6, 10, 14, 18, 22];
@@ -137,7 +136,6 @@ fn wait_count(node: &str, want: u64) {
 #[test]
 fn gpus_taken_whole_leave_the_count_and_the_next_job_goes_elsewhere() {
     require_cluster();
-    wait_released();
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     let _monitor = Node1Monitor::start(&host);
     wait_count(&host, 160);
@@ -145,6 +143,7 @@ fn gpus_taken_whole_leave_the_count_and_the_next_job_goes_elsewhere() {
     // monitor withdraws their 80 GiB from the node's count.
     let whole: Vec<String> =
         (0..2).map(|_| submit(&["-p", "wide", "-w", &host, "--gres=gpu:1"], "sleep 120").0).collect();
+    let _cancel = Cancel(whole.clone());
     wait_count(&host, 80);
     // Three 36G CARMA jobs (38 GiB each): at most two fit node 1's 80, the
     // rest are sent to node 2. Counting shards alone, Slurm would have put all

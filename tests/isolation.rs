@@ -44,13 +44,13 @@ fn plain_whole_gpu_and_carma_steps_open_exactly_their_gpus() {
 #[test]
 fn a_carma_placement_away_from_slurms_shard_opens_its_gpu_and_not_the_shards() {
     require_cluster();
-    // GPU 0 nearly full: 36G of 40G held by a CARMA job with a shard on it.
+    // GPU 0 nearly full: 36G of 40G held by a CARMA job with a shard on it
+    // (first fit on the idle node puts it on GPU 0).
     let holder = script(&unique("holder"), "sleep 120");
-    let id = user(&["sbatch", "--parsable", "-p", "debug", "--gres=shard:1", "--carma-mem=36G", &holder], 30)
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
+    let args =
+        ["sbatch", "--parsable", "-p", "debug", "--gres=shard:1", "--carma-mem=36G", "--carma-policy=ff", &holder];
+    let id = user(&args, 30).ok().stdout.trim().to_string();
+    let _cancel = Cancel(vec![id.clone()]);
     wait_reservations(1);
     // Slurm gives the next shard job GPU 0's shard again (the first GPU
     // with shards free); CARMA cannot fit 4G + headroom there.

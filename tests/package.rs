@@ -69,7 +69,6 @@ fn the_cluster_runs_the_packaged_plugin_built_for_its_slurm_series() {
 #[test]
 fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     require_cluster();
-    wait_released();
     let installed = dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]);
     let name = unique("upgrade");
     let up = work_dir().join(format!("{name}.up"));

@@ -175,7 +175,7 @@ fn gpus_slurm_gave_whole_are_never_collocation_targets() {
     // A job without CARMA holds GPU 0 whole through Slurm's gres.
     let hold =
         thread::spawn(|| user(&["srun", "--gres=gpu:1", "bash", "-c", "echo GPU=$SLURM_STEP_GPUS; sleep 6"], 60));
-    wait_reservations(1); // the prolog's record of the GPU Slurm gave whole
+    wait_slurm_whole(1);
     let r = user(&["srun", "--carma-policy=ff", "--carma-mem=1G", "printenv", "SLURM_STEP_GPUS"], 60).ok();
     let held = hold.join().unwrap().ok();
     let held_gpu = held.stdout.trim().trim_start_matches("GPU=").to_string();

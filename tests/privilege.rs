@@ -122,7 +122,6 @@ fn no_production_code_spawns_a_shell() {
 #[test]
 fn an_understated_estimate_cannot_crowd_out_other_jobs() {
     require_cluster();
-    wait_released();
     // A job declares 1 GiB but takes 30 GiB of its GPU.
     let liar = std::thread::spawn(|| {
         sbatch_wait(

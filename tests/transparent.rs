@@ -104,7 +104,6 @@ const TRAIN: &str =
 #[test]
 fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is_recovered_and_learns() {
     require_cluster();
-    wait_released();
     let status = root(&["carma", "status"], 20).ok().stdout;
     assert!(status.contains("transparent collocation: partition:shared (policy magm, default 14336 MiB)"), "{status}");
     let train = script(&unique("train"), TRAIN);
@@ -175,7 +174,6 @@ fn unchanged_gpu_jobs_in_a_scope_share_gpus_and_one_that_outgrows_its_default_is
 #[test]
 fn the_same_jobs_outside_every_scope_get_whole_gpus() {
     require_cluster();
-    wait_released();
     let body = "echo \"DECISION ${CARMA_DECISION:-none}\"\necho \"GPUS $CUDA_VISIBLE_DEVICES\"\ncarma-fakejob --mem 12G --seconds 4";
     let train = script(&unique("whole"), body);
     let jobs: Vec<(String, String)> =
@@ -202,14 +200,14 @@ fn the_same_jobs_outside_every_scope_get_whole_gpus() {
 #[test]
 fn opting_out_with_exclusive_keeps_a_whole_gpu_in_the_scope() {
     require_cluster();
-    wait_released();
     let body =
         "echo \"DECISION $CARMA_DECISION\"\necho \"JOBGPUS ${SLURM_JOB_GPUS:-}\"\ncarma-fakejob --mem 2G --seconds 6";
     let s = script(&unique("optout"), body);
     let (id, out) = submit(&["-p", "shared", "--gres=gpu:1", "--carma-policy=exclusive"], "optout", &s);
     assert_eq!(tres(&id), "gres:gpu:1");
     assert!(!field(&id, "Comment").contains("carma"));
-    wait_reservations(1);
+    // Its GPU stays Slurm's: the prolog's whole-GPU record is what it holds.
+    wait_slurm_whole(1);
     // A transparent job placed meanwhile does not share its GPU.
     let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:1"], &[], "echo \"DECISION $CARMA_DECISION\"", 60);
     assert_eq!(r.code, 0, "{text}");
@@ -225,7 +223,6 @@ fn opting_out_with_exclusive_keeps_a_whole_gpu_in_the_scope() {
 #[test]
 fn multi_gpu_multi_node_and_srun_jobs_get_a_decision_on_every_node() {
     require_cluster();
-    wait_released();
     // Two nodes, one GPU each: every node decides for its own part.
     let body = "srun bash -c 'echo \"STEP $SLURMD_NODENAME $CARMA_DECISION\"'";
     let (r, text) = sbatch_wait(&["-p", "multi", "-N", "2", "--gres=gpu:1"], &[], body, 90);

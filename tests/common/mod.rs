@@ -128,7 +128,10 @@ pub fn jobs_named(name: &str) -> Vec<String> {
     r.stdout.lines().map(str::to_string).collect()
 }
 
-/// Fails the test early with a clear message if the cluster is not up.
+/// Fails the test early with a clear message if the cluster is not up, and
+/// waits until the jobs of the test (or suite) before have let go of their
+/// GPUs: slurmstepd releases a reservation after sbatch and srun have
+/// returned, and a test that expects empty GPUs would otherwise see them.
 pub fn require_cluster() {
     let r = root(&["sinfo", "-h", "-o", "%T"], 10);
     assert!(
@@ -136,22 +139,52 @@ pub fn require_cluster() {
         "the local Slurm cluster is not running: start it with `sudo tests/cluster.sh start`\n{}",
         r.stderr
     );
+    wait_released();
 }
 
-/// Waits (at most 60 s) until CARMA's node state holds at least `n`
-/// reservations, i.e. that many jobs have been placed.
+/// Cancels the jobs when dropped, so a test that fails while its jobs still
+/// run does not leave them holding GPUs for the tests after it.
+pub struct Cancel(pub Vec<String>);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            let mut args = vec!["scancel"];
+            args.extend(self.0.iter().map(String::as_str));
+            let _ = root(&args, 20);
+        }
+    }
+}
+
+/// Waits (at most 60 s) until CARMA has placed at least `n` jobs on the
+/// node. The prolog's record of the GPUs Slurm gave a job is not a
+/// placement: a shard job's stands only until its step is placed, and a
+/// test that went on at that record raced the placement it waited for.
 pub fn wait_reservations(n: usize) {
+    wait_holding(n, "carma");
+}
+
+/// Waits (at most 60 s) until the prologs have recorded at least `n` jobs
+/// holding GPUs Slurm gave them whole.
+pub fn wait_slurm_whole(n: usize) {
+    wait_holding(n, "slurm_whole");
+}
+
+fn wait_holding(n: usize, holding: &str) {
     let start = std::time::Instant::now();
     loop {
         let r = root(&["carma", "status", "--json"], 20);
         let count = serde_json::from_str::<serde_json::Value>(&r.stdout)
             .ok()
-            .and_then(|v| v["reservations"].as_array().map(Vec::len))
+            .and_then(|v| v["reservations"].as_array().map(|a| a.iter().filter(|r| r["holding"] == holding).count()))
             .unwrap_or(0);
         if count >= n {
             return;
         }
-        assert!(start.elapsed() < std::time::Duration::from_secs(60), "only {count} of {n} jobs placed after 60 s");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "only {count} of {n} jobs held ({holding}) after 60 s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
