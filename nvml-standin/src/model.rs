@@ -299,21 +299,19 @@ pub fn with_gpus<T>(call: Call, gpu: Option<u32>, f: impl FnOnce(&[Gpu], &mut Lo
     }
     let mut guard = lock(&STATE);
     let state = guard.as_mut().ok_or(code::UNINITIALIZED)?;
-    let fresh = state.snapshot.as_ref().is_some_and(|(t, _)| t.elapsed() < Duration::from_millis(20));
-    if !fresh {
-        let gpus = state.desc.gpus();
-        state.snapshot = Some((Instant::now(), gpus));
-    }
-    let gpus = state.snapshot.as_ref().map(|(_, g)| g.clone()).unwrap_or_default();
-    if let Some(i) = gpu {
-        if i as usize >= gpus.len() {
-            return Err(code::INVALID_ARGUMENT);
-        }
-        if state.desc.faults.lost.contains(&i) {
-            return Err(code::GPU_IS_LOST);
-        }
-    }
-    Ok(f(&gpus, state))
+    // The snapshot is lent to `f` (taken out of the state `f` also gets)
+    // and put back, rather than copied on every call.
+    let (taken, gpus) = match state.snapshot.take() {
+        Some((t, g)) if t.elapsed() < Duration::from_millis(20) => (t, g),
+        _ => (Instant::now(), state.desc.gpus()),
+    };
+    let out = match gpu {
+        Some(i) if i as usize >= gpus.len() => Err(code::INVALID_ARGUMENT),
+        Some(i) if state.desc.faults.lost.contains(&i) => Err(code::GPU_IS_LOST),
+        _ => Ok(f(&gpus, state)),
+    };
+    state.snapshot = Some((taken, gpus));
+    out
 }
 
 impl Loaded {

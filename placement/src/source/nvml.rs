@@ -15,7 +15,7 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MIB: u64 = 1024 * 1024;
@@ -31,8 +31,14 @@ pub struct NvmlSource {
     log: fn(&str),
 }
 
-/// The library this process loaded, and where it came from.
-static NVML: std::sync::OnceLock<(Nvml, Option<PathBuf>)> = std::sync::OnceLock::new();
+/// The library this process loaded (once: NVML is initialised per process).
+static NVML: std::sync::OnceLock<Nvml> = std::sync::OnceLock::new();
+
+/// Why a GPU gave no reading: lost (left out, with a log line), or an error.
+enum Miss {
+    Lost,
+    Failed(SourceError),
+}
 
 /// How often a process list is asked for again when it grew between
 /// NVML's count and its copy (each try leaves room for 5 more).
@@ -47,14 +53,14 @@ impl NvmlSource {
             SourceError(format!("NVML unavailable{from} ({e}); is the NVIDIA driver installed and loaded?"))
         };
         let nvml = match NVML.get() {
-            Some((n, _)) => n,
+            Some(n) => n,
             None => {
                 let n = match library {
                     Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
                     None => Nvml::init(),
                 }
                 .map_err(unavailable)?;
-                &NVML.get_or_init(|| (n, library.map(Path::to_path_buf))).0
+                NVML.get_or_init(|| n)
             }
         };
         Ok(NvmlSource { nvml, window, gpm: None, lost: BTreeSet::new(), log })
@@ -100,20 +106,23 @@ impl NvmlSource {
 
     /// One GPU's reading; `Ok(None)` if the driver says the GPU is lost.
     fn read_one(&mut self, index: u32, since_us: u64) -> Result<Option<GpuReading>, SourceError> {
-        let err = |what: &str, e: NvmlError| SourceError(format!("NVML {what} of GPU {index}: {e}"));
-        let lost = |e: &NvmlError| matches!(e, NvmlError::GpuLost);
-        let dev = match self.nvml.device_by_index(index) {
-            Err(e) if lost(&e) => return Ok(None),
-            other => other.map_err(|e| err("device", e))?,
+        match self.read_present(index, since_us) {
+            Ok(r) => Ok(Some(r)),
+            Err(Miss::Lost) => Ok(None),
+            Err(Miss::Failed(e)) => Err(e),
+        }
+    }
+
+    fn read_present(&mut self, index: u32, since_us: u64) -> Result<GpuReading, Miss> {
+        let miss = |what: &'static str| {
+            move |e: NvmlError| match e {
+                NvmlError::GpuLost => Miss::Lost,
+                e => Miss::Failed(SourceError(format!("NVML {what} of GPU {index}: {e}"))),
+            }
         };
-        let mem = match dev.memory_info() {
-            Err(e) if lost(&e) => return Ok(None),
-            other => other.map_err(|e| err("memory info", e))?,
-        };
-        let processes = match Self::processes(&dev) {
-            Err(e) if lost(&e) => return Ok(None),
-            other => other.map_err(|e| err("processes", e))?,
-        };
+        let dev = self.nvml.device_by_index(index).map_err(miss("device"))?;
+        let mem = dev.memory_info().map_err(miss("memory info"))?;
+        let processes = Self::processes(&dev).map_err(miss("processes"))?;
         // Windowed busy time (utilization.gpu: the share of time any
         // kernel ran); the instantaneous rate only if the driver keeps
         // no samples for this device.
@@ -133,7 +142,7 @@ impl NvmlSource {
         // An MPS server runs as a compute process of its GPU, as the
         // user it serves.
         let mps_uid = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid));
-        Ok(Some(GpuReading {
+        Ok(GpuReading {
             index,
             uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
             total_mib: mem.total / MIB,
@@ -144,7 +153,7 @@ impl NvmlSource {
             power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
             mps_uid,
             sm_occupancy,
-        }))
+        })
     }
 
     /// SM activity and occupancy of device `index` since its last sample,
