@@ -54,3 +54,30 @@ fn a_site_note_in_admin_comment_survives_and_plain_jobs_get_no_record() {
     let plain = r.stdout.split_whitespace().last().unwrap_or_default().to_string();
     assert_eq!(admin_comment_as_user(&plain), "", "a job CARMA did not place has no record");
 }
+
+#[test]
+fn jobs_srun_started_get_their_record_from_every_node() {
+    require_cluster();
+    // srun ends such a job as soon as its tasks are reported, so the
+    // record is written before that (task_exit), from each node at once.
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let mut missing = Vec::new();
+    // One task per node ends on both nodes at the same moment, and their
+    // writes meet (without the read-back, one of the two entries was lost
+    // in 30 of 30 such jobs); two per node check the last task writes it.
+    for tasks in ["2", "2", "2", "4", "4"] {
+        let name = unique("recsrun");
+        let r = user(&["srun", "-J", &name, "-p", "multi", "-N", "2", "-n", tasks, "--carma-mem=1G", "true"], 60);
+        r.ok();
+        let job = jobs_named(&name).pop().unwrap_or_else(|| panic!("no job named {name}"));
+        let record = admin_comment_as_user(&job);
+        for node in [host.clone(), node2()] {
+            let entries = record.matches(&format!("carma@{node}: ")).count();
+            if entries != 1 || !record.contains("estimate=1024M") {
+                missing.push(format!("job {job}: {entries} entries of {node} in {record:?}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+    report("record", "5 two-node srun jobs (1 and 2 tasks per node): each has one record entry per node");
+}

@@ -50,6 +50,13 @@ pub fn task_post_fork(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     }
 }
 
+pub fn task_exit(sp: &Spank, _args: &[String]) -> Result<(), Error> {
+    match context() {
+        Context::Remote => ctx::remote::task_exit(sp),
+        _ => Ok(()),
+    }
+}
+
 pub fn exit(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     match context() {
         Context::Remote => ctx::remote::exit(sp),

@@ -79,6 +79,7 @@ hook!(slurm_spank_init, "init", dispatch::init);
 hook!(slurm_spank_init_post_opt, "init_post_opt", dispatch::init_post_opt);
 hook!(slurm_spank_task_init, "task_init", dispatch::task_init);
 hook!(slurm_spank_task_post_fork, "task_post_fork", dispatch::task_post_fork);
+hook!(slurm_spank_task_exit, "task_exit", dispatch::task_exit);
 hook!(slurm_spank_exit, "exit", dispatch::exit);
 hook!(slurm_spank_job_prolog, "job_prolog", dispatch::job_prolog);
 hook!(slurm_spank_job_epilog, "job_epilog", dispatch::job_epilog);

@@ -2,13 +2,13 @@
 //! source, observed peak and recovery, in the job's AdminComment, where
 //! `scontrol show job` shows it while Slurm keeps the job (MinJobAge) and
 //! `sacct -o AdminComment` for good where slurmdbd stores jobs. Written by
-//! the step that releases the job's last hold on a node (slurmstepd, as
-//! root, while the job still runs: slurmctld refuses updates to finished
-//! jobs). Other text in AdminComment is kept; each node's entry
+//! the step that holds the job's GPUs last on a node, when its last task
+//! there exits (slurmstepd, as root, while the job still runs: slurmctld
+//! refuses updates to finished jobs). Other text in AdminComment is kept; each node's entry
 //! (`carma@NODE: ...`) replaces that node's earlier one, entries joined by
 //! ` | `. scontrol runs with fixed arguments, no shell, bounded in time.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SCONTROL_TIME: Duration = Duration::from_secs(5);
 /// AdminComment is free text; a record of many nodes stays readable.
@@ -33,19 +33,64 @@ pub fn merge(existing: &str, node: &str, entry: &str) -> String {
     parts.join(SEP)
 }
 
-fn scontrol(args: &[&str]) -> Result<String, String> {
-    carma_placement::command::run("scontrol", args, SCONTROL_TIME)
+/// Whole-write bound: the step's end waits for it (see `remote::task_exit`).
+const TOTAL_TIME: Duration = Duration::from_secs(10);
+
+fn scontrol(args: &[&str], deadline: Instant) -> Result<String, String> {
+    let left = deadline.saturating_duration_since(Instant::now()).min(SCONTROL_TIME);
+    if left.is_zero() {
+        return Err(format!("scontrol {}: out of time ({} s for the record)", args.join(" "), TOTAL_TIME.as_secs()));
+    }
+    carma_placement::command::run("scontrol", args, left)
 }
 
-/// Writes `entry` as `node`'s part of the job's AdminComment.
-pub fn write(job: u32, node: &str, entry: &str) -> Result<(), String> {
-    let job = job.to_string();
-    let shown = scontrol(&["show", "job", &job])?;
-    let existing =
-        shown.lines().find_map(|l| l.trim_start().strip_prefix("AdminComment=")).map(str::trim_end).unwrap_or("");
-    let merged = merge(existing, node, entry);
-    scontrol(&["update", &format!("jobid={job}"), &format!("admincomment={merged}")]).map(|_| ())
+fn admin_comment(job: &str, deadline: Instant) -> Result<String, String> {
+    let shown = scontrol(&["show", "job", job], deadline)?;
+    Ok(shown
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("AdminComment="))
+        .map(str::trim_end)
+        .unwrap_or("")
+        .to_string())
 }
+
+/// Writes `entry` as `node`'s part of the job's AdminComment. AdminComment
+/// is read, merged and written back, which is not atomic: the nodes of a
+/// job that ends everywhere at once write together, and the last write
+/// would drop the others' entries. So each write is read back, and written
+/// again (after a pause that differs per process) while the entry is
+/// missing. A job on one node has no other writer but the site's: its
+/// entry is written once, without the pause.
+pub fn write(job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
+    let job = job.to_string();
+    let deadline = Instant::now() + TOTAL_TIME;
+    let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
+    let mut existing = admin_comment(&job, deadline)?;
+    if one_node {
+        let merged = merge(&existing, node, entry);
+        return scontrol(&["update", &format!("jobid={job}"), &format!("admincomment={merged}")], deadline).map(|_| ());
+    }
+    for attempt in 0..TRIES {
+        if attempt > 0 {
+            std::thread::sleep(pause * attempt);
+            existing = admin_comment(&job, deadline)?;
+            if existing.split(SEP).any(|p| p.trim() == entry) {
+                return Ok(());
+            }
+        }
+        let merged = merge(&existing, node, entry);
+        scontrol(&["update", &format!("jobid={job}"), &format!("admincomment={merged}")], deadline)?;
+    }
+    let now = admin_comment(&job, deadline)?;
+    if now.split(SEP).any(|p| p.trim() == entry) {
+        Ok(())
+    } else {
+        Err(format!("written {TRIES} times, overwritten each time by another node's update"))
+    }
+}
+
+/// How often a node writes its entry before it gives up.
+const TRIES: u32 = 4;
 
 #[cfg(test)]
 mod tests {

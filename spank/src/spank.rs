@@ -85,6 +85,8 @@ pub enum Item {
     JobUid,
     /// The task's pid (`pid_t*`, 32 bits): in task_post_fork.
     TaskPid,
+    /// How many tasks of the step run on this node (`uint32_t*`).
+    LocalTaskCount,
 }
 
 /// The handle Slurm passes to each hook.
@@ -108,6 +110,7 @@ impl Spank {
             Item::StepId => S_JOB_STEPID,
             Item::JobUid => S_JOB_UID,
             Item::TaskPid => S_TASK_PID,
+            Item::LocalTaskCount => S_JOB_LOCAL_TASK_COUNT,
         };
         let mut value: u32 = 0;
         // SAFETY: each of these items writes one 32-bit value through the pointer.

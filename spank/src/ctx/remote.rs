@@ -5,8 +5,9 @@
 //! copies the decision into the task's environment; `task_post_fork` (in
 //! slurmstepd, root, once the task plugin has constrained the task's
 //! cgroups and before the task execs) lets the task open its placement's
-//! GPUs and no other (`carma_placement::devices`); `exit` (root again)
-//! releases the step's hold on its GPUs.
+//! GPUs and no other (`carma_placement::devices`); `task_exit` (root, as
+//! each task ends) writes the job's record; `exit` (root again) releases
+//! the step's hold on its GPUs.
 
 use super::transparent;
 use crate::error::{Context as _, Error};
@@ -17,6 +18,7 @@ use carma_config::{Config, JobRequest};
 use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
 use carma_placement::{Placer, StepRef, jobfiles};
 use once_cell::sync::OnceCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
@@ -310,7 +312,9 @@ fn cuda_devices(count: usize, node_indices: &str) -> String {
 
 /// The job's record in its AdminComment (crate::record): the decision
 /// without its moment's readings, and the peak its processes were seen at.
-fn record_job(cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Reservation) {
+/// Writes the job's record (see [`crate::record`]); false if it could not.
+fn record_job(sp: &Spank, cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Reservation) -> bool {
+    let one_node = sp.getenv("SLURM_JOB_NUM_NODES").ok().flatten().is_some_and(|n| n.trim() == "1");
     let node = cfg.monitor.node_name();
     let kept: Vec<&str> = d
         .summary
@@ -319,14 +323,51 @@ fn record_job(cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Res
         .collect();
     let peak = if r.observed_mib > 0 { format!("{}M", r.observed_mib) } else { "unseen".into() };
     let entry = format!("carma@{node}: {} peak={peak}", kept.join(" "));
-    if let Err(e) = crate::record::write(r.job, &node, &entry) {
-        log::error(&format!("job {}: record not written to AdminComment: {e}", r.job));
+    match crate::record::write(r.job, &node, &entry, one_node) {
+        Ok(()) => true,
+        Err(e) => {
+            log::error(&format!("job {}: record not written to AdminComment: {e}", r.job));
+            false
+        }
     }
+}
+
+/// Tasks of this step that have exited on this node.
+static TASKS_EXITED: AtomicU32 = AtomicU32::new(0);
+/// The job's record was written by this slurmstepd.
+static RECORDED: AtomicBool = AtomicBool::new(false);
+
+/// Once the step's last task on this node has exited, and before
+/// slurmstepd reports the exits to srun: writes the job's record if this
+/// step is the job's last hold on the node. `exit` comes too late for a
+/// job srun started, since srun ends the job as soon as its tasks are
+/// reported and slurmctld then refuses the update ("Job has already
+/// finished", on every such job). Never fails; costs the step's end a few
+/// scontrol calls, bounded in time.
+pub fn task_exit(sp: &Spank) -> Result<(), Error> {
+    let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
+    let exited = TASKS_EXITED.fetch_add(1, Ordering::SeqCst) + 1;
+    if exited < sp.item_u32(Item::LocalTaskCount).unwrap_or(1) {
+        return Ok(());
+    }
+    let record = || -> Result<(), Error> {
+        let cfg = options::config()?;
+        let st = Placer::from_config(cfg, log::event).context("record")?.state().context("record")?;
+        // Another step still holding the job's GPUs here writes it instead.
+        if let Some(r) = st.job(d.step.job).filter(|r| r.holders == [d.step.holder]) {
+            RECORDED.store(record_job(sp, cfg, d, r), Ordering::SeqCst);
+        }
+        Ok(())
+    };
+    if let Err(e) = record() {
+        log::error(&format!("task_exit: {e}"));
+    }
+    Ok(())
 }
 
 /// Releases the step's hold; failures are logged only (garbage collection
 /// reclaims the reservation once this slurmstepd is gone).
-pub fn exit(_sp: &Spank) -> Result<(), Error> {
+pub fn exit(sp: &Spank) -> Result<(), Error> {
     let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
     let release = || -> Result<(), Error> {
         let placer = Placer::from_config(options::config()?, log::event).context("release")?;
@@ -337,7 +378,11 @@ pub fn exit(_sp: &Spank) -> Result<(), Error> {
                 d.step_name,
                 carma_placement::index_list(&r.gpus)
             ));
-            record_job(options::config()?, d, &r);
+            // Written at the last task's exit where this step was the last
+            // hold then; else now (a batch job is still running here).
+            if !RECORDED.load(Ordering::SeqCst) {
+                record_job(sp, options::config()?, d, &r);
+            }
         }
         Ok(())
     };
