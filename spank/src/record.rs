@@ -4,9 +4,10 @@
 //! `sacct -o AdminComment` for good where slurmdbd stores jobs. Written by
 //! the step that holds the job's GPUs last on a node, when its last task
 //! there exits (slurmstepd, as root, while the job still runs: slurmctld
-//! refuses updates to finished jobs). Other text in AdminComment is kept; each node's entry
-//! (`carma@NODE: ...`) replaces that node's earlier one, entries joined by
-//! ` | `. scontrol runs with fixed arguments, no shell, bounded in time.
+//! refuses updates to finished jobs). Other text in AdminComment is kept;
+//! each node's entry (`carma@NODE: ...`) replaces that node's earlier one,
+//! entries joined by ` | `. scontrol runs with fixed arguments, no shell,
+//! bounded in time.
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,8 @@ pub fn merge(existing: &str, node: &str, entry: &str) -> String {
 
 /// Whole-write bound: the step's end waits for it (see `remote::task_exit`).
 const TOTAL_TIME: Duration = Duration::from_secs(10);
+/// How often a node writes its entry before it gives up.
+const TRIES: u32 = 4;
 
 fn scontrol(args: &[&str], deadline: Instant) -> Result<String, String> {
     let left = deadline.saturating_duration_since(Instant::now()).min(SCONTROL_TIME);
@@ -88,9 +91,6 @@ pub fn write(job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), St
         Err(format!("written {TRIES} times, overwritten each time by another node's update"))
     }
 }
-
-/// How often a node writes its entry before it gives up.
-const TRIES: u32 = 4;
 
 #[cfg(test)]
 mod tests {

@@ -310,9 +310,9 @@ fn cuda_devices(count: usize, node_indices: &str) -> String {
     }
 }
 
-/// The job's record in its AdminComment (crate::record): the decision
-/// without its moment's readings, and the peak its processes were seen at.
-/// Writes the job's record (see [`crate::record`]); false if it could not.
+/// Writes the job's record in its AdminComment (crate::record): the
+/// decision without its moment's readings, and the peak its processes were
+/// seen at. False if it could not (logged).
 fn record_job(sp: &Spank, cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Reservation) -> bool {
     let one_node = sp.getenv("SLURM_JOB_NUM_NODES").ok().flatten().is_some_and(|n| n.trim() == "1");
     let node = cfg.monitor.node_name();
