@@ -69,27 +69,19 @@ pub fn write(job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), St
     let deadline = Instant::now() + TOTAL_TIME;
     let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
     let mut existing = admin_comment(&job, deadline)?;
-    if one_node {
-        let merged = merge(&existing, node, entry);
-        return scontrol(&["update", &format!("jobid={job}"), &format!("admincomment={merged}")], deadline).map(|_| ());
-    }
-    for attempt in 0..TRIES {
-        if attempt > 0 {
-            std::thread::sleep(pause * attempt);
-            existing = admin_comment(&job, deadline)?;
-            if existing.split(SEP).any(|p| p.trim() == entry) {
-                return Ok(());
-            }
-        }
+    for attempt in 1..=TRIES {
         let merged = merge(&existing, node, entry);
         scontrol(&["update", &format!("jobid={job}"), &format!("admincomment={merged}")], deadline)?;
+        if one_node {
+            return Ok(());
+        }
+        std::thread::sleep(pause * attempt);
+        existing = admin_comment(&job, deadline)?;
+        if existing.split(SEP).any(|p| p.trim() == entry) {
+            return Ok(());
+        }
     }
-    let now = admin_comment(&job, deadline)?;
-    if now.split(SEP).any(|p| p.trim() == entry) {
-        Ok(())
-    } else {
-        Err(format!("written {TRIES} times, overwritten each time by another node's update"))
-    }
+    Err(format!("written {TRIES} times, overwritten each time by another node's update"))
 }
 
 #[cfg(test)]

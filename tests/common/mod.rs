@@ -170,14 +170,20 @@ pub fn wait_slurm_whole(n: usize) {
     wait_holding(n, "slurm_whole");
 }
 
+/// The node's reservations from `carma status --json` (`None` if it did
+/// not answer), and its whole output for messages.
+fn reservations() -> (Option<Vec<serde_json::Value>>, String) {
+    let r = root(&["carma", "status", "--json"], 20);
+    let list = serde_json::from_str::<serde_json::Value>(&r.stdout)
+        .ok()
+        .and_then(|mut v| v["reservations"].as_array_mut().map(std::mem::take));
+    (list, r.stdout)
+}
+
 fn wait_holding(n: usize, holding: &str) {
     let start = std::time::Instant::now();
     loop {
-        let r = root(&["carma", "status", "--json"], 20);
-        let count = serde_json::from_str::<serde_json::Value>(&r.stdout)
-            .ok()
-            .and_then(|v| v["reservations"].as_array().map(|a| a.iter().filter(|r| r["holding"] == holding).count()))
-            .unwrap_or(0);
+        let count = reservations().0.map_or(0, |a| a.iter().filter(|r| r["holding"] == holding).count());
         if count >= n {
             return;
         }
@@ -194,18 +200,11 @@ fn wait_holding(n: usize, holding: &str) {
 pub fn wait_released() {
     let start = std::time::Instant::now();
     loop {
-        let r = root(&["carma", "status", "--json"], 20);
-        let count = serde_json::from_str::<serde_json::Value>(&r.stdout)
-            .ok()
-            .and_then(|v| v["reservations"].as_array().map(Vec::len));
-        if count == Some(0) {
+        let (list, shown) = reservations();
+        if list.is_some_and(|l| l.is_empty()) {
             return;
         }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "reservations still held after 30 s: {}",
-            r.stdout
-        );
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "reservations still held after 30 s: {shown}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
