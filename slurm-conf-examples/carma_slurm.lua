@@ -31,14 +31,18 @@ GPUs per task or socket; `--cpus-per-gpu`, `--mem-per-gpu`,
 a scope by `scontrol update` (Slurm refuses to turn its gpu into shard).
 A pending job given GPUs by `scontrol update` in a scope is rewritten.
 
-The scopes come from `carma transparent-scopes` (the same carma.yaml the
-nodes read), run at most every `refresh` seconds; when that fails the last
-good list stays in force (at first: none, so nothing is rewritten), with a
-line in slurmctld's log.
+The scopes come from the file `carma transparent-scopes --output
+/etc/slurm/carma-scopes` writes from carma.yaml (run it on the controller
+after every change to carma.yaml's `transparent:` or `admission:`), read
+at most every `refresh` seconds. slurmctld runs job_submit under its locks,
+so this script starts no process and runs no shell: it only reads that
+file. When the file cannot be read or is incomplete, the last good list
+stays in force (at first: none, so nothing is rewritten), with a line in
+slurmctld's log.
 --]]
 
 local carma = {
-	command = "/usr/bin/carma transparent-scopes --config /etc/slurm/carma.yaml 2>&1",
+	scopes_file = "/etc/slurm/carma-scopes",
 	refresh = 60,
 	-- The Slurm series the package was built for (written by build-deb.sh).
 	series_file = "/usr/share/carma-slurm/slurm-series",
@@ -89,16 +93,17 @@ local function current_scopes()
 		return scopes or {}
 	end
 	loaded_at = now
-	local pipe = io.popen(carma.command)
-	local text = pipe and pipe:read("*a") or ""
-	if pipe then
-		pipe:close()
+	local f, err = io.open(carma.scopes_file, "r")
+	-- The file is a few lines; read no more than 64 KiB of anything else.
+	local text = f and f:read(65536) or ""
+	if f then
+		f:close()
 	end
 	local list, admit = parse(text)
 	if list == nil then
-		local why = string.gsub(text, "\n", " ")
-		log_error("cannot read the transparent scopes (%s): %s; keeping %d scope(s)", carma.command, why,
-			scopes and #scopes or 0)
+		local why = err or "incomplete (no 'end' line)"
+		log_error("cannot read the transparent scopes from %s: %s; keeping %d scope(s) (fix: carma transparent-scopes --config /etc/slurm/carma.yaml --output %s)",
+			carma.scopes_file, why, scopes and #scopes or 0, carma.scopes_file)
 	else
 		if scopes == nil or #list ~= #scopes then
 			log_info("%d transparent scope(s) in force", #list)

@@ -377,6 +377,8 @@ start() {
     stop
     write_config
     install_carma
+    # The scopes slurmctld's job_submit.lua reads (it runs no command).
+    /usr/bin/carma transparent-scopes --config /etc/slurm/carma.yaml --output /etc/slurm/carma-scopes
     start_munge
     slurmctld -c
     slurmd -N "$NODE"

@@ -106,6 +106,12 @@ fn no_production_code_spawns_a_shell() {
                         "Command::new(\"/bin/sh\")",
                         "libc::system",
                         "\"-c\"",
+                        // Slurm's commands go through the one bounded runner
+                        // (placement/src/command.rs), never an unbounded output().
+                        "Command::new(\"scontrol\")",
+                        "Command::new(\"squeue\")",
+                        // Fields a user cannot write, never a job's text.
+                        "JobState=",
                     ] {
                         if code.contains(bad) {
                             offenders.push(format!("{}: {bad}", p.display()));
@@ -115,8 +121,24 @@ fn no_production_code_spawns_a_shell() {
             }
         }
     }
+    // slurmctld runs job_submit under its locks: its Lua starts no process
+    // (io.popen and os.execute both go through `sh -c`).
+    let mut luas = 0;
+    for e in std::fs::read_dir(root_dir.join("slurm-conf-examples")).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "lua") {
+            luas += 1;
+            let text = std::fs::read_to_string(&p).unwrap();
+            for bad in ["io.popen", "os.execute", "io.lines(\"|"] {
+                if text.lines().any(|l| !l.trim_start().starts_with("--") && l.contains(bad)) {
+                    offenders.push(format!("{}: {bad}", p.display()));
+                }
+            }
+        }
+    }
+    assert!(luas >= 3, "expected carma_slurm.lua, job_submit.lua and cli_filter.lua, read {luas} Lua files");
     assert!(offenders.is_empty(), "{offenders:?}");
-    report("privilege", "no production source spawns a shell or passes user strings to one");
+    report("privilege", "no production source (Rust or slurmctld's Lua) spawns a shell or passes user strings to one");
 }
 
 #[test]

@@ -81,3 +81,67 @@ fn jobs_srun_started_get_their_record_from_every_node() {
     assert!(missing.is_empty(), "{missing:#?}");
     report("record", "5 two-node srun jobs (1 and 2 tasks per node): each has one record entry per node");
 }
+
+/// The job's AdminComment alone, as bytes (squeue prints that one field).
+fn admin_comment_bytes(job: &str) -> Vec<u8> {
+    let out = std::process::Command::new("squeue")
+        .args(["-h", "-t", "all", "-j", job, "-O", "admin_comment:0"])
+        .output()
+        .expect("squeue");
+    let mut b = out.stdout;
+    if b.last() == Some(&b'\n') {
+        b.pop();
+    }
+    b
+}
+
+#[test]
+fn text_the_user_chose_never_reaches_admin_comment_and_the_sites_bytes_stay() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    require_cluster();
+    // A job name and working directory with a newline and a forged
+    // `AdminComment=` line (they come before AdminComment in `scontrol show
+    // job`), and bytes that are not UTF-8.
+    let name = unique("recforge");
+    let dir = work_dir().join(format!("{name}\nAdminComment=forged-by-dir"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::process::Command::new("chown").arg(USER).arg(&dir).status().unwrap();
+    let path = script(&name, "sleep 4");
+    let out = work_dir().join(format!("{name}.out"));
+    let job_name = OsString::from_vec([name.as_bytes(), b"\xff\nAdminComment=forged-by-user"].concat());
+    let run = std::process::Command::new("runuser")
+        .args(["-u", USER, "--", "sbatch", "--parsable", "--carma-mem=1G", "-J"])
+        .arg(&job_name)
+        .arg("-D")
+        .arg(&dir)
+        .arg("-o")
+        .arg(&out)
+        .arg(&path)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    let job = String::from_utf8_lossy(&run.stdout).trim().to_string();
+    assert!(!job.is_empty(), "sbatch: {}", String::from_utf8_lossy(&run.stderr));
+    // The site's own note, not UTF-8 and on two lines, set while the job runs.
+    let site = b"jobstats: \xfe\xff ok\nsecond line".to_vec();
+    let mut arg = b"admincomment=".to_vec();
+    arg.extend_from_slice(&site);
+    let set = std::process::Command::new("scontrol")
+        .args(["update", &format!("jobid={job}")])
+        .arg(OsString::from_vec(arg))
+        .status()
+        .unwrap();
+    assert!(set.success());
+    assert_eq!(admin_comment_bytes(&job), site, "the site's note as set");
+    wait_completed(&job);
+    let record = admin_comment_bytes(&job);
+    let text = String::from_utf8_lossy(&record);
+    assert!(record.starts_with(&[site.as_slice(), b" | carma@"].concat()), "the site's bytes were not kept: {text:?}");
+    assert!(text.contains("estimate=1024M") && !text.contains("forged"), "{text:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    report(
+        "hostile",
+        "a job named and run in a directory with a newline, a forged AdminComment= line and non-UTF-8 bytes: its record holds none of it, and the site's non-UTF-8 two-line note is kept byte for byte",
+    );
+}

@@ -25,10 +25,26 @@ assertions held. A failing test writes nothing and fails the run.
 HEAD
     section load "Load"
     section fault "Faults injected and survived"
-    section hostile "Hostile input refused at submit time, nothing submitted, nothing echoed"
+    section hostile "Hostile input refused at submit time, or kept out of what root writes"
     section privilege "Privilege"
     section fuzz "Fuzzing, time-boxed, corpus in fuzz/corpus"
     cat <<'TAIL'
+
+## Threat model
+
+CARMA's root parts (the plugin in slurmstepd, the prolog/epilog, carma-monitor, slurmctld's Lua)
+act on what three parties can write. What each can write, what CARMA trusts of it, and the test
+that shows it:
+
+| Who | Can write | CARMA trusts | Shown by |
+|---|---|---|---|
+| User (submits, owns the job's processes and files) | `--carma-*` values, model files, job name, working directory, command, `--comment`, `CARMA_ESTIMATE` (srun/sbatch run as the user), its processes' titles (argv) and environment | option values only after parsing (one-line error, nothing submitted); files it names are read with its own uid and groups, bounded, no FIFO or device; nothing of its text reaches a root-written record or a Slurm query parsed as text | hostile-input lines above; privilege: /etc/shadow link; `tests/record.rs` (newline, forged `AdminComment=` and non-UTF-8 bytes in job name and working directory never reach AdminComment); `placement/src/procs.rs` (a user process titled `slurmstepd: [JOB.0]` of an ended job keeps nothing) |
+| Job (the user's processes on the node) | GPU memory it allocates, its output file, files in user-writable directories (links, FIFOs planted where root writes) | live GPU readings (never the job's own word for its use); its output only read as the job's user; no root write follows a link, opens a FIFO, or blocks | privilege: understated estimate, root-owned state; `placement/src/jobfiles.rs`, `placement/src/eventlog.rs` (planted link or FIFO: not written through, no wait) |
+| Admin (root, SlurmUser) | carma.yaml, plugstack.conf, slurm.conf, gres.conf, the NVML library, `/etc/slurm/carma-scopes`, AdminComment | these, once root has checked that no other user could have written them: carma.yaml, the NVML library and the log file it names (and every directory above them) must be root-owned and not group/other-writable, or the plugin refuses with one line naming the path and the `chown`/`chmod` fix; the state directory likewise (faults: world-writable state directory). The log says which carma.yaml was read, or that none was found (defaults; configless Slurm does not send carma.yaml: install it on every node) | `config/src/file.rs` (root refuses a user-writable carma.yaml, library or log file); `config/src/ownership.rs` |
+| Slurm (slurmctld, slurmd) | job and step facts, AdminComment, job state | fields read one at a time (`squeue -O admin_comment:0`, `squeue -o %T`), as bytes where they may hold any byte, through the one bounded runner (`placement/src/command.rs`); a slurmstepd is a process of real uid 0 titled `slurmstepd: [JOB.`, never the title alone | `placement/src/command.rs` (non-UTF-8 output is an error, never ""); privilege: no shell, no unbounded `scontrol`/`squeue` call, no `JobState=` text, no process started from slurmctld's Lua |
+
+slurmctld's job_submit Lua starts no process: it reads the scopes from `/etc/slurm/carma-scopes`
+(written by `carma transparent-scopes --output`), since slurmctld runs it under its locks.
 
 ## Do the tests catch broken invariants?
 

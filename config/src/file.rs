@@ -480,21 +480,51 @@ struct RawConfig {
 impl Config {
     /// Reads and validates `path`. A missing file gives the documented
     /// defaults; any other problem is an error naming the key.
+    ///
+    /// Run as root, it refuses a carma.yaml (or a directory above it) that
+    /// a non-root user could write, and likewise the NVML library and the
+    /// log file it names: root loads the one and appends to the other.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let err = |message: String| ConfigError { path: path.to_path_buf(), key: String::new(), message };
+        Config::load_noted(path).map(|(c, _)| c)
+    }
+
+    /// [`Config::load`], and one line for the log saying which file was
+    /// read, or that none was found and the defaults are in force.
+    pub fn load_noted(path: &Path) -> Result<(Config, String), ConfigError> {
+        let err = |key: &str, message: String| ConfigError { path: path.to_path_buf(), key: key.into(), message };
+        let root = crate::ownership::running_as_root();
+        if root && let Some(why) = crate::ownership::writable_by_others(path) {
+            return Err(err("", why));
+        }
         let file = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Config { path: path.to_path_buf(), ..Config::default() });
+                let note = format!(
+                    "config {}: not found, built-in defaults in force (install carma.yaml at this path on every node: configless Slurm does not send it; or name it with config= in plugstack.conf)",
+                    path.display()
+                );
+                return Ok((Config { path: path.to_path_buf(), ..Config::default() }, note));
             }
-            Err(e) => return Err(err(format!("cannot open: {e}"))),
+            Err(e) => return Err(err("", format!("cannot open: {e}"))),
         };
         let mut text = String::new();
-        file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text).map_err(|e| err(format!("cannot read: {e}")))?;
+        file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text).map_err(|e| err("", format!("cannot read: {e}")))?;
         if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
+            return Err(err("", format!("larger than {MAX_CONFIG_BYTES} bytes")));
         }
-        Config::parse(&text, path)
+        let c = Config::parse(&text, path)?;
+        if root {
+            let library = match &c.gpu_source {
+                GpuSource::Nvml { library: Some(l) } => Some(("gpu_source.nvml.library", l)),
+                _ => None,
+            };
+            for (key, p) in library.into_iter().chain(c.log_file.as_ref().map(|l| ("log_file", l))) {
+                if let Some(why) = crate::ownership::writable_by_others(p) {
+                    return Err(err(key, why));
+                }
+            }
+        }
+        Ok((c, format!("config {}: loaded ({} bytes)", path.display(), text.len())))
     }
 
     /// Parses and validates YAML text; `path` is only used in messages.
@@ -868,6 +898,54 @@ mod tests {
         assert_eq!(parse("").unwrap().activity_metric, ActivityMetric::Sm);
         let e = parse("activity_metric: utilization\n").unwrap_err().to_string();
         assert!(e.contains("activity_metric: unknown metric 'utilization'") && e.contains("sm (SM activity)"), "{e}");
+    }
+
+    /// Root refuses a carma.yaml, NVML library or log file a user could
+    /// write, in one line naming the path and the fix; it says which file
+    /// it read, or that there was none.
+    #[test]
+    fn root_refuses_files_users_could_write() {
+        if !crate::ownership::running_as_root() {
+            return println!("not root: the check applies to root only; skipped");
+        }
+        let dir = |base: &str| {
+            let d = PathBuf::from(format!("{base}/carma-cfgtest-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            d
+        };
+        let (good, open) = (dir("/run"), dir("/tmp"));
+        let write = |p: &Path, text: &str| std::fs::write(p, text).unwrap();
+        // Under /tmp (sticky, world-writable), even a root-owned 0644 file.
+        write(&open.join("carma.yaml"), "");
+        let e = Config::load(&open.join("carma.yaml")).unwrap_err().to_string();
+        assert!(e.contains("/tmp is writable by every user") && e.contains("chmod go-w") && !e.contains('\n'), "{e}");
+        let f = good.join("carma.yaml");
+        write(&f, &format!("log_file: {}/carma.log\n", open.display()));
+        let e = Config::load(&f).unwrap_err().to_string();
+        assert!(e.contains("log_file: /tmp is writable by every user"), "{e}");
+        write(&f, &format!("gpu_source: {{nvml: {{library: {}/libnvidia-ml.so.1}}}}\n", open.display()));
+        let e = Config::load(&f).unwrap_err().to_string();
+        assert!(e.contains("gpu_source.nvml.library: /tmp is writable by every user"), "{e}");
+        // The file itself, writable by its group.
+        write(&f, "");
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o664)).unwrap();
+        std::os::unix::fs::chown(&f, None, Some(100)).unwrap();
+        let e = Config::load(&f).unwrap_err().to_string();
+        assert!(e.contains("carma.yaml is writable by group 100"), "{e}");
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        write(&f, &format!("log_file: {}/log/carma.log\n", good.display()));
+        let (_, note) = Config::load_noted(&f).unwrap();
+        assert_eq!(
+            note,
+            format!("config {}: loaded (48 bytes)", f.display())
+                .replace("48", &std::fs::metadata(&f).unwrap().len().to_string())
+        );
+        let (_, note) = Config::load_noted(&good.join("missing.yaml")).unwrap();
+        assert!(note.contains("not found, built-in defaults in force") && note.contains("configless"), "{note}");
+        let _ = std::fs::remove_dir_all(&good);
+        let _ = std::fs::remove_dir_all(&open);
     }
 
     #[test]

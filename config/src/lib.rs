@@ -10,6 +10,7 @@ mod activity;
 mod digest;
 mod file;
 mod options;
+pub mod ownership;
 mod plugstack;
 mod policy;
 mod scope;

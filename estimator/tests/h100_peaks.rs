@@ -52,12 +52,37 @@ fn cases() -> Vec<Case> {
     out
 }
 
+/// Rows of data/h100/training-peaks.csv and the cases they give (a row
+/// gives one case per model file of it in data/h100/models): a missing or
+/// renamed file fails the test instead of shrinking it.
+const ROWS: usize = 52;
+const CASES: usize = 72;
+
 #[test]
 fn every_row_covered_and_tight_per_kind_and_precision() {
     let dir = data().join("h100/models");
+    let rows = csv("h100/training-peaks.csv").len();
+    let cases = cases();
+    println!("{rows} rows, {} cases", cases.len());
+    assert_eq!(rows, ROWS, "rows of h100/training-peaks.csv");
+    // Every row is estimated from at least one of its files, and every file is used.
+    for r in csv("h100/training-peaks.csv") {
+        let batch = num(&r, "batch_size") as u64;
+        assert!(
+            cases.iter().any(|c| c.model == r["model"] && c.batch == batch),
+            "row {} batch {batch}: no model file in {}",
+            r["model"],
+            dir.display()
+        );
+    }
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        assert!(cases.iter().any(|c| c.file == name), "{name} in {} is in no case", dir.display());
+    }
+    assert_eq!(cases.len(), CASES, "cases run (rows x their model files)");
     let mut ratios: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
     let mut under = Vec::new();
-    for c in cases() {
+    for c in cases {
         let mut s = Settings { runtime_mib: RUNTIME_MIB, seq_len: c.seq, ..Settings::default() };
         s.precision = carma_config::Precision::parse(c.precision).unwrap();
         let bytes = read_bounded_bytes(&dir.join(&c.file)).unwrap();

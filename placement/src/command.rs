@@ -1,6 +1,7 @@
 //! Slurm's commands (scontrol, squeue) run by CARMA's root parts: fixed
 //! arguments, never a shell, bounded in time and in what is read back.
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,9 +11,22 @@ const MAX_OUTPUT: u64 = 1 << 20;
 
 /// Runs `prog args`, killed after `timeout`; its standard output on
 /// success, else one line with its standard error. Output is read while
-/// it runs, so a full pipe cannot hold it up.
+/// it runs, so a full pipe cannot hold it up. Output that is not UTF-8 is
+/// an error, never silently empty (see [`run_bytes`] for raw bytes).
 pub fn run(prog: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
-    let what = || format!("{prog} {}", args.join(" "));
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let out = run_bytes(prog, &args, timeout)?;
+    String::from_utf8(out).map_err(|_| format!("{} printed output that is not UTF-8", describe(prog, &args)))
+}
+
+fn describe(prog: &str, args: &[&OsStr]) -> String {
+    let args: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
+    format!("{prog} {}", args.join(" "))
+}
+
+/// [`run`] with arguments and output as bytes: for fields (and values
+/// written back) that may hold any byte.
+pub fn run_bytes(prog: &str, args: &[&OsStr], timeout: Duration) -> Result<Vec<u8>, String> {
     let mut child = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())
@@ -22,11 +36,11 @@ pub fn run(prog: &str, args: &[&str], timeout: Duration) -> Result<String, Strin
         .map_err(|e| format!("cannot run {prog}: {e}"))?;
     let reader = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
-            let mut text = String::new();
+            let mut bytes = Vec::new();
             if let Some(p) = pipe {
-                let _ = p.take(MAX_OUTPUT).read_to_string(&mut text);
+                let _ = p.take(MAX_OUTPUT).read_to_end(&mut bytes);
             }
-            text
+            bytes
         })
     };
     let out = reader(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
@@ -39,7 +53,7 @@ pub fn run(prog: &str, args: &[&str], timeout: Duration) -> Result<String, Strin
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{} timed out after {} s", what(), timeout.as_secs_f64()));
+                return Err(format!("{} timed out after {} s", describe(prog, args), timeout.as_secs_f64()));
             }
         }
     };
@@ -47,7 +61,8 @@ pub fn run(prog: &str, args: &[&str], timeout: Duration) -> Result<String, Strin
     if status.success() {
         Ok(out)
     } else {
-        Err(format!("{} failed ({status}): {}", what(), err.trim().replace('\n', " ")))
+        let err = String::from_utf8_lossy(&err);
+        Err(format!("{} failed ({status}): {}", describe(prog, args), err.trim().replace('\n', " ")))
     }
 }
 
@@ -68,5 +83,9 @@ mod tests {
         let big = run("head", &["-c", "300000", "/dev/zero"], s).unwrap();
         assert_eq!(big.len(), 300000);
         assert!(run("no-such-command-carma", &[], s).unwrap_err().contains("cannot run"));
+        // Bytes that are not UTF-8: an error from run (never ""), kept by run_bytes.
+        let e = run("printf", &["a\\377b"], s).unwrap_err();
+        assert!(e.contains("not UTF-8"), "{e}");
+        assert_eq!(run_bytes("printf", &[OsStr::new("a\\377b")], s).unwrap(), b"a\xffb");
     }
 }

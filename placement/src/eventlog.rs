@@ -3,7 +3,6 @@
 
 use once_cell::sync::OnceCell;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -43,17 +42,15 @@ pub fn record(log_file: Option<&Path>, msg: &str) {
     }
 }
 
+/// Appends one line. The directory is created (0755) if missing; carma.yaml
+/// is refused when a user could write it (config's ownership check), and a
+/// link or FIFO planted at the file is refused without blocking.
 fn append(path: &Path, msg: &str) {
     if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir);
     }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path);
-    if let Ok(mut f) = file {
+    if let Ok(mut f) = crate::fsutil::open_append(path) {
         let _ = writeln!(f, "{} carma[{}]: {msg}", rfc3339_utc(SystemTime::now()), std::process::id());
     }
 }
@@ -85,6 +82,31 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 mod tests {
     use super::rfc3339_utc;
     use std::time::{Duration, UNIX_EPOCH};
+
+    /// A FIFO (or a link) planted as the log file neither blocks the
+    /// writer (slurmstepd) nor is written through.
+    #[test]
+    fn a_planted_fifo_or_link_is_refused_at_once() {
+        let d = crate::test_support::TempDir::new();
+        let fifo = d.0.join("carma.log");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || {
+            super::record(Some(&f), "one line");
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(3)).expect("logging to a FIFO blocked");
+        let victim = d.0.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let link = d.0.join("link.log");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        super::record(Some(&link), "one line");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        let plain = d.0.join("sub/carma.log");
+        super::record(Some(&plain), "one line");
+        assert!(std::fs::read_to_string(&plain).unwrap().ends_with("one line\n"));
+    }
 
     #[test]
     fn timestamps_match_gnu_date() {

@@ -46,6 +46,58 @@ pub fn open_for_write(path: &Path, truncate: bool) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Replaces `path` with `bytes` (mode 0644), atomically: a new temp file
+/// beside it (exclusive create, so never through a symlink or into a FIFO
+/// someone planted), fsync, rename over `path`, fsync of the directory.
+/// Every file CARMA's root parts write whole goes through here.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other(format!("{}: no file name", path.display())))?;
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&tmp)
+    };
+    // A temp file of ours left by a killed process of the same pid (or
+    // anything planted under its name) is removed, never opened.
+    let mut f = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp)?;
+            create()?
+        }
+        r => r?,
+    };
+    let done = f.write_all(bytes).and_then(|_| f.sync_all()).and_then(|_| std::fs::rename(&tmp, path));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(dir)?.sync_all()
+}
+
+/// Opens `path` to append a line, creating it with mode 0644: never
+/// through a symlink, and a FIFO or device planted there is refused
+/// without blocking (O_NONBLOCK: opening a FIFO would wait for a reader).
+pub fn open_append(path: &Path) -> std::io::Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!("{}: not a regular file", path.display())));
+    }
+    Ok(f)
+}
+
 /// Opens an existing file of the state directory for reading and writing,
 /// never through a symlink.
 pub fn open_existing_rw(path: &Path) -> std::io::Result<File> {

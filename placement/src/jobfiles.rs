@@ -9,7 +9,6 @@
 //! again, and S_SLURM_RESTART_COUNT reads 0 in a requeued batch step.
 
 use carma_config::RecoveryMode;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// How a requeued job is to be rerun.
@@ -32,20 +31,14 @@ fn transparent_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("transparent-{job}"))
 }
 
-/// Writes atomically (temp file, fsync, rename).
+/// Root writes these in a directory users cannot write; still, no planted
+/// link or FIFO is ever followed (see fsutil::write_atomic).
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::fsutil::write_atomic(path, text.as_bytes())
 }
 
 fn read_small(path: &Path) -> Option<String> {
-    use std::io::Read;
-    let mut s = String::new();
-    std::fs::File::open(path).ok()?.take(256).read_to_string(&mut s).ok()?;
-    Some(s)
+    String::from_utf8(crate::fsutil::read_bounded(path, 256).ok()??).ok()
 }
 
 pub fn write_recovery(dir: &Path, job: u32, r: Recovery) -> std::io::Result<()> {
@@ -154,6 +147,23 @@ mod tests {
         assert_eq!((read_recovery(&d.0, 7), read_restarts(&d.0, 7), read_transparent(&d.0, 7)), (None, 0, None));
         std::fs::write(d.0.join("recovery-9"), "bogus").unwrap();
         assert_eq!(read_recovery(&d.0, 9), None);
+    }
+
+    /// A link planted where a job file or its temp file goes is replaced,
+    /// never written through.
+    #[test]
+    fn planted_links_are_not_written_through() {
+        let d = TempDir::new();
+        let victim = d.0.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        for name in ["recovery-7.tmp".to_string(), format!("recovery-7.tmp.{}", std::process::id())] {
+            std::os::unix::fs::symlink(&victim, d.0.join(name)).unwrap();
+        }
+        std::os::unix::fs::symlink(&victim, d.0.join("restart-7")).unwrap();
+        write_recovery(&d.0, 7, Recovery { mode: RecoveryMode::Looser, need_mib: None }).unwrap();
+        write_restarts(&d.0, 7, 3).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "written through a planted link");
+        assert_eq!((read_recovery(&d.0, 7).map(|r| r.mode), read_restarts(&d.0, 7)), (Some(RecoveryMode::Looser), 3));
     }
 
     #[test]

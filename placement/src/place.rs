@@ -53,6 +53,12 @@ impl From<SourceError> for PlaceError {
 /// Linux /proc in production; the simulator supplies its own.
 pub trait Processes: Send {
     fn alive(&self, pid: u32) -> bool;
+    /// `pid`, recorded as a holder of `job`, still is one (and is not a
+    /// reused pid).
+    fn holds(&self, job: u32, pid: u32) -> bool {
+        let _ = job;
+        self.alive(pid)
+    }
     /// The job still has a step on this node.
     fn job_running(&self, job: u32) -> bool;
     fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32>;
@@ -71,6 +77,9 @@ pub struct LinuxProcesses;
 impl Processes for LinuxProcesses {
     fn alive(&self, pid: u32) -> bool {
         procs::alive(pid)
+    }
+    fn holds(&self, job: u32, pid: u32) -> bool {
+        procs::stepd_of(job, pid)
     }
     fn job_running(&self, job: u32) -> bool {
         procs::job_has_stepd(job)
@@ -231,7 +240,9 @@ impl Placer {
         if periodic && let Some(q) = self.store.slots() {
             q.reclaim(&alive);
         }
-        for r in st.collect_garbage(alive, |job| self.processes.job_running(job)) {
+        // A holder counts only while it is still a slurmstepd of its job.
+        let holds = |job: u32, pid: u32| alive(pid) && self.processes.holds(job, pid);
+        for r in st.collect_garbage(holds, |job| self.processes.job_running(job)) {
             let gpus = crate::gpu::index_list(&r.gpus);
             (self.log)(&format!("released job {} from gpu_indices={gpus}: its steps are gone", r.job));
         }

@@ -165,15 +165,17 @@ impl NodeState {
         self.reservations.iter_mut().find(|r| r.job == job)
     }
 
-    /// Drops dead holders, then reservations left without any whose job no
+    /// Drops holders that no longer hold their job (`holds(job, pid)`:
+    /// dead, or a reused pid), then reservations left without any whose job no
     /// longer runs on this node; returns the released reservations.
     pub fn collect_garbage(
         &mut self,
-        alive: impl Fn(u32) -> bool,
+        holds: impl Fn(u32, u32) -> bool,
         job_running: impl Fn(u32) -> bool,
     ) -> Vec<Reservation> {
         for r in &mut self.reservations {
-            r.holders.retain(|&pid| alive(pid));
+            let job = r.job;
+            r.holders.retain(|&pid| holds(job, pid));
         }
         let (keep, gone) = std::mem::take(&mut self.reservations)
             .into_iter()
@@ -692,7 +694,7 @@ mod tests {
         };
         st.reservations.push(Reservation { holders: vec![], ..res(4, 0) });
         st.reservations.push(Reservation { holders: vec![], ..res(5, 0) });
-        let gone = st.collect_garbage(|pid| pid != 20 && pid != 30, |job| job == 4);
+        let gone = st.collect_garbage(|_, pid| pid != 20 && pid != 30, |job| job == 4);
         assert_eq!(gone.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2, 5], "job 4 still runs");
         assert_eq!(st.job(3).unwrap().holders, vec![31]);
         assert!(st.release_holder(1, 99).is_none(), "unknown holder must not release");

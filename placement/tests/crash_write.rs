@@ -46,7 +46,9 @@ fn state_survives_writers_killed_mid_update() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let exe = std::env::current_exe().unwrap();
-    for i in 0..100u64 {
+    const KILLS: u64 = 100;
+    let mut checked = 0;
+    for i in 0..KILLS {
         let mut child =
             Command::new(&exe).args(["--exact", "writer_loop", "--nocapture"]).env(CHILD, &dir).spawn().unwrap();
         std::thread::sleep(Duration::from_micros(20_000 + (i * 7919) % 40_000));
@@ -58,6 +60,11 @@ fn state_survives_writers_killed_mid_update() {
         let v: serde_json::Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|e| panic!("kill {i}: torn state file ({} bytes): {e}", bytes.len()));
         assert_eq!(v["reservations"].as_array().map(Vec::len), Some(400), "kill {i}");
+        checked += 1;
     }
+    // A writer that never wrote (it failed, or every kill came first)
+    // would otherwise pass: most kills must find a state to check.
+    println!("{checked} of {KILLS} kills left a state file to check");
+    assert!(checked >= KILLS / 2, "only {checked} of {KILLS} kills found a state file: the writer is not writing");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -48,6 +48,13 @@ pub fn config() -> Result<&'static Config, Error> {
             None => None,
         };
         let path = args.unwrap_or_else(|| carma_config::DEFAULT_CONFIG_PATH.into());
-        Config::load(Path::new(&path)).map_err(Error::from)
+        let (config, note) = Config::load_noted(Path::new(&path))?;
+        // Which file root acts on, in slurmd's log; at debug level where
+        // it would reach the user's terminal (srun, sbatch).
+        match crate::spank::context() {
+            crate::spank::Context::Local | crate::spank::Context::Allocator => crate::log::debug(&note),
+            _ => crate::log::info(&note),
+        }
+        Ok(config)
     })
 }

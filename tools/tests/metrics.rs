@@ -54,7 +54,8 @@ impl Drop for Node {
 }
 
 fn node(tag: &str) -> Node {
-    let dir = std::env::temp_dir().join(format!("carma-metrics-{tag}-{}", std::process::id()));
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("carma-metrics-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for d in ["", "state", "procs"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();

@@ -44,7 +44,8 @@ impl Node {
     /// A node whose GPUs are `gpus` (YAML list entries) plus `standin`
     /// (the description's stand-in section) and `config` (carma.yaml lines).
     fn new(tag: &str, gpus: &[&str], standin: &str, config: &str) -> Node {
-        let dir = std::env::temp_dir().join(format!("carma-nvml-{tag}-{}", std::process::id()));
+        let dir =
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("carma-nvml-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("procs")).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();

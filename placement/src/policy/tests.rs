@@ -239,7 +239,7 @@ proptest! {
                 Op::Crash { job } => if job < jobs.len() {
                     let j = jobs.remove(job);
                     alive_holders.retain(|&h| h != j.0);
-                    st.collect_garbage(|h| alive_holders.contains(&h), |_| false);
+                    st.collect_garbage(|_, h| alive_holders.contains(&h), |_| false);
                 },
             }
             // Invariant: on every GPU, live use plus promises stays within

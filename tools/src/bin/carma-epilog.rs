@@ -367,9 +367,10 @@ fn prompt_restart(args: &[OsString]) -> i32 {
     };
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
-        let out = Command::new("scontrol").args(["show", "job", "-o", job]).stderr(Stdio::null()).output();
-        let pending = out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("JobState=PENDING"));
-        if pending {
+        // The state field alone (squeue %T), never `scontrol show job`'s
+        // text, where the job's name or command may say anything.
+        let state = slurm_output("squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
+        if state.is_ok_and(|s| s.trim() == "PENDING") {
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.

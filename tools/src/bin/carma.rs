@@ -3,7 +3,7 @@
 //!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
 //!   carma estimate --model FILE [--batch-size N] [--json]   the GPU memory estimate and why
 //!   carma place --dry-run [--mem SIZE] [--policy P] [--gpus N]   where a job would go now, and why not elsewhere
-//!   carma transparent-scopes [--config FILE]   the scopes job_submit.lua rewrites and admits by memory (one line each)
+//!   carma transparent-scopes [--config FILE] [--output FILE]   the scopes job_submit.lua rewrites and admits by memory (one line each; --output: the file it reads, /etc/slurm/carma-scopes)
 //!   carma simulate ...                       replay a job trace under CARMA's policies
 #![forbid(unsafe_code)]
 
@@ -18,7 +18,7 @@ use std::path::Path;
 const USAGE: &str = "usage: carma status [--json] [--config FILE]
        carma estimate --model FILE [--batch-size N] [--seq-len N] [--precision fp32|mixed|bf16] [--json] [--config FILE]
        carma place --dry-run [--mem SIZE] [--policy POLICY] [--gpus N] [--config FILE]
-       carma transparent-scopes [--config FILE]";
+       carma transparent-scopes [--config FILE] [--output FILE]";
 
 fn usage() -> String {
     format!("{USAGE}\n       {}", carma_tools::simulate::USAGE.replace('\n', "\n       "))
@@ -143,25 +143,37 @@ fn scope_json(s: &carma_config::Scope, cfg: &Config) -> serde_json::Value {
 /// tell a complete answer from a failure: a header, one line per scope,
 /// `end`.
 fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, &["config"], &[])?;
+    use std::fmt::Write;
+    let a = Args::parse(argv, &["config", "output"], &[])?;
     let cfg = config(&a)?;
-    println!("carma-transparent-scopes 1");
+    let mut text = String::from("carma-transparent-scopes 1\n");
     for s in &cfg.transparent {
         // default_mib: what admission asks for a rewritten job without an estimate.
         match s.default_mib {
-            Some(mib) => println!("{s} default_mib={mib}"),
-            None => println!("{s}"),
+            Some(mib) => writeln!(text, "{s} default_mib={mib}"),
+            None => writeln!(text, "{s}"),
         }
+        .map_err(|e| e.to_string())?;
     }
     // Admission scopes (carma.yaml admission:): the GRES and the headroom
     // job_submit.lua adds to each CARMA job's per-GPU size.
     for s in &cfg.admission {
         let line = s.to_string();
         let selectors = line.strip_prefix("scope ").unwrap_or(&line);
-        println!("admit {selectors} gres={} headroom_mib={}", carma_config::ADMISSION_GRES, cfg.headroom_mib);
+        writeln!(text, "admit {selectors} gres={} headroom_mib={}", carma_config::ADMISSION_GRES, cfg.headroom_mib)
+            .map_err(|e| e.to_string())?;
     }
-    println!("end");
-    Ok(())
+    text.push_str("end\n");
+    match a.get("output") {
+        // The file slurmctld's Lua reads (it runs no command itself).
+        Some(path) => carma_placement::fsutil::write_atomic(Path::new(path), text.as_bytes()).map_err(|e| {
+            format!("--output {path}: {e}; give a path in a directory root owns, e.g. /etc/slurm/carma-scopes")
+        }),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 /// The plugin's decision for a job like this one, on live readings and the
