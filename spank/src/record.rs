@@ -10,7 +10,7 @@
 //! bounded in time.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStringExt;
 use std::time::{Duration, Instant};
 
 const SCONTROL_TIME: Duration = Duration::from_secs(5);
