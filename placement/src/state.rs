@@ -104,6 +104,8 @@ pub struct NodeState {
     /// job's promise (`estimate_mib`), taken back when the step ends
     /// (see `decide::join`).
     pub step_parts: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// Per job, its batch step's holder, where the batch step holds.
+    pub batch_steps: BTreeMap<u32, u32>,
     /// Top-level fields a newer build wrote, kept as read.
     pub unknown: Unknown,
     /// Per job, the fields of its reservation that a newer build wrote,
@@ -137,6 +139,8 @@ mod wire {
         counters: Counters,
         #[serde(default)]
         step_parts: BTreeMap<u32, BTreeMap<u32, u64>>,
+        #[serde(default)]
+        batch_steps: BTreeMap<u32, u32>,
         #[serde(flatten)]
         unknown: Unknown,
     }
@@ -161,6 +165,8 @@ mod wire {
         counters: &'a Counters,
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         step_parts: &'a BTreeMap<u32, BTreeMap<u32, u64>>,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        batch_steps: &'a BTreeMap<u32, u32>,
         #[serde(flatten)]
         unknown: &'a Unknown,
     }
@@ -200,6 +206,7 @@ mod wire {
                 runtime_samples: w.runtime_samples,
                 counters: w.counters,
                 step_parts: w.step_parts,
+                batch_steps: w.batch_steps,
                 unknown: w.unknown,
                 unknown_per_job,
             })
@@ -222,6 +229,7 @@ mod wire {
                 runtime_samples: &self.runtime_samples,
                 counters: &self.counters,
                 step_parts: &self.step_parts,
+                batch_steps: &self.batch_steps,
                 unknown: &self.unknown,
             }
             .serialize(s)
@@ -292,6 +300,7 @@ impl Default for NodeState {
             runtime_samples: Vec::new(),
             counters: Counters::default(),
             step_parts: BTreeMap::new(),
+            batch_steps: BTreeMap::new(),
             unknown: Unknown::new(),
             unknown_per_job: BTreeMap::new(),
         }
@@ -325,6 +334,7 @@ impl NodeState {
         for r in &gone {
             self.unknown_per_job.remove(&r.job);
             self.step_parts.remove(&r.job);
+            self.batch_steps.remove(&r.job);
             self.remember(r);
         }
         gone
@@ -354,6 +364,7 @@ impl NodeState {
         let r = self.reservations.remove(i);
         self.unknown_per_job.remove(&job);
         self.step_parts.remove(&job);
+        self.batch_steps.remove(&job);
         self.remember(&r);
         Some(r)
     }
