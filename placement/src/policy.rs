@@ -50,29 +50,32 @@ impl Params {
     /// What a job placed within the window is taken to add to its GPUs'
     /// activity until the window has seen it: half the cap (its real
     /// activity is unknown until then), so that at most three jobs join
-    /// an idle GPU within one window (0, ½ and 1 cap pass; then it is
-    /// over). Like promised memory, it keeps a burst of launches from
-    /// piling onto a GPU whose readings do not show them yet.
+    /// an idle GPU at once (0, ½ and almost 1 cap pass; then it is over).
+    /// Like promised memory, it keeps a burst of launches from piling onto
+    /// a GPU whose readings do not show them yet.
     pub fn placed_activity(&self) -> f64 {
         self.cap() / 2.0
     }
 }
 
 /// The GPU's activity as the precondition sees it: the reading, plus what
-/// CARMA jobs placed on it within the window will add
-/// ([`Params::placed_activity`] each), and how many such jobs there are.
+/// CARMA jobs placed on it within the window will add, and how many such
+/// jobs there are. Each adds [`Params::placed_activity`] less the share of
+/// the window that has seen it run (a window-long mean takes a job in
+/// linearly).
 pub fn expected_activity(gpu: &GpuReading, state: &NodeState, p: &Params) -> (f64, usize) {
-    let recent = if p.window_secs == 0 {
-        0
-    } else {
-        state
-            .reservations
-            .iter()
-            .filter(|r| r.holding == Holding::Carma && !r.exclusive && r.gpus.contains(&gpu.index))
-            .filter(|r| p.now_secs.saturating_sub(r.since) < p.window_secs)
-            .count()
-    };
-    (gpu.activity(p.metric) + recent as f64 * p.placed_activity(), recent)
+    let mut recent = 0;
+    let mut pending = 0.0;
+    if p.window_secs > 0 {
+        for r in state.reservations.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive) {
+            let age = p.now_secs.saturating_sub(r.since);
+            if r.gpus.contains(&gpu.index) && age < p.window_secs {
+                recent += 1;
+                pending += p.placed_activity() * (1.0 - age as f64 / p.window_secs as f64);
+            }
+        }
+    }
+    (gpu.activity(p.metric) + pending, recent)
 }
 
 /// What a job asks for.

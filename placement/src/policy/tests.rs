@@ -401,6 +401,7 @@ fn only_recent_shared_placements_add_expected_activity() {
     st.reservations.push(Reservation { since: 995, ..carma(3, vec![1], 4096, 13) });
     let (value, recent) = expected_activity(&g, &st, &p);
     assert_eq!(recent, 1);
-    assert!((value - 0.5).abs() < 1e-9, "{value}");
+    // Half the cap, less the sixth of the window that has seen it.
+    assert!((value - (0.1 + 0.4 * 50.0 / 60.0)).abs() < 1e-9, "{value}");
     assert_eq!(expected_activity(&g, &st, &P), (0.1, 0));
 }
