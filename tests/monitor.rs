@@ -1,8 +1,8 @@
 //! carma-monitor on the real cluster. tests/cluster.sh runs it for the
 //! second node, whose carma.yaml says `monitor: {published: true,
 //! interval: 250ms, stale_after: 2s}` and `monitor_window: 2s`: placement
-//! there reads the published readings, and falls back to reading the
-//! GPUs itself (NVML, the stand-in here) when they go stale. The monitor also records
+//! there reads the published readings and never the GPUs itself: when
+//! they go stale, its CARMA steps are refused with the reason. The monitor also records
 //! placed jobs' peaks, which their history learns from.
 
 mod common;
@@ -99,25 +99,28 @@ fn the_monitor_records_peaks_that_a_jobs_next_run_learns_from() {
 }
 
 #[test]
-fn a_stopped_monitor_is_reported_and_placement_reads_the_gpus_itself() {
+fn a_stopped_monitor_is_reported_and_carma_steps_fail_closed_with_the_reason() {
     require_cluster();
     let _back = MonitorBack;
     let pid = std::fs::read_to_string(MONITOR_PID).unwrap();
     root(&["kill", pid.trim()], 10).ok();
-    let _ = std::fs::remove_file(format!("{N2_STATE}/monitor.fallback"));
+    let _ = std::fs::remove_file(format!("{N2_STATE}/monitor.stale"));
     std::thread::sleep(Duration::from_millis(2500));
     let status = root(&["carma", "status", "--config", N2_CONFIG], 20).ok().stdout;
-    assert!(status.contains("monitor: NOT USED: ") && status.contains("s old"), "{status}");
-    // Steps are still placed, on direct readings, and the log says so once.
+    assert!(status.contains("monitor: STALE: ") && status.contains("s old"), "{status}");
+    assert!(status.contains("CARMA steps are refused"), "{status}");
+    // CARMA steps are refused with the reason, never placed on a read of
+    // the driver in slurmstepd; the log says so once.
     let node = node2();
-    let r = user(
-        &["srun", "-p", "multi", "-w", &node, "--gres=shard:1", "--carma-mem=1G", "printenv", "CARMA_DECISION"],
-        60,
-    )
-    .ok();
-    assert!(r.stdout.contains("estimate=1024M source=declared"), "{}", r.stdout);
+    let r =
+        user(&["srun", "-p", "multi", "-w", &node, "--gres=shard:1", "--carma-mem=1G", "echo", "SHOULD-NOT-RUN"], 60);
+    let out = format!("{}{}", r.stdout, r.stderr);
+    assert_ne!(r.code, 0, "{out}");
+    assert!(!out.contains("SHOULD-NOT-RUN"), "{out}");
+    assert!(out.contains("readings are not usable") && out.contains("readings.json is "), "{out}");
     let log = std::fs::read_to_string(format!("/var/log/carma/carma-{node}.log")).unwrap_or_default();
-    let line = log.lines().rev().find(|l| l.contains("monitor readings not used:")).unwrap_or_default();
-    assert!(line.contains("readings.json is ") && line.contains("reading the GPUs directly"), "{line}");
-    report("monitor", "carma-monitor stopped: status reported it, placement fell back to direct readings");
+    let line = log.lines().rev().find(|l| l.contains("readings are not usable")).unwrap_or_default();
+    assert!(line.contains("CARMA steps are refused until it publishes again"), "{line}");
+    assert!(!log.contains("reading the GPUs directly"), "{log}");
+    report("monitor", "carma-monitor stopped: status says stale, CARMA steps refused with the reason, no driver read");
 }

@@ -226,6 +226,9 @@ pub struct Config {
     pub sharing: Sharing,
     pub mps: MpsConfig,
     pub gpu_source: GpuSource,
+    /// The GPUs (NVML indices) CARMA may place on: those gres.conf gives
+    /// Slurm on this node. `None`: every GPU the source reads.
+    pub gpu_indices: Option<Vec<u32>>,
     /// Root-owned directory for node-local state. Default /run/carma: on
     /// tmpfs, fast to fsync, and empty after a reboot, like the jobs it tracks.
     pub state_dir: PathBuf,
@@ -316,6 +319,7 @@ impl Default for Config {
                 log_dir: PathBuf::from("/var/log/nvidia-mps"),
             },
             gpu_source: GpuSource::Nvml { library: None },
+            gpu_indices: None,
             state_dir: PathBuf::from("/run/carma"),
             log_file: None,
             unknown_estimate: UnknownEstimate::Exclusive,
@@ -464,6 +468,7 @@ struct RawConfig {
     sharing: Option<String>,
     mps: Option<RawMps>,
     gpu_source: Option<serde_yaml::Value>,
+    gpu_indices: Option<Vec<u32>>,
     state_dir: Option<String>,
     log_file: Option<String>,
     unknown_estimate: Option<Scalar>,
@@ -639,6 +644,16 @@ impl RawConfig {
             if let Some(d) = m.log_dir {
                 c.mps.log_dir = abs_path("mps.log_dir", &d)?;
             }
+        }
+        if let Some(list) = self.gpu_indices {
+            let mut seen = std::collections::BTreeSet::new();
+            if list.is_empty() || !list.iter().all(|i| *i < 1024 && seen.insert(*i)) {
+                return Err(bad(
+                    "gpu_indices",
+                    format!("{list:?}: list each GPU index gres.conf gives Slurm once, e.g. [0, 1, 3]"),
+                ));
+            }
+            c.gpu_indices = Some(list);
         }
         if let Some(v) = self.gpu_source {
             c.gpu_source = parse_gpu_source(&v).map_err(|m| bad("gpu_source", m))?;

@@ -284,6 +284,29 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: *const c_void, index: *mut c
     })
 }
 
+/// MIG mode now and after the next reset: 1 for GPUs the `mig` fault
+/// names, else 0 (as a MIG-capable GPU with MIG off answers).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: *const c_void,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    entry(|| {
+        let i = device_index(device)?;
+        if current.is_null() || pending.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        let on = model::with_gpus(Call::DeviceCount, Some(i as u32), |_, s| s.mig(i as u32))?;
+        // SAFETY: checked non-null; the caller's integers.
+        unsafe {
+            *current = on.into();
+            *pending = on.into();
+        }
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(device: *const c_void, name: *mut c_char, length: c_uint) -> Ret {
     entry(|| {
@@ -345,6 +368,29 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
+    // SAFETY: the caller's pointers, passed on as NVML got them.
+    unsafe { process_list(device, count, infos, |g| &g.processes) }
+}
+
+/// Under MPS the compute list names the server; this one names its
+/// clients, with their memory (NVML's MPS list, same contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: *const c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> Ret {
+    // SAFETY: as above.
+    unsafe { process_list(device, count, infos, |g| &g.mps_clients) }
+}
+
+/// One of a GPU's process lists (`pick`), under NVML's contract.
+unsafe fn process_list(
+    device: *const c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+    pick: fn(&model::Gpu) -> &Vec<(u32, u64)>,
+) -> Ret {
     entry(|| {
         let i = device_index(device)?;
         if count.is_null() {
@@ -355,7 +401,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         let (procs, extra) = model::with_gpus(Call::Processes, Some(i as u32), |gpus, s| {
             // Processes started between the caller's count and this copy.
             let extra = if infos.is_null() { 0 } else { s.take_race() as usize };
-            (gpus[i].processes.clone(), extra)
+            (pick(&gpus[i]).clone(), extra)
         })?;
         let n = procs.len() + extra;
         if n > room || (infos.is_null() && n > 0) {

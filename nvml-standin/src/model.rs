@@ -11,6 +11,8 @@
 //!   faults:
 //!     init: driver_not_loaded             # nvmlInit fails as on a node without the driver
 //!     lost: [2]                           # these GPUs answer GPU_IS_LOST
+//!     mig: [1]                            # these GPUs are in MIG mode
+//!     error: [3]                          # every call on these GPUs answers UNKNOWN
 //!     process_race: {extra: 8, times: 1}  # processes start between NVML's count and copy
 //!     block: {call: memory_info, seconds: 30}   # a call that hangs in the driver
 //! ```
@@ -71,6 +73,10 @@ struct RawFaults {
     init: Option<String>,
     #[serde(default)]
     lost: Vec<u32>,
+    #[serde(default)]
+    mig: Vec<u32>,
+    #[serde(default)]
+    error: Vec<u32>,
     process_race: Option<Race>,
     block: Option<Block>,
 }
@@ -93,6 +99,8 @@ pub struct Block {
 pub struct Faults {
     pub init: Option<u32>,
     pub lost: Vec<u32>,
+    pub mig: Vec<u32>,
+    pub error: Vec<u32>,
     pub process_race: Option<Race>,
     pub block: Option<Block>,
 }
@@ -107,7 +115,11 @@ pub struct Gpu {
     pub sm: f64,
     pub occupancy: f64,
     pub power_w: f64,
+    /// Compute processes (an MPS server among them, not its clients).
     pub processes: Vec<(u32, u64)>,
+    /// MPS clients, with their memory: under MPS the driver lists them
+    /// only in nvmlDeviceGetMPSComputeRunningProcesses.
+    pub mps_clients: Vec<(u32, u64)>,
 }
 
 pub struct Description {
@@ -157,6 +169,8 @@ impl Description {
         let faults = Faults {
             init: f.init.as_deref().map(init_code).transpose().map_err(bad)?,
             lost: f.lost,
+            mig: f.mig,
+            error: f.error,
             process_race: f.process_race,
             block: f.block,
         };
@@ -166,6 +180,7 @@ impl Description {
     /// Every GPU now: the simulated GPUs' readings with replayed rows added.
     pub fn gpus(&mut self) -> Vec<Gpu> {
         let readings = self.sim.read().unwrap_or_default();
+        let clients = self.sim.mps_clients();
         readings
             .into_iter()
             .map(|r| {
@@ -189,7 +204,18 @@ impl Description {
                     sm,
                     occupancy,
                     power_w,
-                    processes: r.processes.iter().map(|p| (p.pid, p.used_mib)).collect(),
+                    processes: r
+                        .processes
+                        .iter()
+                        .filter(|p| !clients.contains(&p.pid))
+                        .map(|p| (p.pid, p.used_mib))
+                        .collect(),
+                    mps_clients: r
+                        .processes
+                        .iter()
+                        .filter(|p| clients.contains(&p.pid))
+                        .map(|p| (p.pid, p.used_mib))
+                        .collect(),
                 }
             })
             .collect()
@@ -308,6 +334,7 @@ pub fn with_gpus<T>(call: Call, gpu: Option<u32>, f: impl FnOnce(&[Gpu], &mut Lo
     let out = match gpu {
         Some(i) if i as usize >= gpus.len() => Err(code::INVALID_ARGUMENT),
         Some(i) if state.desc.faults.lost.contains(&i) => Err(code::GPU_IS_LOST),
+        Some(i) if state.desc.faults.error.contains(&i) => Err(code::UNKNOWN),
         _ => Ok(f(&gpus, state)),
     };
     state.snapshot = Some((taken, gpus));
@@ -317,6 +344,11 @@ pub fn with_gpus<T>(call: Call, gpu: Option<u32>, f: impl FnOnce(&[Gpu], &mut Lo
 impl Loaded {
     pub fn profile(&self) -> Profile {
         self.desc.profile
+    }
+
+    /// The GPU is in MIG mode.
+    pub fn mig(&self, gpu: u32) -> bool {
+        self.desc.faults.mig.contains(&gpu)
     }
 
     /// Processes that start between a count and a copy, if a race is due.

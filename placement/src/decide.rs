@@ -6,7 +6,7 @@
 
 use crate::gpu::GpuReading;
 use crate::learned;
-use crate::policy::{Demand, NoFit, Params, choose, history_estimate};
+use crate::policy::{Demand, NoFit, Params, Reject, choose, effective_free_mib, history_estimate};
 use crate::request::{Decision, Request, StepRef};
 use crate::state::{Holding, NodeState, Reservation};
 use carma_config::LearnRuntime;
@@ -26,24 +26,13 @@ pub fn decide(
     now_secs: u64,
     retry: &mut dyn FnMut(&mut NodeState) -> bool,
 ) -> Result<Decision, NoFit> {
+    // Recent placements count against the activity cap from now on.
+    let params = &Params { now_secs, ..*params };
     if req.shares {
         st.drop_whole(step.job);
     }
-    if let Some(r) = st.job_mut(step.job) {
-        if !r.holders.contains(&step.holder) {
-            r.holders.push(step.holder);
-        }
-        return Ok(Decision {
-            gpus: r.gpus.clone(),
-            exclusive: r.exclusive,
-            reserve_mib: r.estimate_mib,
-            reused: true,
-            history_mib: None,
-            free_mib: vec![],
-            metric: params.metric,
-            activity: vec![],
-            learned_runtime_mib: None,
-        });
+    if st.job(step.job).is_some() {
+        return join(st, step, req, readings, owners, params);
     }
     let mut demand =
         Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib, mps_uid: req.mps_uid };
@@ -79,6 +68,9 @@ pub fn decide(
         mps_uid: req.mps_uid.filter(|_| !choice.exclusive),
         model_mib,
     });
+    if req.batch_step {
+        st.batch_steps.insert(step.job, step.holder);
+    }
     Ok(Decision {
         gpus: choice.gpus,
         exclusive: choice.exclusive,
@@ -90,4 +82,172 @@ pub fn decide(
         activity: choice.activity,
         learned_runtime_mib,
     })
+}
+
+/// A later step of a job that holds GPUs here: it runs on them. It asks
+/// for more GPUs than the job holds: refused, saying so (the job's GPUs
+/// are the first step's). Its memory: a step that runs while only the
+/// batch step does shares the job's promise (srun in a batch script,
+/// whose options it inherits) and raises it where it asks more; every
+/// other concurrent step adds its own estimate. What it adds must
+/// fit the job's GPUs (else it waits like any step that does not fit),
+/// and is taken back when the step ends ([`NodeState::release_holder`]).
+fn join(
+    st: &mut NodeState,
+    step: StepRef,
+    req: &Request,
+    readings: &[GpuReading],
+    owners: &HashMap<u32, u32>,
+    params: &Params,
+) -> Result<Decision, NoFit> {
+    let r = st.job(step.job).expect("the caller found it").clone();
+    let decision = |reserve_mib: u64| Decision {
+        gpus: r.gpus.clone(),
+        exclusive: r.exclusive,
+        reserve_mib,
+        reused: true,
+        history_mib: None,
+        free_mib: vec![],
+        metric: params.metric,
+        activity: vec![],
+        learned_runtime_mib: None,
+    };
+    if r.holders.contains(&step.holder) {
+        return Ok(decision(r.estimate_mib));
+    }
+    if req.count as usize > r.gpus.len() {
+        let held = r.gpus.len() as u32;
+        let why = |_| Some(Reject::JobHolds { job: step.job, held });
+        return Err(NoFit { wanted: req.count, reasons: r.gpus.iter().map(|g| (*g, why(g))).collect() });
+    }
+    // An exclusive holding is the job's whole GPUs: nothing to add.
+    let asked = req.estimate_mib.filter(|_| !r.exclusive).unwrap_or(0);
+    let base = r.estimate_mib.saturating_sub(st.step_parts.get(&step.job).map_or(0, |p| p.values().sum()));
+    // Inside the batch script (or after the job's steps ended): the
+    // job's promise is there for it.
+    let batch = st.batch_steps.get(&step.job);
+    let in_batch = r.holders.iter().all(|h| Some(h) == batch);
+    let (part, mine) = if in_batch { (asked.saturating_sub(base), asked.max(base)) } else { (asked, asked) };
+    if part > 0 {
+        let reasons: Vec<_> = readings
+            .iter()
+            .filter(|g| r.gpus.contains(&g.index))
+            .map(|g| {
+                let free = effective_free_mib(g, st, owners);
+                let short = free < part + params.headroom_mib;
+                (
+                    g.index,
+                    short.then_some(Reject::Memory {
+                        free_mib: free,
+                        estimate_mib: part,
+                        headroom_mib: params.headroom_mib,
+                    }),
+                )
+            })
+            .collect();
+        if reasons.iter().any(|(_, why)| why.is_some()) {
+            return Err(NoFit { wanted: req.count, reasons });
+        }
+        st.step_parts.entry(step.job).or_default().insert(step.holder, part);
+    }
+    if req.batch_step {
+        st.batch_steps.insert(step.job, step.holder);
+    }
+    let r = st.job_mut(step.job).expect("found above");
+    r.holders.push(step.holder);
+    r.estimate_mib += part;
+    Ok(decision(if r.exclusive { r.estimate_mib } else { mine }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carma_config::Policy;
+
+    fn gpus(used: u64) -> Vec<GpuReading> {
+        (0..2)
+            .map(|i| GpuReading {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                total_mib: 40960,
+                used_mib: used,
+                sm_activity: 0.0,
+                busy: 0.0,
+                processes: vec![],
+                power_w: None,
+                mps_uid: None,
+                sm_occupancy: None,
+            })
+            .collect()
+    }
+
+    fn step(st: &mut NodeState, holder: u32, req: &Request, readings: &[GpuReading]) -> Result<Decision, NoFit> {
+        let p = Params::default();
+        let learn = LearnRuntime::default();
+        decide(st, StepRef { job: 7, holder }, req, readings, &HashMap::new(), &p, &learn, 1, &mut |_| false)
+    }
+
+    fn mem(mib: u64) -> Request {
+        Request::declared(Policy::FirstFit, mib)
+    }
+
+    /// Two concurrent `srun --carma-mem=10G &` steps (no batch step, as
+    /// under salloc) promise 20 GiB; each one's part goes when it ends.
+    #[test]
+    fn concurrent_steps_promises_add_up() {
+        let mut st = NodeState::default();
+        let g = gpus(0);
+        assert_eq!(step(&mut st, 100, &mem(10240), &g).unwrap().gpus, vec![0]);
+        let second = step(&mut st, 101, &mem(10240), &g).unwrap();
+        assert!(second.reused && second.gpus == vec![0]);
+        assert_eq!(st.job(7).unwrap().estimate_mib, 20480);
+        assert_eq!(crate::policy::promised_mib(&g[0], &st, &HashMap::new()), 20480);
+        assert!(st.release_holder(7, 101).is_none());
+        assert_eq!(st.job(7).unwrap().estimate_mib, 10240, "the ended step's part is taken back");
+        // A third, after the second ended, again adds to the first.
+        step(&mut st, 102, &mem(4096), &g).unwrap();
+        assert_eq!(st.job(7).unwrap().estimate_mib, 14336);
+        // Garbage collection takes a dead step's part back too.
+        st.collect_garbage(|_, pid| pid != 102, |_| true);
+        assert_eq!(st.job(7).unwrap().estimate_mib, 10240);
+    }
+
+    /// srun inside a batch script shares the batch step's promise (it
+    /// inherits the job's options), raises it where it asks more, and a
+    /// second concurrent srun adds its own.
+    #[test]
+    fn steps_inside_a_batch_script_share_its_promise() {
+        let mut st = NodeState::default();
+        let g = gpus(0);
+        let batch = Request { batch_step: true, ..mem(10240) };
+        step(&mut st, 100, &batch, &g).unwrap();
+        step(&mut st, 101, &mem(10240), &g).unwrap();
+        assert_eq!(st.job(7).unwrap().estimate_mib, 10240, "one srun in the script: the job's promise");
+        step(&mut st, 102, &mem(10240), &g).unwrap();
+        assert_eq!(st.job(7).unwrap().estimate_mib, 20480, "a second concurrent srun adds");
+        st.release_holder(7, 102);
+        st.release_holder(7, 101);
+        // A later srun asking more than the job holds raises the promise.
+        let d = step(&mut st, 103, &mem(16384), &g).unwrap();
+        assert_eq!((d.reserve_mib, st.job(7).unwrap().estimate_mib), (16384, 16384));
+        st.release_holder(7, 103);
+        assert_eq!(st.job(7).unwrap().estimate_mib, 10240);
+    }
+
+    /// A step asking more than the job's GPUs can take waits (a memory
+    /// refusal); one asking more GPUs than the job holds is refused at once,
+    /// saying how to ask.
+    #[test]
+    fn a_step_asking_more_than_fits_is_refused_clearly() {
+        let mut st = NodeState::default();
+        step(&mut st, 100, &mem(10240), &gpus(0)).unwrap();
+        let e = step(&mut st, 101, &mem(30720), &gpus(0)).unwrap_err();
+        assert_eq!(e.class(), "memory", "{e}");
+        assert_eq!(st.job(7).unwrap().estimate_mib, 10240, "nothing added by a refused step");
+        assert!(!st.job(7).unwrap().holders.contains(&101));
+        let two = Request { count: 2, ..mem(1024) };
+        let e = step(&mut st, 102, &two, &gpus(0)).unwrap_err();
+        assert_eq!(e.class(), "gpu_count", "{e}");
+        assert!(e.to_string().contains("--carma-gpus"), "{e}");
+    }
 }

@@ -186,6 +186,8 @@ impl Placer {
             sm_activity_cap: cfg.sm_activity_cap,
             busy_cap: cfg.busy_cap,
             headroom_mib: cfg.headroom_mib,
+            window_secs: cfg.monitor_window.as_secs().max(1),
+            now_secs: 0,
         };
         Ok(Placer {
             store,
@@ -198,8 +200,9 @@ impl Placer {
         })
     }
 
+    /// The thresholds, as of now.
     pub fn params(&self) -> Params {
-        self.params
+        Params { now_secs: now_secs(), ..self.params }
     }
 
     /// How this node learns its fixed memory (carma.yaml's defaults unless
@@ -255,9 +258,18 @@ impl Placer {
     /// [`crate::slots`]).
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
         // Opened (NVML initialised, where it is read directly) before any
-        // lock; read only by whoever takes the lock: a queued launch is
-        // decided on the holder's readings and reads nothing.
-        self.source()?;
+        // lock. Published (or simulated) readings, a file, are read only by
+        // whoever takes the lock: a queued launch is decided on the holder's
+        // readings and reads nothing. The driver is never read under the lock (a
+        // hung driver would hold every launch of the node behind it, to
+        // fail on the lock's timeout): each launch reads it first, bounded
+        // by timeouts.gpu_read. Older readings than the lock's are safe: a
+        // job placed since counts by its whole promise, one released since
+        // by its memory still in use.
+        let early = match self.source()?.name() {
+            "nvml" => Some(read_source(&mut self.source)?),
+            _ => None,
+        };
         let (lock, own) = match self.store.try_exclusive()? {
             Some(lock) => (lock, None),
             None => match self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?))) {
@@ -278,7 +290,10 @@ impl Placer {
             }
         }
         // A failed read returns with the lock, which gives it back.
-        let readings = read_source(&mut self.source)?;
+        let readings = match early {
+            Some(r) => r,
+            None => read_source(&mut self.source)?,
+        };
         self.decide_queued(lock, step, req, &readings)
     }
 
@@ -294,7 +309,7 @@ impl Placer {
         readings: &[GpuReading],
     ) -> Result<Decision, PlaceError> {
         let q = self.store.slots();
-        let mut st = lock.load();
+        let mut st = lock.load()?;
         self.collect(&mut st, false);
         let owners = self.processes.owners_on(readings, &st);
         observe(&mut st, readings, &owners);
@@ -475,7 +490,7 @@ impl Placer {
             return Ok(0);
         }
         let mut lock = self.store.exclusive()?;
-        let st = lock.load();
+        let st = lock.load()?;
         let (n, after) = rises(&st);
         if n > 0 {
             lock.store(&after)?;

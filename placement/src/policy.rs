@@ -16,12 +16,26 @@ pub struct Params {
     pub sm_activity_cap: f64,
     pub busy_cap: f64,
     pub headroom_mib: u64,
+    /// The window activity readings average over (carma.yaml's
+    /// monitor_window): a job placed within it is not (fully) in the
+    /// readings yet, and counts as [`Params::placed_activity`] on top of
+    /// them. 0: readings see a job at once (the trace simulator's).
+    pub window_secs: u64,
+    /// Now, Unix seconds, against reservations' `since`.
+    pub now_secs: u64,
 }
 
 impl Default for Params {
-    /// carma.yaml's defaults.
+    /// carma.yaml's thresholds; no window (see [`Params::window_secs`]).
     fn default() -> Params {
-        Params { metric: ActivityMetric::Sm, sm_activity_cap: 0.8, busy_cap: 0.8, headroom_mib: 2048 }
+        Params {
+            metric: ActivityMetric::Sm,
+            sm_activity_cap: 0.8,
+            busy_cap: 0.8,
+            headroom_mib: 2048,
+            window_secs: 0,
+            now_secs: 0,
+        }
     }
 }
 
@@ -32,6 +46,36 @@ impl Params {
             ActivityMetric::Busy => self.busy_cap,
         }
     }
+
+    /// What a job placed within the window is taken to add to its GPUs'
+    /// activity until the window has seen it: half the cap (its real
+    /// activity is unknown until then), so that at most three jobs join
+    /// an idle GPU at once (0, ½ and almost 1 cap pass; then it is over).
+    /// Like promised memory, it keeps a burst of launches from piling onto
+    /// a GPU whose readings do not show them yet.
+    pub fn placed_activity(&self) -> f64 {
+        self.cap() / 2.0
+    }
+}
+
+/// The GPU's activity as the precondition sees it: the reading, plus what
+/// CARMA jobs placed on it within the window will add, and how many such
+/// jobs there are. Each adds [`Params::placed_activity`] less the share of
+/// the window that has seen it run (a window-long mean takes a job in
+/// linearly).
+pub fn expected_activity(gpu: &GpuReading, state: &NodeState, p: &Params) -> (f64, usize) {
+    let mut recent = 0;
+    let mut pending = 0.0;
+    if p.window_secs > 0 {
+        for r in state.reservations.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive) {
+            let age = p.now_secs.saturating_sub(r.since);
+            if r.gpus.contains(&gpu.index) && age < p.window_secs {
+                recent += 1;
+                pending += p.placed_activity() * (1.0 - age as f64 / p.window_secs as f64);
+            }
+        }
+    }
+    (gpu.activity(p.metric) + pending, recent)
 }
 
 /// What a job asks for.
@@ -60,8 +104,11 @@ pub enum Reject {
     },
     Activity {
         metric: ActivityMetric,
+        /// The reading plus what recently placed jobs will add.
         value: f64,
         cap: f64,
+        /// Jobs placed within the window, counted in `value`.
+        recent: usize,
     },
     Memory {
         free_mib: u64,
@@ -70,6 +117,11 @@ pub enum Reject {
     },
     /// MPS serves one user per GPU at a time.
     MpsUser(u32),
+    /// A later step of a job asks for more GPUs than the job holds here.
+    JobHolds {
+        job: u32,
+        held: u32,
+    },
 }
 
 impl fmt::Display for Reject {
@@ -81,11 +133,22 @@ impl fmt::Display for Reject {
             Reject::NotIdleProcesses { count, used_mib } => {
                 write!(f, "not idle ({count} processes, {used_mib} MiB used)")
             }
-            Reject::Activity { metric, value, cap } => write!(f, "{} {value:.2} > cap {cap:.2}", metric.label()),
+            Reject::Activity { metric, value, cap, recent: 0 } => {
+                write!(f, "{} {value:.2} > cap {cap:.2}", metric.label())
+            }
+            Reject::Activity { metric, value, cap, recent } => write!(
+                f,
+                "{} {value:.2} (with {recent} jobs placed within the window, not yet in its readings) > cap {cap:.2}",
+                metric.label()
+            ),
             Reject::Memory { free_mib, estimate_mib, headroom_mib } => {
                 write!(f, "effective free {free_mib} MiB < {estimate_mib} MiB estimate + {headroom_mib} MiB headroom")
             }
             Reject::MpsUser(uid) => write!(f, "its MPS server serves another user (uid {uid}) until their jobs end"),
+            Reject::JobHolds { job, held } => write!(
+                f,
+                "held by job {job}, whose steps share the {held} GPU(s) its first step was given here (ask for more GPUs in the job's own options, sbatch/salloc --carma-gpus)"
+            ),
         }
     }
 }
@@ -112,6 +175,7 @@ impl NoFit {
                 Reject::Activity { .. } => 1,
                 Reject::MpsUser(_) => 3,
                 Reject::SlurmWhole(_)
+                | Reject::JobHolds { .. }
                 | Reject::Exclusive(_)
                 | Reject::NotIdleJob(_)
                 | Reject::NotIdleProcesses { .. } => 2,
@@ -222,7 +286,7 @@ pub fn admissible_gib(gpus: &[GpuReading], state: &NodeState, owners: &HashMap<u
                 .reservations
                 .iter()
                 .any(|r| r.gpus.contains(&g.index) && (r.holding == Holding::SlurmWhole || r.exclusive));
-            !held && g.activity(p.metric) <= p.cap()
+            !held && expected_activity(g, state, p).0 <= p.cap()
         })
         .map(|g| effective_free_mib(g, state, owners) / 1024)
         .sum()
@@ -271,9 +335,9 @@ fn reject(
             return Some(Reject::MpsUser(uid));
         }
     }
-    let value = gpu.activity(p.metric);
+    let (value, recent) = expected_activity(gpu, state, p);
     if value > p.cap() {
-        return Some(Reject::Activity { metric: p.metric, value, cap: p.cap() });
+        return Some(Reject::Activity { metric: p.metric, value, cap: p.cap(), recent });
     }
     let free = effective_free_mib(gpu, state, owners);
     if free < est + p.headroom_mib {
@@ -292,33 +356,32 @@ pub fn choose(
     owners: &HashMap<u32, u32>,
 ) -> Result<Choice, NoFit> {
     let (need_whole, est, reasons) = assess(gpus, state, demand, params, owners);
-    let mut ok: Vec<(&GpuReading, u64)> = gpus
+    // Each eligible GPU, its effective free memory and expected activity.
+    let mut ok: Vec<(&GpuReading, u64, f64)> = gpus
         .iter()
         .zip(&reasons)
         .filter(|(_, (_, why))| why.is_none())
-        .map(|(g, _)| (g, effective_free_mib(g, state, owners)))
+        .map(|(g, _)| (g, effective_free_mib(g, state, owners), expected_activity(g, state, params).0))
         .collect();
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {
         return Err(NoFit { wanted: demand.count, reasons });
     }
     // Stable sorts keep ties in GPU-index order, so decisions are repeatable.
-    ok.sort_by_key(|(g, _)| g.index);
+    ok.sort_by_key(|(g, _, _)| g.index);
     match if need_whole { Policy::FirstFit } else { demand.policy } {
         Policy::Exclusive | Policy::FirstFit => {}
         Policy::Magm => ok.sort_by_key(|a| std::cmp::Reverse(a.1)),
         Policy::BestFit => ok.sort_by_key(|a| a.1),
-        Policy::LeastUtilized => {
-            ok.sort_by(|a, b| a.0.activity(params.metric).total_cmp(&b.0.activity(params.metric)).then(b.1.cmp(&a.1)))
-        }
+        Policy::LeastUtilized => ok.sort_by(|a, b| a.2.total_cmp(&b.2).then(b.1.cmp(&a.1))),
         Policy::RoundRobin => {
             let cursor = state.rr_cursor;
-            ok.sort_by_key(|(g, _)| (g.index < cursor, g.index));
+            ok.sort_by_key(|(g, _, _)| (g.index < cursor, g.index));
         }
     }
     ok.truncate(want);
     if demand.policy == Policy::RoundRobin {
-        state.rr_cursor = ok.iter().map(|(g, _)| g.index).max().unwrap_or(0) + 1;
+        state.rr_cursor = ok.iter().map(|(g, _, _)| g.index).max().unwrap_or(0) + 1;
         if gpus.iter().all(|g| g.index < state.rr_cursor) {
             state.rr_cursor = 0;
         }
@@ -326,11 +389,11 @@ pub fn choose(
     let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
     let reserve_mib = if need_whole { smallest.max(est) } else { est };
     Ok(Choice {
-        gpus: ok.iter().map(|(g, _)| g.index).collect(),
+        gpus: ok.iter().map(|(g, _, _)| g.index).collect(),
         exclusive: need_whole,
         reserve_mib,
-        free_mib: ok.iter().map(|(_, f)| *f).collect(),
-        activity: ok.iter().map(|(g, _)| g.activity(params.metric)).collect(),
+        free_mib: ok.iter().map(|(_, f, _)| *f).collect(),
+        activity: ok.iter().map(|(_, _, a)| *a).collect(),
     })
 }
 

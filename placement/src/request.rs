@@ -41,6 +41,10 @@ pub struct Request {
     /// learned fixed memory replaces it where larger.
     #[serde(default)]
     pub runtime_mib: Option<u64>,
+    /// The job's batch step: its promise is the job's, which an srun step
+    /// inside the script shares (see `decide::join`).
+    #[serde(default)]
+    pub batch_step: bool,
 }
 
 impl Request {
@@ -57,6 +61,7 @@ impl Request {
             history_first: false,
             mps_uid: None,
             runtime_mib: None,
+            batch_step: false,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct StepFacts {
     pub shards_on_node: Option<u32>,
     /// Slurm allocated the step GPUs itself (gres/gpu).
     pub slurm_gpus: bool,
+    /// The job's batch step (its script), whose srun steps run inside it.
+    pub batch_step: bool,
     pub partition: Option<String>,
     pub account: Option<String>,
     pub qos: Option<String>,
@@ -168,6 +170,7 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         history_first: transparent.is_some() && recovery.is_empty(),
         mps_uid,
         runtime_mib,
+        batch_step: f.batch_step,
     };
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
     let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));

@@ -1,8 +1,16 @@
 //! Node-local state: which job holds which GPUs, with what estimate, since
 //! when, under which policy. One JSON file under the configured directory,
 //! guarded by an flock with a bounded wait, replaced atomically (temp file +
-//! fsync + rename + directory fsync). A corrupt, unreadable or future-version
-//! file is moved aside with a log line and the state is rebuilt.
+//! fsync + rename + directory fsync).
+//!
+//! Read forward-compatibly, because during a package upgrade running steps
+//! keep the old plugin and old and new builds write one file: fields this
+//! build does not know (top level, per reservation, in the counters) are
+//! kept and written back as read; a file of a newer schema version (one an
+//! older build cannot read safely) is never rewritten or set aside: every
+//! update fails closed with one line until the newer build takes over. A
+//! corrupt or unreadable file is moved aside with a log line and the node
+//! starts from an empty state.
 
 use carma_config::Policy;
 use fs2::FileExt;
@@ -16,6 +24,9 @@ use std::time::{Duration, Instant};
 
 use crate::slots::Slots;
 
+/// Raised only when a change is not additive (a field whose meaning an
+/// older build would get wrong): new fields are kept by older builds
+/// anyway, and a raised version makes every older build refuse the file.
 pub const STATE_VERSION: u32 = 1;
 const STATE_FILE: &str = "state.json";
 const LOCK_FILE: &str = "state.lock";
@@ -70,27 +81,160 @@ pub struct Reservation {
     pub model_mib: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The node's state. Read and written through [`wire`], which keeps the
+/// fields a newer build wrote.
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeState {
     pub version: u32,
     /// Unix milliseconds of the last garbage collection.
-    #[serde(default)]
     pub last_gc_ms: u64,
     /// Next GPU index the round-robin policy starts from.
     pub rr_cursor: u32,
     pub reservations: Vec<Reservation>,
     /// Observed peaks of ended jobs by signature, MiB (the `history`
     /// estimate). At most HISTORY_MAX entries.
-    #[serde(default)]
     pub history: BTreeMap<String, u64>,
     /// Ended jobs' observed peaks less their model parts, oldest first, at
     /// most `learned::KEPT` (the node's learned fixed memory).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_samples: Vec<u64>,
     /// What this node's placements came to, since the state file was made
     /// (carma-monitor exports them as counters).
-    #[serde(default)]
     pub counters: Counters,
+    /// Per job, what each of its later steps (by holder) added to the
+    /// job's promise (`estimate_mib`), taken back when the step ends
+    /// (see `decide::join`).
+    pub step_parts: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// Per job, its batch step's holder, where the batch step holds.
+    pub batch_steps: BTreeMap<u32, u32>,
+    /// Top-level fields a newer build wrote, kept as read.
+    pub unknown: Unknown,
+    /// Per job, the fields of its reservation that a newer build wrote,
+    /// kept as read (here, so that [`Reservation`] stays a plain struct);
+    /// dropped with the job's reservation.
+    pub unknown_per_job: BTreeMap<u32, Unknown>,
+}
+
+/// Fields this build does not know, as read.
+pub type Unknown = serde_json::Map<String, serde_json::Value>;
+
+/// The state file's JSON: [`NodeState`]'s fields, plus whatever fields a
+/// newer build added (each object's keys this build does not know are
+/// collected by the flattened map and written back as read).
+mod wire {
+    use super::{BTreeMap, Counters, NodeState, Reservation, Unknown};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Deserialize)]
+    struct In {
+        version: u32,
+        #[serde(default)]
+        last_gc_ms: u64,
+        rr_cursor: u32,
+        reservations: Vec<InReservation>,
+        #[serde(default)]
+        history: BTreeMap<String, u64>,
+        #[serde(default)]
+        runtime_samples: Vec<u64>,
+        #[serde(default)]
+        counters: Counters,
+        #[serde(default)]
+        step_parts: BTreeMap<u32, BTreeMap<u32, u64>>,
+        #[serde(default)]
+        batch_steps: BTreeMap<u32, u32>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+
+    #[derive(Deserialize)]
+    struct InReservation {
+        #[serde(flatten)]
+        known: Reservation,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+
+    #[derive(Serialize)]
+    struct Out<'a> {
+        version: u32,
+        last_gc_ms: u64,
+        rr_cursor: u32,
+        reservations: Vec<OutReservation<'a>>,
+        history: &'a BTreeMap<String, u64>,
+        #[serde(skip_serializing_if = "no_samples")]
+        runtime_samples: &'a Vec<u64>,
+        counters: &'a Counters,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        step_parts: &'a BTreeMap<u32, BTreeMap<u32, u64>>,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        batch_steps: &'a BTreeMap<u32, u32>,
+        #[serde(flatten)]
+        unknown: &'a Unknown,
+    }
+
+    #[derive(Serialize)]
+    struct OutReservation<'a> {
+        #[serde(flatten)]
+        known: &'a Reservation,
+        #[serde(flatten)]
+        unknown: &'a Unknown,
+    }
+
+    fn no_samples(v: &&Vec<u64>) -> bool {
+        v.is_empty()
+    }
+
+    impl<'de> Deserialize<'de> for NodeState {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NodeState, D::Error> {
+            let w = In::deserialize(d)?;
+            let mut unknown_per_job = BTreeMap::new();
+            let reservations = w
+                .reservations
+                .into_iter()
+                .map(|r| {
+                    if !r.unknown.is_empty() {
+                        unknown_per_job.insert(r.known.job, r.unknown);
+                    }
+                    r.known
+                })
+                .collect();
+            Ok(NodeState {
+                version: w.version,
+                last_gc_ms: w.last_gc_ms,
+                rr_cursor: w.rr_cursor,
+                reservations,
+                history: w.history,
+                runtime_samples: w.runtime_samples,
+                counters: w.counters,
+                step_parts: w.step_parts,
+                batch_steps: w.batch_steps,
+                unknown: w.unknown,
+                unknown_per_job,
+            })
+        }
+    }
+
+    impl Serialize for NodeState {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let none = Unknown::new();
+            Out {
+                version: self.version,
+                last_gc_ms: self.last_gc_ms,
+                rr_cursor: self.rr_cursor,
+                reservations: self
+                    .reservations
+                    .iter()
+                    .map(|r| OutReservation { known: r, unknown: self.unknown_per_job.get(&r.job).unwrap_or(&none) })
+                    .collect(),
+                history: &self.history,
+                runtime_samples: &self.runtime_samples,
+                counters: &self.counters,
+                step_parts: &self.step_parts,
+                batch_steps: &self.batch_steps,
+                unknown: &self.unknown,
+            }
+            .serialize(s)
+        }
+    }
 }
 
 /// Upper bounds of the buckets of ended jobs' observed peak / estimate
@@ -120,6 +264,9 @@ pub struct Counters {
     pub accuracy_buckets: Vec<u64>,
     #[serde(default)]
     pub accuracy_sum: f64,
+    /// Counters a newer build keeps, as read.
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 impl Counters {
@@ -152,6 +299,10 @@ impl Default for NodeState {
             history: BTreeMap::new(),
             runtime_samples: Vec::new(),
             counters: Counters::default(),
+            step_parts: BTreeMap::new(),
+            batch_steps: BTreeMap::new(),
+            unknown: Unknown::new(),
+            unknown_per_job: BTreeMap::new(),
         }
     }
 }
@@ -175,13 +326,17 @@ impl NodeState {
     ) -> Vec<Reservation> {
         for r in &mut self.reservations {
             let job = r.job;
-            r.holders.retain(|&pid| holds(job, pid));
+            let parts = self.step_parts.get_mut(&job);
+            take_back_parts(r, parts, |pid| holds(job, pid));
         }
         let (keep, gone) = std::mem::take(&mut self.reservations)
             .into_iter()
             .partition(|r| !r.holders.is_empty() || job_running(r.job));
         self.reservations = keep;
         for r in &gone {
+            self.unknown_per_job.remove(&r.job);
+            self.step_parts.remove(&r.job);
+            self.batch_steps.remove(&r.job);
             self.remember(r);
         }
         gone
@@ -189,11 +344,12 @@ impl NodeState {
 
     /// Removes one holder of a job; releases the job when none is left.
     pub fn release_holder(&mut self, job: u32, holder: u32) -> Option<Reservation> {
-        let r = self.job_mut(job)?;
+        let parts = self.step_parts.get_mut(&job);
+        let r = self.reservations.iter_mut().find(|r| r.job == job)?;
         if !r.holders.contains(&holder) {
             return None;
         }
-        r.holders.retain(|&p| p != holder);
+        take_back_parts(r, parts, |p| p != holder);
         if r.holders.is_empty() { self.release_job(job) } else { None }
     }
 
@@ -208,6 +364,9 @@ impl NodeState {
     pub fn release_job(&mut self, job: u32) -> Option<Reservation> {
         let i = self.reservations.iter().position(|r| r.job == job)?;
         let r = self.reservations.remove(i);
+        self.unknown_per_job.remove(&job);
+        self.step_parts.remove(&job);
+        self.batch_steps.remove(&job);
         self.remember(&r);
         Some(r)
     }
@@ -244,6 +403,18 @@ impl NodeState {
     }
 }
 
+/// Keeps the holders `keep` says, taking back what each one dropped added
+/// to the promise.
+fn take_back_parts(r: &mut Reservation, mut parts: Option<&mut BTreeMap<u32, u64>>, keep: impl Fn(u32) -> bool) {
+    r.holders.retain(|&pid| {
+        let kept = keep(pid);
+        if !kept && let Some(part) = parts.as_mut().and_then(|p| p.remove(&pid)) {
+            r.estimate_mib = r.estimate_mib.saturating_sub(part);
+        }
+        kept
+    });
+}
+
 #[derive(Debug)]
 pub enum StateError {
     /// The lock was not obtained within the configured time.
@@ -253,6 +424,13 @@ pub enum StateError {
     },
     /// The state directory is missing, unsafe or unwritable.
     Dir(String),
+    /// The state file has a schema version newer than this build reads: a
+    /// newer CARMA wrote it. It is left as it is (never set aside: that
+    /// would forget the holdings it records).
+    Newer {
+        path: PathBuf,
+        version: u32,
+    },
     Io {
         what: String,
         err: std::io::Error,
@@ -270,6 +448,11 @@ impl std::fmt::Display for StateError {
                 path.display()
             ),
             StateError::Dir(m) => f.write_str(m),
+            StateError::Newer { path, version } => write!(
+                f,
+                "state file {} has schema version {version}, newer than this build of CARMA reads ({STATE_VERSION}): refusing to place or release with it (finish upgrading the carma package on this node; the file is left untouched)",
+                path.display()
+            ),
             StateError::Io { what, err } => write!(f, "{what}: {err}"),
         }
     }
@@ -341,7 +524,7 @@ impl StateStore {
     /// atomically if `f` changed it. The lock wait is bounded.
     pub fn update<T>(&self, f: impl FnOnce(&mut NodeState) -> T) -> Result<T, StateError> {
         let mut lock = self.exclusive()?;
-        let mut state = lock.load();
+        let mut state = lock.load()?;
         let out = f(&mut state);
         lock.store(&state)?;
         Ok(out)
@@ -350,7 +533,7 @@ impl StateStore {
     /// A consistent snapshot under a shared lock (for status displays).
     pub fn snapshot(&self) -> Result<NodeState, StateError> {
         let _lock = self.lock(false, self.lock_timeout)?;
-        Ok(self.load().0)
+        Ok(self.load()?.0)
     }
 
     pub fn lock_path(&self) -> PathBuf {
@@ -429,36 +612,54 @@ impl StateStore {
     }
 
     /// Reads the state; anything unreadable is moved aside and replaced by
-    /// an empty state, with a log line. Never fails, never drops silently.
+    /// an empty state, with a log line; a newer schema version fails (see
+    /// [`StateError::Newer`]). Never drops silently.
     /// The state, and the file's bytes where it was read from one.
-    fn load(&self) -> (NodeState, Option<Vec<u8>>) {
+    fn load(&self) -> Result<(NodeState, Option<Vec<u8>>), StateError> {
         let path = self.state_path();
         let text = match crate::fsutil::read_bounded(&path, MAX_STATE_BYTES) {
             Ok(Some(t)) => t,
-            Ok(None) => return (NodeState::default(), None),
-            Err(e) => return (self.set_aside(&path, &e), None),
+            Ok(None) => return Ok((NodeState::default(), None)),
+            Err(e) => return Ok((self.set_aside(&path, &e), None)),
         };
+        // The version first: a newer schema may not parse as this one.
+        #[derive(Deserialize)]
+        struct Version {
+            version: u32,
+        }
+        if let Ok(Version { version }) = serde_json::from_slice::<Version>(&text)
+            && version > STATE_VERSION
+        {
+            return Err(StateError::Newer { path, version });
+        }
         match serde_json::from_slice::<NodeState>(&text) {
-            Ok(s) if s.version == STATE_VERSION => (s, Some(text)),
-            Ok(s) => (
-                self.set_aside(&path, &format!("schema version {} (this build reads {STATE_VERSION})", s.version)),
-                None,
-            ),
-            Err(e) => (self.set_aside(&path, &format!("not valid state JSON ({e})")), None),
+            // An older version's fields read as this one's (new fields
+            // default); it is written back as this version.
+            Ok(mut s) => {
+                s.version = STATE_VERSION;
+                Ok((s, Some(text)))
+            }
+            Err(e) => Ok((self.set_aside(&path, &format!("not valid state JSON ({e})")), None)),
         }
     }
 
     fn set_aside(&self, path: &Path, why: &str) -> NodeState {
         let stamp = crate::clock::now_nanos();
         let aside = self.dir.join(format!("{STATE_FILE}.corrupt.{stamp}"));
+        // What an empty state means: GPUs in use still count by their live
+        // memory, activity and processes, but the holdings the file
+        // recorded (whole-GPU and exclusive ones included) are gone until
+        // their jobs' next steps record them again.
+        let after =
+            "starting from an empty state: recorded holdings are lost (GPUs in use still count by their live readings)";
         match fs::rename(path, &aside) {
             Ok(()) => (self.log)(&format!(
-                "state file {} unreadable: {why}; moved to {}; rebuilding from live GPU readings",
+                "state file {} unreadable: {why}; moved to {}; {after}",
                 path.display(),
                 aside.display()
             )),
             Err(e) => (self.log)(&format!(
-                "state file {} unreadable: {why}; could not move it aside ({e}); rebuilding from live GPU readings",
+                "state file {} unreadable: {why}; could not move it aside ({e}); {after}",
                 path.display()
             )),
         }
@@ -529,10 +730,10 @@ impl Drop for Locked<'_> {
 
 impl Locked<'_> {
     /// Reads the state (moving a corrupt file aside; see StateStore::load).
-    pub fn load(&mut self) -> NodeState {
-        let (state, bytes) = self.store.load();
+    pub fn load(&mut self) -> Result<NodeState, StateError> {
+        let (state, bytes) = self.store.load()?;
         self.loaded = bytes;
-        state
+        Ok(state)
     }
 
     /// Writes the state atomically unless it equals what is on disk.
@@ -610,12 +811,8 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_future_and_truncated_files_are_set_aside_with_a_log_line() {
-        for bad in [
-            &b"{\"version\": 1, \"rr_cursor\": 0, \"reserv"[..],
-            b"\x00\xff garbage",
-            b"{\"version\": 99, \"rr_cursor\": 0, \"reservations\": []}",
-        ] {
+    fn corrupt_and_truncated_files_are_set_aside_with_a_log_line() {
+        for bad in [&b"{\"version\": 1, \"rr_cursor\": 0, \"reserv"[..], b"\x00\xff garbage"] {
             let (_d, s, lines) = store();
             fs::write(s.state_path(), bad).unwrap();
             let st = s.update(|st| st.clone()).unwrap();
@@ -623,6 +820,7 @@ mod tests {
             let lines = lines.lock().unwrap();
             assert_eq!(lines.len(), 1, "{lines:?}");
             assert!(lines[0].contains("unreadable") && lines[0].contains("moved to"), "{}", lines[0]);
+            assert!(lines[0].contains("recorded holdings are lost"), "the line says what follows: {}", lines[0]);
             let aside = fs::read_dir(s.dir())
                 .unwrap()
                 .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".corrupt."))
@@ -631,6 +829,92 @@ mod tests {
             // The rewritten state is valid again.
             assert_eq!(s.snapshot().unwrap(), NodeState::default());
         }
+    }
+
+    /// The state file main 8334099 (the previous release) writes.
+    const PREVIOUS_RELEASE: &str = include_str!("../testdata/state-8334099.json");
+
+    fn json(path: &Path) -> serde_json::Value {
+        serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+    }
+
+    /// Upgrading from the previous release: its file reads with every
+    /// holding (MPS user, model part, whole-GPU and exclusive records), and
+    /// an update that changes nothing leaves it as it was.
+    #[test]
+    fn the_previous_releases_state_reads_whole_and_writes_back_the_same() {
+        let (_d, s, lines) = store();
+        fs::write(s.state_path(), PREVIOUS_RELEASE).unwrap();
+        let st = s.update(|st| st.clone()).unwrap();
+        assert_eq!(st.reservations.iter().map(|r| r.job).collect::<Vec<_>>(), vec![101, 102, 103]);
+        assert_eq!((st.job(101).unwrap().mps_uid, st.job(101).unwrap().model_mib), (Some(1001), Some(6500)));
+        assert_eq!(st.job(102).unwrap().holding, Holding::SlurmWhole);
+        assert!(st.job(103).unwrap().exclusive);
+        assert_eq!((st.rr_cursor, st.counters.placements, st.runtime_samples.len()), (2, 12, 2));
+        let before: serde_json::Value = serde_json::from_str(PREVIOUS_RELEASE).unwrap();
+        assert_eq!(json(&s.state_path()), before);
+        // A release by this build keeps the others as the old build wrote them.
+        s.update(|st| st.release_holder(103, 4300)).unwrap();
+        s.update(|st| st.release_holder(103, 4301)).unwrap();
+        let after = json(&s.state_path());
+        assert_eq!(after["reservations"].as_array().unwrap().len(), 2);
+        assert_eq!(after["reservations"][0], before["reservations"][0]);
+        assert_eq!(after["reservations"][1], before["reservations"][1]);
+        assert!(lines.lock().unwrap().is_empty(), "{:?}", lines.lock().unwrap());
+    }
+
+    /// A newer build's additions (same version: additive) survive this
+    /// build's writes: top level, per reservation and in the counters.
+    #[test]
+    fn fields_a_newer_build_added_survive_this_builds_writes() {
+        let (_d, s, lines) = store();
+        let mut newer: serde_json::Value = serde_json::from_str(PREVIOUS_RELEASE).unwrap();
+        newer["node_generation"] = serde_json::json!({"boot": 7});
+        newer["reservations"][0]["mps_pipe"] = serde_json::json!("/run/carma/mps-101");
+        newer["reservations"][1]["slurm_gres"] = serde_json::json!(["gpu:a100:1"]);
+        newer["counters"]["mig_skips"] = serde_json::json!(3);
+        fs::write(s.state_path(), serde_json::to_vec(&newer).unwrap()).unwrap();
+        // Place one job, release another, move the cursor: a real write.
+        s.update(|st| {
+            st.reservations.push(res(200, 5000));
+            st.rr_cursor = 0;
+            st.counters.placements += 1;
+        })
+        .unwrap();
+        s.update(|st| st.release_job(102)).unwrap();
+        let after = json(&s.state_path());
+        assert_eq!(after["node_generation"], serde_json::json!({"boot": 7}));
+        assert_eq!(after["counters"]["mig_skips"], 3);
+        assert_eq!(after["counters"]["placements"], 13);
+        let job = |j: u64| after["reservations"].as_array().unwrap().iter().find(|r| r["job"] == j).cloned();
+        assert_eq!(job(101).unwrap()["mps_pipe"], "/run/carma/mps-101");
+        assert_eq!(job(101).unwrap()["mps_uid"], 1001);
+        assert!(job(102).is_none(), "released");
+        assert!(job(200).unwrap().get("mps_pipe").is_none(), "another job's field stays with its job");
+        assert!(lines.lock().unwrap().is_empty());
+    }
+
+    /// A newer schema version is left untouched and every update fails
+    /// closed with one line that says why: its holdings are never lost.
+    #[test]
+    fn a_newer_schema_version_fails_closed_and_is_left_untouched() {
+        let (_d, s, lines) = store();
+        let mut newer: serde_json::Value = serde_json::from_str(PREVIOUS_RELEASE).unwrap();
+        newer["version"] = serde_json::json!(STATE_VERSION + 1);
+        // A change an older build could not even parse.
+        newer["rr_cursor"] = serde_json::json!({"per_partition": {}});
+        let bytes = serde_json::to_vec(&newer).unwrap();
+        fs::write(s.state_path(), &bytes).unwrap();
+        let e = s.update(|st| st.reservations.clear()).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, StateError::Newer { .. }), "{msg}");
+        assert!(msg.contains("newer than this build") && !msg.contains('\n'), "{msg}");
+        assert!(s.snapshot().is_err());
+        assert_eq!(fs::read(s.state_path()).unwrap(), bytes, "the newer file was changed");
+        let names: Vec<_> =
+            fs::read_dir(s.dir()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert!(!names.iter().any(|n| n.contains(".corrupt.")), "set aside: {names:?}");
+        assert!(lines.lock().unwrap().is_empty());
     }
 
     #[test]

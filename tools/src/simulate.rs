@@ -98,6 +98,7 @@ pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
             sm_activity_cap: a.parsed("sm-cap", num)?.unwrap_or(0.8),
             busy_cap: a.parsed("busy-cap", num)?.unwrap_or(0.8),
             headroom_mib: a.parsed("headroom", parse_size_mib)?.unwrap_or(2048),
+            ..Params::default()
         },
         assumptions: assumptions(&a)?,
         admission: a.parsed("admission", Admission::parse)?.unwrap_or_default(),

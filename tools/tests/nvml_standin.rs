@@ -244,6 +244,53 @@ fn a_lost_gpu_is_left_out_with_a_log_line_and_the_others_serve() {
     assert!(log.contains("GPU 0: NVML says the GPU is lost"), "{log}");
 }
 
+/// A GPU in MIG mode and one whose every NVML call fails are left out,
+/// each with one log line, and the others still serve; a GPU the admin left
+/// out of gres.conf (carma.yaml's `gpu_indices`) is never placed on.
+#[test]
+fn gpus_in_mig_mode_in_error_or_not_slurms_are_left_out_and_the_others_serve() {
+    let gpus: Vec<String> = (0..4).map(|i| format!("{{index: {i}, uuid: GPU-{i}, memory_total: 40G}}")).collect();
+    let gpus: Vec<&str> = gpus.iter().map(String::as_str).collect();
+    let node = Node::new("mig", &gpus, "standin: {faults: {mig: [0], error: [1]}}\n", "gpu_indices: [1, 2]\n");
+    let indices = |s: serde_json::Value| -> Vec<u64> {
+        s["gpus"].as_array().unwrap().iter().map(|g| g["index"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(indices(node.status()), vec![2]);
+    for _ in 0..2 {
+        let out = node.carma(&["place", "--dry-run", "--mem", "4G"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("would place on gpu_indices=2"), "{text}");
+    }
+    let log = node.log();
+    assert!(log.contains("GPU 0: in MIG mode, which CARMA does not place on"), "{log}");
+    assert!(log.contains("GPU 1: NVML memory info of GPU 1: an internal driver error occurred"), "{log}");
+    // Every GPU in error: the read fails, saying why.
+    node.describe(&gpus, "standin: {faults: {error: [0, 1, 2, 3]}}\n");
+    let err = one_line_error(&node.carma(&["status"]));
+    assert!(err.contains("NVML") && err.contains("of GPU 0"), "{err}");
+}
+
+/// Under MPS the driver's compute list names the server and only its MPS
+/// list names the clients with their memory (NVML documents
+/// nvmlDeviceGetMPSComputeRunningProcesses_v3 for "processes with a
+/// Multi-Process Service compute context"): CARMA reads both, so the
+/// clients' memory reaches their jobs.
+#[test]
+fn mps_clients_are_read_from_the_mps_list_with_their_memory() {
+    let gpus = ["{index: 0, uuid: GPU-aaaa, memory_total: 40G}"];
+    let node = Node::new("mpslist", &gpus, "", "");
+    let mut procs = sleepers(2);
+    let sim = node.sim();
+    sim.allocate(procs[0].id(), &[0], 0, 0.0, 0.0, false).unwrap().unwrap();
+    sim.allocate(procs[1].id(), &[0], 4096, 0.3, 0.3, true).unwrap().unwrap();
+    let s = node.status();
+    let listed = s["gpus"][0]["processes"].as_array().unwrap().clone();
+    let client = listed.iter().find(|p| p["pid"] == procs[1].id()).unwrap_or_else(|| panic!("{listed:?}"));
+    assert_eq!(client["used_mib"], 4096);
+    assert!(listed.iter().any(|p| p["pid"] == procs[0].id()), "the server is listed: {listed:?}");
+    end(&mut procs);
+}
+
 #[test]
 fn a_hung_driver_call_fails_the_read_in_bounded_time() {
     let gpus = ["{index: 0, memory_total: 40G}"];

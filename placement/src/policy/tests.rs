@@ -3,8 +3,14 @@ use crate::gpu::GpuProcess;
 use crate::state::{HISTORY_MAX, Reservation};
 use proptest::prelude::*;
 
-const P: Params =
-    Params { metric: carma_config::ActivityMetric::Sm, sm_activity_cap: 0.8, busy_cap: 0.8, headroom_mib: 2048 };
+const P: Params = Params {
+    metric: carma_config::ActivityMetric::Sm,
+    sm_activity_cap: 0.8,
+    busy_cap: 0.8,
+    headroom_mib: 2048,
+    window_secs: 0,
+    now_secs: 0,
+};
 
 fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
     GpuReading {
@@ -348,4 +354,54 @@ fn the_admission_count_is_what_shared_jobs_could_still_get_in_whole_gib() {
     whole.holding = Holding::SlurmWhole;
     st.reservations.push(whole);
     assert_eq!(admissible_gib(&g, &st, &HashMap::new(), &P), 20 + 14);
+}
+
+/// A burst of 8 launches on 4 idle GPUs: the readings show none of them
+/// yet, so without counting what they will add `ff` and `bf` would put all
+/// 8 on GPU0. Each policy spreads them within the activity cap (at most 3
+/// jobs per GPU within a window), and says why a GPU is passed over.
+#[test]
+fn a_burst_spreads_per_the_activity_cap_with_each_policy() {
+    let now = 10_000;
+    let p = Params { window_secs: 60, now_secs: now, ..P };
+    let gpus: Vec<_> = (0..4).map(|i| gpu(i, 0, 0.0)).collect();
+    for policy in [Policy::FirstFit, Policy::BestFit, Policy::Magm, Policy::LeastUtilized, Policy::RoundRobin] {
+        let mut st = NodeState::default();
+        let mut per_gpu = [0usize; 4];
+        for job in 0..8u32 {
+            let c = choose(&gpus, &mut st, &demand(policy, 4096), &p, &HashMap::new()).unwrap();
+            per_gpu[c.gpus[0] as usize] += 1;
+            st.reservations.push(Reservation { since: now - 1, ..carma(job, c.gpus.clone(), 4096, 5000 + job) });
+        }
+        assert!(per_gpu.iter().all(|&n| n <= 3), "{policy}: {per_gpu:?}");
+        // Four more fill every GPU to 3; the next is refused on activity.
+        for job in 8..12u32 {
+            let c = choose(&gpus, &mut st, &demand(policy, 4096), &p, &HashMap::new()).unwrap();
+            st.reservations.push(Reservation { since: now, ..carma(job, c.gpus.clone(), 4096, 5000 + job) });
+        }
+        let e = choose(&gpus, &mut st, &demand(policy, 4096), &p, &HashMap::new()).unwrap_err();
+        assert_eq!(e.class(), "activity", "{policy}: {e}");
+        assert!(e.to_string().contains("with 3 jobs placed within the window"), "{e}");
+        // A window later the readings speak for them (here: low activity).
+        let later = Params { now_secs: now + 60, ..p };
+        let busy: Vec<_> = (0..4).map(|i| gpu(i, 0, 0.3)).collect();
+        assert!(choose(&busy, &mut st, &demand(policy, 4096), &later, &HashMap::new()).is_ok(), "{policy}");
+    }
+}
+
+/// Only CARMA's shared placements within the window count, and no window
+/// (the trace simulator's readings) counts none.
+#[test]
+fn only_recent_shared_placements_add_expected_activity() {
+    let p = Params { window_secs: 60, now_secs: 1_000, ..P };
+    let g = gpu(0, 0, 0.1);
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation { since: 990, ..carma(1, vec![0], 4096, 11) });
+    st.reservations.push(Reservation { since: 900, ..carma(2, vec![0], 4096, 12) });
+    st.reservations.push(Reservation { since: 995, ..carma(3, vec![1], 4096, 13) });
+    let (value, recent) = expected_activity(&g, &st, &p);
+    assert_eq!(recent, 1);
+    // Half the cap, less the sixth of the window that has seen it.
+    assert!((value - (0.1 + 0.4 * 50.0 / 60.0)).abs() < 1e-9, "{value}");
+    assert_eq!(expected_activity(&g, &st, &P), (0.1, 0));
 }

@@ -35,12 +35,38 @@ impl fmt::Display for SourceError {
 impl std::error::Error for SourceError {}
 
 /// The source placement reads: carma-monitor's published readings where
-/// carma.yaml says so (direct reads when they are stale), else the GPUs.
+/// carma.yaml says so (stale ones fail the read), else the GPUs; only the
+/// GPUs carma.yaml's `gpu_indices` names, where it names them.
 pub fn open_source(cfg: &Config, log: fn(&str)) -> Result<Box<dyn GpuSource>, SourceError> {
-    if cfg.monitor.published {
-        return Ok(Box::new(published::PublishedSource::new(cfg, log)));
+    let source = if cfg.monitor.published {
+        Box::new(published::PublishedSource::new(cfg, log))
+    } else {
+        open_direct(cfg, log)?
+    };
+    Ok(match &cfg.gpu_indices {
+        Some(allowed) => Box::new(Allowed { source, allowed: allowed.clone() }),
+        None => source,
+    })
+}
+
+/// The GPUs Slurm knows on this node (gres.conf's, as carma.yaml's
+/// `gpu_indices` lists them): a GPU the admin left out (faulty, reserved)
+/// is never placed on.
+struct Allowed {
+    source: Box<dyn GpuSource>,
+    allowed: Vec<u32>,
+}
+
+impl GpuSource for Allowed {
+    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
+        let mut r = self.source.read()?;
+        r.retain(|g| self.allowed.contains(&g.index));
+        Ok(r)
     }
-    open_direct(cfg, log)
+
+    fn name(&self) -> &'static str {
+        self.source.name()
+    }
 }
 
 /// NVML, opened and read in a thread of its own: each read is bounded by

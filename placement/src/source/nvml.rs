@@ -14,7 +14,7 @@ use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -26,17 +26,21 @@ pub struct NvmlSource {
     window: Duration,
     /// The last GPM sample of each device (sampling sources only).
     gpm: Option<Vec<Option<GpmSample<'static>>>>,
-    /// GPUs the driver reported lost (said once each).
-    lost: BTreeSet<u32>,
+    /// GPUs left out of the readings, and why (said once each, and again
+    /// when they answer).
+    left_out: BTreeMap<u32, &'static str>,
     log: fn(&str),
 }
 
 /// The library this process loaded (once: NVML is initialised per process).
 static NVML: std::sync::OnceLock<Nvml> = std::sync::OnceLock::new();
 
-/// Why a GPU gave no reading: lost (left out, with a log line), or an error.
+/// Why a GPU gave no reading: lost, in MIG mode (CARMA places whole
+/// GPUs' processes and memory, not MIG instances), or an error. Each
+/// leaves the GPU out, with a log line; the node's other GPUs still serve.
 enum Miss {
     Lost,
+    Mig,
     Failed(SourceError),
 }
 
@@ -63,7 +67,7 @@ impl NvmlSource {
                 NVML.get_or_init(|| n)
             }
         };
-        Ok(NvmlSource { nvml, window, gpm: None, lost: BTreeSet::new(), log })
+        Ok(NvmlSource { nvml, window, gpm: None, left_out: BTreeMap::new(), log })
     }
 
     /// A source read at intervals (carma-monitor): SM activity and
@@ -92,6 +96,16 @@ impl NvmlSource {
                 other => break other?,
             }
         };
+        // Under MPS the compute list names the server, and only the MPS
+        // list names its clients (the jobs) with their memory. Older
+        // drivers lack the call: then the compute list is all there is.
+        let mut list = list;
+        if let Ok(clients) = dev.mps_running_compute_processes() {
+            for c in clients {
+                list.retain(|p| p.pid != c.pid);
+                list.push(c);
+            }
+        }
         Ok(list
             .into_iter()
             .map(|p| GpuProcess {
@@ -104,15 +118,6 @@ impl NvmlSource {
             .collect())
     }
 
-    /// One GPU's reading; `Ok(None)` if the driver says the GPU is lost.
-    fn read_one(&mut self, index: u32, since_us: u64) -> Result<Option<GpuReading>, SourceError> {
-        match self.read_present(index, since_us) {
-            Ok(r) => Ok(Some(r)),
-            Err(Miss::Lost) => Ok(None),
-            Err(Miss::Failed(e)) => Err(e),
-        }
-    }
-
     fn read_present(&mut self, index: u32, since_us: u64) -> Result<GpuReading, Miss> {
         let miss = |what: &'static str| {
             move |e: NvmlError| match e {
@@ -121,6 +126,12 @@ impl NvmlSource {
             }
         };
         let dev = self.nvml.device_by_index(index).map_err(miss("device"))?;
+        // A GPU without MIG support answers NotSupported: not in MIG mode.
+        match dev.mig_mode() {
+            Ok(m) if m.current == 1 => return Err(Miss::Mig),
+            Err(NvmlError::GpuLost) => return Err(Miss::Lost),
+            _ => {}
+        }
         let mem = dev.memory_info().map_err(miss("memory info"))?;
         let processes = Self::processes(&dev).map_err(miss("processes"))?;
         // Windowed busy time (utilization.gpu: the share of time any
@@ -197,26 +208,35 @@ impl GpuSource for NvmlSource {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         let mut out = Vec::with_capacity(count as usize);
+        let mut first_error = None;
         for index in 0..count {
-            match self.read_one(index, since_us)? {
-                Some(r) => {
-                    if self.lost.remove(&index) {
+            let (why, detail) = match self.read_present(index, since_us) {
+                Ok(r) => {
+                    if self.left_out.remove(&index).is_some() {
                         (self.log)(&format!("GPU {index} answers NVML again; it is placed on again"));
                     }
                     out.push(r);
+                    continue;
                 }
-                // A lost GPU is left out: nothing is placed on it, and the
-                // node's other GPUs still serve.
-                None => {
-                    if self.lost.insert(index) {
-                        (self.log)(&format!(
-                            "GPU {index}: NVML says the GPU is lost (fallen off the bus?); nothing is placed on it until it answers again"
-                        ));
-                    }
+                Err(Miss::Lost) => ("lost", "NVML says the GPU is lost (fallen off the bus?)".to_string()),
+                Err(Miss::Mig) => ("mig", "in MIG mode, which CARMA does not place on".to_string()),
+                Err(Miss::Failed(e)) => {
+                    let line = format!("{e}");
+                    first_error.get_or_insert(e);
+                    ("error", line)
                 }
+            };
+            // Left out: nothing is placed on it, and the node's other GPUs
+            // still serve. Said once, and again if the reason changes.
+            if self.left_out.insert(index, why) != Some(why) {
+                (self.log)(&format!("GPU {index}: {detail}; nothing is placed on it until that changes"));
             }
         }
-        Ok(out)
+        // Errors on every GPU: the read fails, saying why (no GPU to offer).
+        match first_error {
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 
     fn name(&self) -> &'static str {

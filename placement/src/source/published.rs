@@ -1,11 +1,14 @@
 //! Readings that carma-monitor publishes in the state directory, and the
 //! source placement uses when carma.yaml says `monitor: {published: true}`:
-//! no GPU library is initialised in slurmstepd on the hot path. Readings
-//! older than `stale_after`, missing or unreadable ones make the source
-//! read the GPUs directly, and say so in the log (at most once a minute
-//! per node) and in `carma status`.
+//! no GPU library is initialised in slurmstepd. Readings older than
+//! `stale_after`, missing or unreadable ones fail the read with the reason
+//! (CARMA steps are refused, closed), said in the log (at most once a
+//! minute per node) and in `carma status`. Never the driver instead: a
+//! stale monitor most often means a driver that hangs, and every placing
+//! slurmstepd would then be stuck in it (a bound limits the wait, not the
+//! thread stuck in the driver).
 
-use super::{GpuSource, SourceError, open_direct};
+use super::{GpuSource, SourceError};
 use crate::fsutil;
 use crate::gpu::GpuReading;
 use carma_config::Config;
@@ -19,8 +22,8 @@ pub const READINGS_FILE: &str = "readings.json";
 /// Bounds what a placing step reads (a node with 64 GPUs and many processes
 /// stays far below).
 const MAX_BYTES: u64 = 4 << 20;
-const FALLBACK_STAMP: &str = "monitor.fallback";
-const FALLBACK_LOG_EVERY: Duration = Duration::from_secs(60);
+const STALE_STAMP: &str = "monitor.stale";
+const STALE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// What one publication holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,44 +97,34 @@ pub fn fresh(state_dir: &Path, stale_after: Duration) -> Result<Published, Strin
     Ok(p)
 }
 
+/// What a step is told when the readings cannot be used.
+pub fn refusal(why: &str) -> String {
+    format!("carma-monitor's readings are not usable: {why}; CARMA steps are refused until it publishes again")
+}
+
 pub struct PublishedSource {
-    /// state_dir, monitor.stale_after, and the direct source to fall back to.
+    /// state_dir and monitor.stale_after.
     cfg: Config,
-    direct: Option<Box<dyn GpuSource>>,
     log: fn(&str),
-    /// Why the last read did not use published readings.
-    pub fallback: Option<String>,
 }
 
 impl PublishedSource {
     pub fn new(cfg: &Config, log: fn(&str)) -> PublishedSource {
-        PublishedSource { cfg: cfg.clone(), direct: None, log, fallback: None }
-    }
-
-    fn note_fallback(&mut self, why: String) {
-        // One line a minute per node, whichever process sees it first.
-        if fsutil::stamp_due(&self.cfg.state_dir.join(FALLBACK_STAMP), FALLBACK_LOG_EVERY) {
-            (self.log)(&format!("monitor readings not used: {why}; reading the GPUs directly"));
-        }
-        self.fallback = Some(why);
+        PublishedSource { cfg: cfg.clone(), log }
     }
 }
 
 impl GpuSource for PublishedSource {
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
-        match fresh(&self.cfg.state_dir, self.cfg.monitor.stale_after) {
-            Ok(p) => {
-                self.fallback = None;
-                Ok(p.gpus)
+        fresh(&self.cfg.state_dir, self.cfg.monitor.stale_after).map(|p| p.gpus).map_err(|why| {
+            // One line a minute per node, whichever process sees it first;
+            // each refused step says it in its own error.
+            let refused = refusal(&why);
+            if fsutil::stamp_due(&self.cfg.state_dir.join(STALE_STAMP), STALE_LOG_EVERY) {
+                (self.log)(&refused);
             }
-            Err(why) => {
-                self.note_fallback(why);
-                if self.direct.is_none() {
-                    self.direct = Some(open_direct(&self.cfg, self.log)?);
-                }
-                self.direct.as_mut().expect("just opened").read()
-            }
-        }
+            SourceError(refused)
+        })
     }
 
     fn name(&self) -> &'static str {
@@ -183,23 +176,28 @@ mod tests {
         assert!(fresh(&d.0, Duration::from_secs(10)).unwrap_err().contains("unreadable"));
     }
 
+    /// A stale publication fails the read with its reason and never opens
+    /// the configured source (here NVML from a library whose every call
+    /// would hang or fail: it must not even be loaded).
     #[test]
-    fn a_stale_publication_falls_back_to_the_configured_source() {
+    fn a_stale_publication_fails_closed_without_opening_the_driver() {
         let d = TempDir::new();
-        let gpus = d.0.join("gpus.yaml");
-        std::fs::write(&gpus, "gpus:\n  - {index: 0, uuid: GPU-direct, memory_total: 16G}\n").unwrap();
         let cfg = Config {
             state_dir: d.0.clone(),
-            gpu_source: carma_config::GpuSource::Simulated(gpus),
+            gpu_source: carma_config::GpuSource::Nvml { library: Some("/nonexistent/libnvidia-ml.so.1".into()) },
             ..Config::default()
         };
         let mut src = PublishedSource::new(&cfg, |_| {});
         publish(&d.0, &publication(now_ms(), 0.5)).unwrap();
         assert_eq!(src.read().unwrap()[0].uuid, "GPU-x");
-        assert!(src.fallback.is_none());
         publish(&d.0, &publication(now_ms() - 60_000, 0.5)).unwrap();
-        assert_eq!(src.read().unwrap()[0].uuid, "GPU-direct");
-        assert!(src.fallback.as_deref().is_some_and(|w| w.contains("s old")));
-        assert!(d.0.join(FALLBACK_STAMP).exists(), "the fallback was logged");
+        let t = std::time::Instant::now();
+        let e = src.read().unwrap_err().0;
+        assert!(e.contains("s old") && e.contains("CARMA steps are refused"), "{e}");
+        assert!(!e.contains("NVML"), "the driver was tried: {e}");
+        assert!(t.elapsed() < Duration::from_millis(200));
+        assert!(d.0.join(STALE_STAMP).exists(), "the refusal was logged");
+        std::fs::remove_file(path(&d.0)).unwrap();
+        assert!(src.read().unwrap_err().0.contains("does not exist"));
     }
 }

@@ -233,6 +233,12 @@ impl SimulatedGpus {
     }
 
     /// Live processes' registrations, skipping dead ones and bad files.
+    /// The registered MPS clients' pids (the NVML stand-in lists them
+    /// apart, as the driver does under MPS).
+    pub fn mps_clients(&self) -> Vec<u32> {
+        self.processes(None).into_iter().filter(|p| p.mps).map(|p| p.pid).collect()
+    }
+
     fn processes(&self, skip_pid: Option<u32>) -> Vec<SimProcess> {
         let Ok(entries) = fs::read_dir(&self.process_dir) else {
             return Vec::new();

@@ -65,6 +65,7 @@ fn read_facts(sp: &Spank) -> Result<StepFacts, Error> {
     f.job = sp.item_u32(Item::JobId)?;
     f.uid = sp.item_u32(Item::JobUid)?;
     f.slurm_gpus = slurm_gpus(sp)?;
+    f.batch_step = crate::spank::is_batch_step(sp.item_u32(Item::StepId)?);
     f.partition = sp.getenv("SLURM_JOB_PARTITION")?;
     f.account = sp.getenv("SLURM_JOB_ACCOUNT")?;
     f.qos = sp.getenv("SLURM_JOB_QOS")?;

@@ -76,10 +76,17 @@ fn placer_log(msg: &str) {
 fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     let a = Args::parse(argv, &["config"], &["json"])?;
     let cfg = config(&a)?;
-    let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
+    let monitor = monitor_state(&cfg);
+    // Stale readings refuse CARMA steps; the admin still sees the GPUs,
+    // read directly (this is no slurmstepd).
+    let read = if monitor.1["fresh"] == false {
+        Config { monitor: carma_config::MonitorConfig { published: false, ..cfg.monitor.clone() }, ..cfg.clone() }
+    } else {
+        cfg.clone()
+    };
+    let mut placer = Placer::from_config(&read, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     let gpus = status::settle(gpus, &state);
-    let monitor = monitor_state(&cfg);
     if a.has("json") {
         let mut v = status::to_json(&gpus, &state);
         v["transparent"] = cfg.transparent.iter().map(|s| scope_json(s, &cfg)).collect();
@@ -121,7 +128,7 @@ fn monitor_state(cfg: &Config) -> (String, serde_json::Value) {
         }
         Err(why) => {
             let line = if used {
-                format!("monitor: NOT USED: {why}; placement reads the GPUs directly")
+                format!("monitor: STALE: {}", published::refusal(&why))
             } else {
                 "monitor: off (monitor.published: false); placement reads the GPUs directly".into()
             };
