@@ -366,6 +366,16 @@ local function record(job_desc, note, old_comment)
 	job_desc.comment = comment
 end
 
+-- OOM recovery requeues a CARMA job from carma-epilog: the job must be
+-- requeueable whatever the cluster's JobRequeue says, unless its user said
+-- --no-requeue (or --requeue) themselves. Other jobs keep the site's default.
+local function requeueable(job_desc)
+	local unset16 = slurm.NO_VAL16 or 65534
+	if job_desc.requeue == nil or job_desc.requeue == unset16 then
+		job_desc.requeue = 1
+	end
+end
+
 function carma.job_submit(job_desc, part_list, submit_uid)
 	local job = {
 		partition = job_desc.partition,
@@ -382,6 +392,7 @@ function carma.job_submit(job_desc, part_list, submit_uid)
 		carma_job = carma_job or string.sub(kv, 1, 6) == "CARMA_"
 	end
 	if carma_job then
+		requeueable(job_desc)
 		local admitted = admit(job_desc, job, part_list, scope and tonumber(scope.default_mib))
 		if admitted ~= nil then
 			record(job_desc, admitted, job_desc.comment)

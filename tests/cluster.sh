@@ -129,8 +129,10 @@ CliFilterPlugins=lua
 # ${NODE2}'s slurmd reads its own copy of this file (see the top of cluster.sh).
 DebugFlags=NO_CONF_HASH
 # OOM recovery: detects GPU OOM crashes of CARMA jobs and requeues them.
+# job_submit.lua marks CARMA jobs requeueable one by one; the cluster's
+# default stays off, as a site may have it, so that the suites show it.
 Epilog=$EPILOG
-JobRequeue=1
+JobRequeue=0
 # carmamem: GPU memory in GiB, a count-only GRES for admission (docs/admission.md).
 GresTypes=gpu,shard,carmamem
 # More CPUs than exist, so that many small jobs run at once.
@@ -144,6 +146,12 @@ PartitionName=multi Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
 # widet also collocates plain GPU jobs transparently.
 PartitionName=wide Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
 PartitionName=widet Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
+# Preemption with requeue (tests/recovery.rs): only a job in urgent preempts,
+# only jobs in lowprio are requeued by it; no other test uses either.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=lowprio Nodes=$NODE MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE
+PartitionName=urgent Nodes=$NODE MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 CONF
     # Four GPUs backed by character devices (Slurm 22.05 needs File=), each
     # split into 8 shards for collocated jobs: /dev/nvidiaN as the driver
@@ -278,6 +286,10 @@ install_carma() {
     id "$TEST_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER"
     # A second user, for MPS's one-user-per-GPU rule.
     id "$TEST_USER2" >/dev/null 2>&1 || useradd -m -s /bin/bash "$TEST_USER2"
+    # A project group of the first user only: output readable through it
+    # alone (tests/recovery.rs, the epilog reads as the user with its groups).
+    getent group carmashare >/dev/null 2>&1 || groupadd carmashare
+    id -nG "$TEST_USER" | grep -qw carmashare || usermod -a -G carmashare "$TEST_USER"
     local g
     for g in 0 1 2 3; do
         install -d -m 0755 "$MPS_PIPE/$g"

@@ -315,3 +315,64 @@ fn a_full_state_disk_fails_carma_steps_cleanly_and_keeps_the_old_state() {
         "state disk full (64 KiB tmpfs): CARMA steps fail with No space left on device, the old state file is unchanged, no temp file left, others run; with space again CARMA runs",
     );
 }
+
+/// Puts node 2's plugstack back however the test ends, and resumes the node
+/// if it was drained: the tests after this one need it.
+struct RestorePlugstack(String, String);
+
+impl Drop for RestorePlugstack {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, &self.1);
+        let st = root(&["sinfo", "-h", "-N", "-n", &node2(), "-o", "%T"], 10).stdout;
+        if st.contains("drain") || st.contains("drng") || st.contains("down") {
+            root(&["scontrol", "update", &format!("nodename={}", node2()), "state=resume"], 20);
+        }
+    }
+}
+
+#[test]
+fn a_bad_plugstack_argument_leaves_the_node_up_and_names_itself_in_both_logs() {
+    require_cluster();
+    let node2 = node2();
+    let path = "/etc/slurm/node2/plugstack.conf".to_string();
+    let saved = std::fs::read_to_string(&path).unwrap();
+    let _restore = RestorePlugstack(path.clone(), saved.clone());
+    // An admin's typo: an argument CARMA does not know, on the plugin's line.
+    let bad = saved
+        .lines()
+        .map(|l| if l.contains("carma_spank.so") { format!("{l} confg_typo=1") } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&path, format!("{bad}\n")).unwrap();
+    let log_path = format!("/var/log/carma/carma-{node2}.log");
+    let before = std::fs::read_to_string(&log_path).unwrap_or_default().len();
+    // A job without CARMA options: its prolog and epilog run the plugin.
+    let r = user(&["srun", "-p", "multi", "-w", &node2, "printenv", "SLURMD_NODENAME"], 60).ok();
+    assert_eq!(r.stdout.trim(), node2);
+    // The epilog runs after srun returns: wait for the job to leave the node.
+    let start = Instant::now();
+    while !root(&["squeue", "-h", "-w", &node2, "-t", "R,CG", "-o", "%i"], 10).stdout.trim().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the job stayed on {node2}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let st = root(&["sinfo", "-h", "-N", "-n", &node2, "-o", "%T"], 10).stdout;
+    assert!(!st.contains("drain") && !st.contains("drng") && !st.contains("down"), "node {node2} is {st}");
+    let carma = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let fresh = &carma[before.min(carma.len())..];
+    for what in ["job_prolog", "job_epilog"] {
+        assert!(
+            fresh.lines().any(|l| l.contains(&format!("{what}: plugstack.conf:")) && l.contains("confg_typo")),
+            "{log_path} does not name the bad argument in {what}: {fresh}"
+        );
+    }
+    let slurmd = std::fs::read_to_string(format!("/var/log/carma-cluster/slurmd-{node2}.log")).unwrap();
+    assert!(
+        slurmd.lines().any(|l| l.contains("plugstack.conf:") && l.contains("confg_typo")),
+        "slurmd's log does not name it"
+    );
+    report(
+        "fault",
+        "a typo in plugstack.conf's arguments: job prolog and epilog log it in slurmd's log and carma.log, skip CARMA's part; node not drained, jobs run",
+    );
+}

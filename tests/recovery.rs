@@ -213,3 +213,157 @@ fn recovery_files_of_jobs_that_will_not_run_here_again_are_swept_by_the_epilog()
     assert!(!std::path::Path::new(&file(&format!("restart-{held}"))).exists());
     assert!(carma_log().contains(&format!("removed the recovery files of job {held}: it is CANCELLED")));
 }
+
+/// Waits (at most `secs`) until the file at `path` contains `text`.
+fn wait_text(path: &str, text: &str, secs: u64) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(text)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+/// An admin's `scontrol requeue` of a running job, with Slurm's requeue
+/// delay lifted as the epilog's own follow-up does.
+fn admin_requeue(job: &str) {
+    root(&["scontrol", "requeue", job], 20).ok();
+    let start = Instant::now();
+    while field(job, "JobState") != "PENDING" {
+        assert!(start.elapsed() < Duration::from_secs(60), "job {job} not pending after the requeue");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Not "now": a run that starts within the second slurmd revoked the
+    // last run's credential in is killed (see carma-epilog's prompt_restart).
+    root(&["scontrol", "update", &format!("JobId={job}"), "StartTime=now+3"], 20).ok();
+}
+
+#[test]
+fn an_admin_requeue_is_no_recovery_and_uses_none_of_the_limit() {
+    require_cluster();
+    // Run 0 waits to be requeued by the admin; run 1 runs out of GPU
+    // memory; run 2, the recovery, finishes.
+    let body = "echo \"RUN ${SLURM_RESTART_COUNT:-0} $CARMA_DECISION\"\n\
+                case ${SLURM_RESTART_COUNT:-0} in\n\
+                0) echo waiting; sleep 120 ;;\n\
+                1) echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; exit 1 ;;\n\
+                *) echo finished ;;\n\
+                esac";
+    let (job, out) = submit(&["--carma-policy=ff", "--carma-mem=2G"], body);
+    assert!(wait_text(&out, "waiting", 60), "run 0 did not start");
+    admin_requeue(&job);
+    assert_eq!(wait_done(&job, 120), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let runs: Vec<&str> = text.lines().filter(|l| l.starts_with("RUN ")).collect();
+    assert_eq!(runs.len(), 3, "{text}");
+    assert!(
+        runs[1].starts_with("RUN 1") && !runs[1].contains("recovery=") && runs[1].contains("exclusive=false"),
+        "the admin's requeue was taken for an OOM: {text}"
+    );
+    assert!(
+        runs[2].starts_with("RUN 2") && runs[2].contains("recovery=exclusive") && runs[2].contains("exclusive=true"),
+        "the OOM after the admin's requeue was not recovered: {text}"
+    );
+    assert!(text.contains("finished"), "{text}");
+    assert_eq!(field(&job, "Restarts"), "2");
+    assert!(carma_log().contains(&format!("job {job} ran out of GPU memory in {out}")), "no epilog line");
+    assert!(carma_log().contains("requeued, recovery 1 of 1"), "the recovery was not counted as the first");
+    report(
+        "fault",
+        "an admin's scontrol requeue of a running CARMA job: the rerun is placed as asked, no recovery used; a later OOM is still recovered",
+    );
+}
+
+#[test]
+fn appended_output_of_a_recovered_run_is_not_read_again_when_the_rerun_fails_otherwise() {
+    require_cluster();
+    // --open-mode=append (as submit() does): run 1's output follows run 0's OOM.
+    let body = "echo \"RUN ${SLURM_RESTART_COUNT:-0} $CARMA_DECISION\"\n\
+                if [ ${SLURM_RESTART_COUNT:-0} = 0 ]; then\n\
+                echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; exit 1\n\
+                fi\n\
+                echo 'ValueError: bad learning rate' >&2; exit 1";
+    let (job, out) = submit(&["--carma-mem=2G"], body);
+    assert_eq!(wait_done(&job, 90), "FAILED");
+    assert_eq!(field(&job, "Restarts"), "1");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.matches("RUN ").count(), 2, "{text}");
+    assert!(!text.contains("ran out of GPU memory again"), "run 0's OOM was read as run 1's: {text}");
+    assert!(
+        carma_log().contains(&format!("job {job} failed (status 256) without a GPU OOM message")),
+        "{}",
+        carma_log()
+    );
+    report(
+        "fault",
+        "a recovered job appending to its output (--open-mode=append) fails again for another reason: only that run's output is read, not taken for an OOM",
+    );
+}
+
+#[test]
+fn output_readable_only_through_the_users_group_is_scanned_and_the_job_recovered() {
+    require_cluster();
+    // A project directory of group carmashare (tests/cluster.sh): the job's
+    // user reaches it only through that supplementary group.
+    let dir = work_dir().join(unique("grp"));
+    let dir_s = dir.to_string_lossy().into_owned();
+    root(&["install", "-d", "-m", "2770", "-o", "root", "-g", "carmashare", &dir_s], 10).ok();
+    let name = unique("recgrp");
+    let path = script(
+        &name,
+        "echo \"RUN ${SLURM_RESTART_COUNT:-0} $CARMA_DECISION\"\n\
+        if [ ${SLURM_RESTART_COUNT:-0} = 0 ]; then\n\
+        echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; exit 1\n\
+        fi\n\
+        echo recovered",
+    );
+    let out = format!("{dir_s}/out-%j");
+    let r = user(&["sbatch", "--parsable", "--open-mode=append", "--carma-mem=2G", "-J", &name, "-o", &out, &path], 30)
+        .ok();
+    let job = r.stdout.trim().to_string();
+    let out = out.replace("%j", &job);
+    assert_eq!(wait_done(&job, 90), "COMPLETED", "{}", carma_log());
+    assert_eq!(field(&job, "Restarts"), "1");
+    let text = root(&["cat", &out], 10).ok().stdout;
+    assert!(text.contains("recovery=exclusive") && text.contains("recovered"), "{text}");
+    assert!(carma_log().contains(&format!("job {job} ran out of GPU memory in {out}")), "{}", carma_log());
+    report(
+        "fault",
+        "a job's output in a directory readable only through the user's supplementary group: the epilog reads it with the user's groups and recovers the job",
+    );
+}
+
+#[test]
+fn a_preempted_and_requeued_job_reruns_as_it_asked_not_as_a_recovery() {
+    require_cluster();
+    // All 32 CPUs of the node: the urgent job below can only run by
+    // preempting it (tests/cluster.sh: lowprio is requeued by urgent).
+    let body = "echo \"RUN ${SLURM_RESTART_COUNT:-0} $CARMA_DECISION\"\n\
+                if [ ${SLURM_RESTART_COUNT:-0} = 0 ]; then echo waiting; sleep 120; fi\n\
+                echo finished";
+    let (job, out) = submit(&["-p", "lowprio", "-c", "32", "--carma-policy=ff", "--carma-mem=2G"], body);
+    assert!(wait_text(&out, "waiting", 60), "run 0 did not start");
+    let urgent = user(&["sbatch", "--parsable", "-p", "urgent", "-c", "32", "--wrap", "sleep 3"], 30).ok();
+    let urgent = urgent.stdout.trim().to_string();
+    let start = Instant::now();
+    while field(&job, "JobState") != "PENDING" {
+        assert!(start.elapsed() < Duration::from_secs(60), "job {job} was not preempted: {}", field(&job, "JobState"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    root(&["scontrol", "update", &format!("JobId={job}"), "StartTime=now+3"], 20).ok();
+    assert_eq!(wait_done(&urgent, 60), "COMPLETED");
+    assert_eq!(wait_done(&job, 120), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let runs: Vec<&str> = text.lines().filter(|l| l.starts_with("RUN ")).collect();
+    assert_eq!(runs.len(), 2, "{text}");
+    assert!(
+        runs[1].starts_with("RUN 1") && !runs[1].contains("recovery=") && runs[1].contains("exclusive=false"),
+        "the preemption was taken for an OOM: {text}"
+    );
+    report(
+        "fault",
+        "a CARMA job preempted and requeued (PreemptMode=REQUEUE): the rerun is placed as asked, no recovery used",
+    );
+}

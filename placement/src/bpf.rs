@@ -111,15 +111,21 @@ struct QueryAttr {
     prog_cnt: u32,
 }
 
-/// bpf(2) on one attribute struct; the return value or errno as text.
-fn bpf<T>(cmd: c_long, attr: &mut T, what: &str) -> Result<i32, String> {
+/// bpf(2) on one attribute struct; the return value, or errno and the
+/// message naming it (errno taken before anything else can change it).
+fn bpf<T>(cmd: c_long, attr: &mut T, what: &str) -> Result<i32, (i32, String)> {
     // SAFETY: `attr` is a live, initialised repr(C) struct of the layout
     // the kernel expects for `cmd`, and its size is passed with it; the
     // kernel reads and writes only within it (and, for PROG_LOAD, the
     // instruction and license buffers whose pointers it holds, which the
     // caller keeps alive across the call).
     let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T, std::mem::size_of::<T>()) };
-    if rc < 0 { Err(format!("{what}: {}", std::io::Error::last_os_error())) } else { Ok(rc as i32) }
+    if rc < 0 {
+        let err = std::io::Error::last_os_error();
+        Err((err.raw_os_error().unwrap_or(0), format!("{what}: {err}")))
+    } else {
+        Ok(rc as i32)
+    }
 }
 
 /// Loads `program` as a cgroup device program.
@@ -141,8 +147,8 @@ pub fn load(program: &[Insn]) -> Result<OwnedFd, String> {
     let fd = loop {
         tries += 1;
         match bpf(BPF_PROG_LOAD, &mut attr, "loading the device program") {
-            Err(_) if tries < 5 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) => continue,
-            other => break other?,
+            Err((libc::EAGAIN, _)) if tries < 5 => continue,
+            other => break other.map_err(|(_, msg)| msg)?,
         }
     };
     // SAFETY: a successful BPF_PROG_LOAD returns a new file descriptor
@@ -160,7 +166,7 @@ pub fn attached_flags(cgroup: &Path) -> Result<Option<u32>, String> {
     let dir = open_dir(cgroup)?;
     let mut attr =
         QueryAttr { target_fd: dir.as_raw_fd() as u32, attach_type: BPF_CGROUP_DEVICE, ..QueryAttr::default() };
-    bpf(BPF_PROG_QUERY, &mut attr, &format!("querying {}", cgroup.display()))?;
+    bpf(BPF_PROG_QUERY, &mut attr, &format!("querying {}", cgroup.display())).map_err(|(_, m)| m)?;
     Ok((attr.prog_cnt > 0).then_some(attr.attach_flags))
 }
 
@@ -176,13 +182,24 @@ pub fn attach(cgroup: &Path, program: &OwnedFd, flags: u32) -> Result<(), String
         attach_flags: flags,
         ..AttachAttr::default()
     };
-    bpf(BPF_PROG_ATTACH, &mut attr, &format!("attaching the device program to {}", cgroup.display()))?;
+    bpf(BPF_PROG_ATTACH, &mut attr, &format!("attaching the device program to {}", cgroup.display()))
+        .map_err(|(_, m)| m)?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_call_returns_the_errno_it_failed_with() {
+        // No such command: the kernel answers EINVAL (or EPERM without
+        // CAP_BPF), and the errno returned is the one the message names.
+        let mut attr = QueryAttr::default();
+        let (errno, msg) = bpf(-1, &mut attr, "probing").unwrap_err();
+        assert!([libc::EINVAL, libc::EPERM].contains(&errno), "{errno} {msg}");
+        assert!(msg.starts_with("probing: ") && msg.contains(&format!("os error {errno}")), "{msg}");
+    }
 
     #[test]
     fn one_rule_per_denied_device_then_allow() {

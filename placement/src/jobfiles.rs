@@ -1,12 +1,15 @@
 //! Small per-job files in the root-owned state directory that carry what
-//! Slurm does not: why a job was requeued (written by carma-epilog) and its
-//! restart count (written by the job prolog), read by slurmstepd's placement;
-//! and that slurmstepd placed a job by transparent collocation (it declared
-//! nothing, so only this root-owned mark tells carma-epilog to recover it).
+//! Slurm does not: carma-epilog's verdict that a job crashed for lack of
+//! GPU memory and is requeued to recover (read by slurmstepd's placement
+//! and by the next run's epilog, which counts recoveries from it); where
+//! each of the job's output files ended when its last run here ended (so
+//! that the next run's epilog scans only that run's output, with
+//! `--open-mode=append`); and that slurmstepd placed a job by transparent
+//! collocation (it declared nothing, so only this root-owned mark tells
+//! carma-epilog to recover it).
 //!
-//! Two writers because of measured Slurm 22.05 behaviour: a job requeued
-//! from the epilog restarts on the same node without the prolog running
-//! again, and S_SLURM_RESTART_COUNT reads 0 in a requeued batch step.
+//! Only the epilog's own verdict makes a recovery: Slurm's restart count
+//! also counts an admin's `scontrol requeue`, preemption and node failure.
 
 use carma_config::RecoveryMode;
 use std::path::{Path, PathBuf};
@@ -17,14 +20,22 @@ pub struct Recovery {
     pub mode: RecoveryMode,
     /// What the crashed run needed (looser mode), MiB.
     pub need_mib: Option<u64>,
+    /// OOM recoveries of the job so far, this one included.
+    pub count: u32,
 }
 
 fn recovery_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("recovery-{job}"))
 }
 
+/// Left by versions that took Slurm's restart count for a recovery; only
+/// removed now.
 fn restart_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("restart-{job}"))
+}
+
+fn output_path(dir: &Path, job: u32) -> PathBuf {
+    dir.join(format!("output-{job}"))
 }
 
 fn transparent_path(dir: &Path, job: u32) -> PathBuf {
@@ -41,24 +52,58 @@ fn read_small(path: &Path) -> Option<String> {
     String::from_utf8(crate::fsutil::read_bounded(path, 256).ok()??).ok()
 }
 
+/// `MODE [NEED] n=COUNT`; a file without `n=` (an older epilog's) counts
+/// one recovery.
 pub fn write_recovery(dir: &Path, job: u32, r: Recovery) -> std::io::Result<()> {
     let need = r.need_mib.map(|m| format!(" {m}")).unwrap_or_default();
-    write_atomic(&recovery_path(dir, job), &format!("{}{need}\n", r.mode.name()))
+    write_atomic(&recovery_path(dir, job), &format!("{}{need} n={}\n", r.mode.name(), r.count))
 }
 
 pub fn read_recovery(dir: &Path, job: u32) -> Option<Recovery> {
     let text = read_small(&recovery_path(dir, job))?;
     let mut words = text.split_whitespace();
     let mode = RecoveryMode::parse(words.next()?)?;
-    Some(Recovery { mode, need_mib: words.next().and_then(|w| w.parse().ok()) })
+    let mut r = Recovery { mode, need_mib: None, count: 1 };
+    for w in words {
+        match w.strip_prefix("n=") {
+            Some(n) => r.count = n.parse().unwrap_or(1),
+            None => r.need_mib = r.need_mib.or_else(|| w.parse().ok()),
+        }
+    }
+    Some(r)
 }
 
-pub fn write_restarts(dir: &Path, job: u32, count: u32) -> std::io::Result<()> {
-    write_atomic(&restart_path(dir, job), &format!("{count}\n"))
+/// Where one of a job's output files ended when a run of it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputEnd {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub path: String,
 }
 
-pub fn read_restarts(dir: &Path, job: u32) -> u32 {
-    read_small(&restart_path(dir, job)).and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+/// One `SIZE DEV INO PATH` line per output file (the path last: it may
+/// hold spaces).
+pub fn write_output_ends(dir: &Path, job: u32, ends: &[OutputEnd]) -> std::io::Result<()> {
+    let text: String = ends.iter().map(|e| format!("{} {} {} {}\n", e.size, e.dev, e.ino, e.path)).collect();
+    write_atomic(&output_path(dir, job), &text)
+}
+
+pub fn read_output_ends(dir: &Path, job: u32) -> Vec<OutputEnd> {
+    use std::io::Read;
+    let mut text = String::new();
+    // Two paths of at most PATH_MAX each.
+    let Ok(f) = std::fs::File::open(output_path(dir, job)) else { return Vec::new() };
+    if f.take(16 * 1024).read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.splitn(4, ' ');
+            let (size, dev, ino) = (w.next()?.parse().ok()?, w.next()?.parse().ok()?, w.next()?.parse().ok()?);
+            Some(OutputEnd { dev, ino, size, path: w.next()?.to_string() })
+        })
+        .collect()
 }
 
 /// A job CARMA placed on this node by transparent collocation.
@@ -87,6 +132,7 @@ pub fn remove(dir: &Path, job: u32) {
     let _ = std::fs::remove_file(recovery_path(dir, job));
     let _ = std::fs::remove_file(restart_path(dir, job));
     let _ = std::fs::remove_file(transparent_path(dir, job));
+    let _ = std::fs::remove_file(output_path(dir, job));
 }
 
 /// Jobs with a file here last written more than `age` ago, oldest first,
@@ -101,8 +147,11 @@ pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> 
         .filter_map(|e| {
             let name = e.file_name();
             let name = name.to_str()?;
-            let job =
-                ["recovery-", "restart-", "transparent-"].iter().find_map(|p| name.strip_prefix(p))?.parse().ok()?;
+            let job = ["recovery-", "restart-", "transparent-", "output-"]
+                .iter()
+                .find_map(|p| name.strip_prefix(p))?
+                .parse()
+                .ok()?;
             let written = e.metadata().ok()?.modified().ok()?;
             (now.duration_since(written).ok()? > age).then_some((written, job))
         })
@@ -132,19 +181,29 @@ mod tests {
     fn round_trip() {
         let d = TempDir::new();
         assert_eq!(read_recovery(&d.0, 7), None);
-        assert_eq!(read_restarts(&d.0, 7), 0);
-        let r = Recovery { mode: RecoveryMode::Looser, need_mib: Some(30000) };
+        let r = Recovery { mode: RecoveryMode::Looser, need_mib: Some(30000), count: 2 };
         write_recovery(&d.0, 7, r).unwrap();
-        write_restarts(&d.0, 7, 2).unwrap();
         let t = Transparent { scope: "partition:gpu".into(), signature: Some("1000:job:00ff".into()) };
         write_transparent(&d.0, 7, &t).unwrap();
+        let ends = vec![
+            OutputEnd { dev: 2049, ino: 77, size: 1234, path: "/home/u/my run/slurm-7.out".into() },
+            OutputEnd { dev: 2049, ino: 78, size: 0, path: "/home/u/e".into() },
+        ];
+        write_output_ends(&d.0, 7, &ends).unwrap();
+        assert_eq!(read_output_ends(&d.0, 7), ends);
         assert_eq!(read_transparent(&d.0, 7), Some(t));
         assert_eq!(read_recovery(&d.0, 7), Some(r));
-        assert_eq!(read_restarts(&d.0, 7), 2);
-        write_recovery(&d.0, 8, Recovery { mode: RecoveryMode::Exclusive, need_mib: None }).unwrap();
+        write_recovery(&d.0, 8, Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }).unwrap();
         assert_eq!(read_recovery(&d.0, 8).unwrap().mode, RecoveryMode::Exclusive);
+        // An older epilog's marker: one recovery.
+        std::fs::write(d.0.join("recovery-10"), "looser 9000\n").unwrap();
+        assert_eq!(
+            read_recovery(&d.0, 10),
+            Some(Recovery { mode: RecoveryMode::Looser, need_mib: Some(9000), count: 1 })
+        );
         remove(&d.0, 7);
-        assert_eq!((read_recovery(&d.0, 7), read_restarts(&d.0, 7), read_transparent(&d.0, 7)), (None, 0, None));
+        assert_eq!((read_recovery(&d.0, 7), read_transparent(&d.0, 7)), (None, None));
+        assert!(read_output_ends(&d.0, 7).is_empty());
         std::fs::write(d.0.join("recovery-9"), "bogus").unwrap();
         assert_eq!(read_recovery(&d.0, 9), None);
     }

@@ -263,7 +263,7 @@ pub fn history_estimate(
     first: bool,
 ) -> Option<u64> {
     let peak = *state.history.get(signature?)?;
-    let wanted = peak + peak / 10;
+    let wanted = peak.saturating_add(peak / 10);
     (first || estimate_mib.is_some_and(|e| wanted > e)).then_some(wanted)
 }
 
@@ -340,7 +340,7 @@ fn reject(
         return Some(Reject::Activity { metric: p.metric, value, cap: p.cap(), recent });
     }
     let free = effective_free_mib(gpu, state, owners);
-    if free < est + p.headroom_mib {
+    if free < est.saturating_add(p.headroom_mib) {
         return Some(Reject::Memory { free_mib: free, estimate_mib: est, headroom_mib: p.headroom_mib });
     }
     None
@@ -408,11 +408,16 @@ pub fn assess(
     owners: &HashMap<u32, u32>,
 ) -> (bool, u64, Vec<(u32, Option<Reject>)>) {
     let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
-    let need_whole = match demand.estimate_mib {
+    // No job needs more than a GPU holds: an absurd estimate (an OOM
+    // message's "inf", a forged history) asks for a whole GPU, and the sums
+    // of estimates below stay far from overflowing.
+    let largest = gpus.iter().map(|g| g.total_mib).max().unwrap_or(0);
+    let estimate = demand.estimate_mib.map(|e| e.min(largest));
+    let need_whole = match estimate {
         None => true,
-        Some(est) => demand.policy == Policy::Exclusive || est + params.headroom_mib > smallest,
+        Some(est) => demand.policy == Policy::Exclusive || est.saturating_add(params.headroom_mib) > smallest,
     };
-    let est = demand.estimate_mib.unwrap_or(smallest);
+    let est = estimate.unwrap_or(smallest);
     let reasons =
         gpus.iter().map(|g| (g.index, reject(g, state, owners, need_whole, est, demand.mps_uid, params))).collect();
     (need_whole, est, reasons)

@@ -41,18 +41,15 @@ pub struct StepFacts {
 /// What this node's root-owned job files say about the job.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct NodeFacts {
-    /// carma-epilog's marker: the job crashed with a GPU OOM here.
+    /// carma-epilog's verdict: the job crashed with a GPU OOM here. Only
+    /// this makes a recovery; Slurm's restart count also counts an admin's
+    /// requeue, preemption and node failure.
     pub recovery: Option<jobfiles::Recovery>,
-    /// The prolog's record of Slurm's restart count (requeued elsewhere).
-    pub restarts: u32,
 }
 
 impl NodeFacts {
     pub fn read(state_dir: &Path, job: u32) -> NodeFacts {
-        NodeFacts {
-            recovery: jobfiles::read_recovery(state_dir, job),
-            restarts: jobfiles::read_restarts(state_dir, job),
-        }
+        NodeFacts { recovery: jobfiles::read_recovery(state_dir, job) }
     }
 }
 
@@ -111,33 +108,29 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         return Ok(Resolution::DropWhole);
     }
     let mut notes = Vec::new();
-    let (mut policy, count, mut estimate_mib, mut source, signature, mut runtime_mib, recovery_mode) = match transparent
-    {
+    let (mut policy, count, mut estimate_mib, mut source, signature, mut runtime_mib) = match transparent {
         Some((s, shards)) => {
             let (mib, source) = match s.default_mib {
                 Some(m) => (Some(m), "scope_default"),
                 None => (None, "unknown"),
             };
             let policy = s.policy.unwrap_or(cfg.default_policy);
-            (policy, shards, mib, source.to_string(), f.job_signature.clone(), None, cfg.recovery_mode)
+            (policy, shards, mib, source.to_string(), f.job_signature.clone(), None)
         }
         None => {
             let (mib, source, signature, runtime) = estimate(f, cfg, &mut notes)?;
             let policy = req.policy.unwrap_or(cfg.default_policy);
-            let recovery = req.recovery.unwrap_or(cfg.recovery_mode);
-            (policy, req.gpu_count(), mib, source, signature, runtime, recovery)
+            (policy, req.gpu_count(), mib, source, signature, runtime)
         }
     };
     // A job requeued after a GPU OOM is rerun as its recovery mode says:
-    // carma-epilog left a marker on this node; on another node the prolog
-    // left the restart count.
+    // carma-epilog left its verdict on this node.
     let mut recovery = "";
-    if node.recovery.is_some() || node.restarts > 0 {
-        let mode = node.recovery.map_or(recovery_mode, |m| m.mode);
-        match (mode, node.recovery.and_then(|m| m.need_mib)) {
+    if let Some(verdict) = node.recovery {
+        match (verdict.mode, verdict.need_mib) {
             (RecoveryMode::None, _) => {}
             (RecoveryMode::Looser, Some(mib)) => {
-                let mib = mib + cfg.looser_margin_mib;
+                let mib = mib.saturating_add(cfg.looser_margin_mib);
                 estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
                 source = "recovery".into();
                 // What the OOM showed it needs, not a model's estimate.

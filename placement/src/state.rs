@@ -580,34 +580,26 @@ impl StateStore {
 
     /// The lock, waiting at most `wait`.
     fn lock(&self, exclusive: bool, wait: Duration) -> Result<File, StateError> {
-        // A fresh descriptor: if we give up waiting, the helper thread's
-        // lock dies with it.
         let path = self.dir.join(LOCK_FILE);
         let file = crate::fsutil::open_for_write(&path, false).map_err(io(format!("opening {}", path.display())))?;
-        // Fast path: the lock is free.
-        if try_got(if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) }, &path)? {
-            return Ok(file);
-        }
-        // Contended: a helper thread blocks in flock(2), so the kernel hands
-        // the lock over the moment it is released; we wait for it with a
-        // timeout. If we give up first, the helper's send fails and dropping
-        // the file releases the lock at once, so nothing stays locked.
+        // Non-blocking attempts until the deadline: a blocking flock(2)
+        // cannot be cancelled, so a thread left waiting in it (and its
+        // descriptor) would outlive the timeout for as long as a hung
+        // holder keeps the lock. Giving up drops the descriptor; nothing is
+        // left behind. Placement bursts queue in `slots` instead, woken at
+        // once; these waits (releases, reads) are rare and short.
         let start = Instant::now();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("carma-lock".into())
-            // A small stack: the helper only waits in flock(2), and a
-            // smaller mapping is cheaper to create under a launch burst.
-            .stack_size(64 * 1024)
-            .spawn(move || {
-                let r = if exclusive { file.lock_exclusive() } else { FileExt::lock_shared(&file) };
-                let _ = tx.send(r.map(|()| file));
-            })
-            .map_err(io(format!("locking {}", path.display())))?;
-        match rx.recv_timeout(wait) {
-            Ok(Ok(file)) => Ok(file),
-            Ok(Err(e)) => Err(StateError::Io { what: format!("locking {}", path.display()), err: e }),
-            Err(_) => Err(StateError::LockTimeout { path, waited: start.elapsed() }),
+        let mut pause = Duration::from_millis(1);
+        loop {
+            if try_got(if exclusive { file.try_lock_exclusive() } else { FileExt::try_lock_shared(&file) }, &path)? {
+                return Ok(file);
+            }
+            let waited = start.elapsed();
+            if waited >= wait {
+                return Err(StateError::LockTimeout { path, waited });
+            }
+            std::thread::sleep(pause.min(wait - waited));
+            pause = (pause * 2).min(LOCK_POLL_MAX);
         }
     }
 
@@ -687,6 +679,10 @@ impl StateStore {
         })
     }
 }
+
+/// The longest pause between two attempts at a contended lock: how late at
+/// most a waiter notices that the lock was released.
+const LOCK_POLL_MAX: Duration = Duration::from_millis(10);
 
 /// A non-blocking flock's outcome: taken, or held by someone else.
 fn try_got(r: std::io::Result<()>, path: &Path) -> Result<bool, StateError> {
@@ -938,6 +934,31 @@ mod tests {
         assert!(e.to_string().contains("not obtained within"));
         FileExt::unlock(&holder).unwrap();
         s.update(|_| ()).unwrap();
+    }
+
+    /// Descriptors of this process open on `path`.
+    fn fds_on(path: &Path) -> usize {
+        let want = fs::canonicalize(path).unwrap();
+        fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| *t == want)
+            .count()
+    }
+
+    #[test]
+    fn a_timed_out_lock_wait_leaves_no_descriptor_or_thread_waiting() {
+        let (_d, s, _) = store();
+        let path = s.dir().join(LOCK_FILE);
+        let holder = File::create(&path).unwrap();
+        holder.lock_exclusive().unwrap();
+        assert_eq!(fds_on(&path), 1);
+        assert!(matches!(s.update(|_| ()).unwrap_err(), StateError::LockTimeout { .. }));
+        // Only the holder's descriptor: none is left blocked in flock(2)
+        // behind the holder, which keeps the lock.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(fds_on(&path), 1, "a waiter's descriptor outlived its timeout");
+        FileExt::unlock(&holder).unwrap();
     }
 
     /// Only a release wakes the oldest queued owner: a failed attempt at

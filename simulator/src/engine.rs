@@ -444,10 +444,7 @@ fn plan(w: &Workload, from_recovery: bool, cfg: &SimConfig, resolve_cfg: &Config
     }
     let facts = StepFacts { job: 0, uid: SIM_UID, request, estimate, ..StepFacts::default() };
     let node = if from_recovery {
-        NodeFacts {
-            recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib) }),
-            restarts: 1,
-        }
+        NodeFacts { recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib), count: 1 }) }
     } else {
         NodeFacts::default()
     };

@@ -64,12 +64,25 @@ pub fn exit(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     }
 }
 
+// A failure in the job prolog or epilog drains the node: a bad plugstack
+// argument is logged there (slurmd's log and carma.log) and the job runs
+// without CARMA's prolog/epilog work.
 pub fn job_prolog(sp: &Spank, args: &[String]) -> Result<(), Error> {
-    options::set_args(args)?;
-    ctx::job_script::prolog(sp)
+    match options::set_args(args) {
+        Ok(()) => ctx::job_script::prolog(sp),
+        Err(e) => {
+            ctx::job_script::bad_args("job_prolog", args, &e);
+            Ok(())
+        }
+    }
 }
 
 pub fn job_epilog(sp: &Spank, args: &[String]) -> Result<(), Error> {
-    options::set_args(args)?;
-    ctx::job_script::epilog(sp)
+    match options::set_args(args) {
+        Ok(()) => ctx::job_script::epilog(sp),
+        Err(e) => {
+            ctx::job_script::bad_args("job_epilog", args, &e);
+            Ok(())
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Shared pieces of CARMA's command-line tools: `carma` (admin CLI),
 //! `carma-fakejob` (simulated GPU workload), `carma-prolog`/`carma-epilog`.
-#![forbid(unsafe_code)]
+// Only recovery::asuser holds `unsafe` (dropping to a user's credentials).
+#![deny(unsafe_code)]
 
 pub mod admission;
 pub mod args;

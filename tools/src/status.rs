@@ -2,9 +2,9 @@
 //! jobs; `carma place --dry-run`: where a job would go now, and why not
 //! elsewhere, from the plugin's own precondition and policy code.
 
-use carma_config::EstimatorConfig;
-use carma_placement::policy::{Choice, Demand, NoFit, Params, assess, choose, effective_free_mib, promised_mib};
-use carma_placement::{GpuReading, LinuxProcesses, NodeState, Processes};
+use carma_config::{EstimatorConfig, LearnRuntime};
+use carma_placement::policy::{Demand, NoFit, Params, assess, effective_free_mib, promised_mib};
+use carma_placement::{Decision, GpuReading, LinuxProcesses, NodeState, Processes, Request, StepRef};
 use serde_json::json;
 use std::collections::HashMap;
 
@@ -114,12 +114,51 @@ pub fn precondition(p: &Params) -> String {
     format!("precondition: {} <= {:.2} (activity_metric), headroom {} MiB", p.metric, p.cap(), p.headroom_mib)
 }
 
-/// Where `demand` would be placed now and every GPU's verdict. Works on a
-/// copy of the state: nothing is reserved or written.
-pub fn dry_run(gpus: &[GpuReading], state: &NodeState, demand: &Demand, p: &Params) -> (Result<Choice, NoFit>, String) {
+/// A job id no Slurm job has (Slurm's ids stay below 2^26): the dry run's
+/// reservation in the state copy is never an existing job's, reused.
+const DRY_RUN_JOB: u32 = u32::MAX;
+
+/// What a dry run found: the plugin's decision, the per-GPU estimate it
+/// decided with (after history and the learned fixed part), and each
+/// GPU's verdict as lines.
+pub struct DryRun {
+    pub decision: Result<Decision, NoFit>,
+    pub estimate_mib: Option<u64>,
+    pub verdicts: String,
+}
+
+/// Where `req` would be placed now: the plugin's own decision
+/// (`carma_placement::decide`: the job's history, the node's learned fixed
+/// part, preconditions and policy) on a copy of the state, so nothing is
+/// reserved or written; and every GPU's verdict.
+pub fn dry_run(
+    gpus: &[GpuReading],
+    state: &NodeState,
+    req: &Request,
+    p: &Params,
+    learn: &LearnRuntime,
+    now_secs: u64,
+) -> DryRun {
     let owners = owners(gpus, state);
-    let (_, _, reasons) = assess(gpus, state, demand, p, &owners);
-    let decision = choose(gpus, &mut state.clone(), demand, p, &owners);
+    let step = StepRef { job: DRY_RUN_JOB, holder: 0 };
+    let mut copy = state.clone();
+    let decision =
+        carma_placement::decide::decide(&mut copy, step, req, gpus, &owners, p, learn, now_secs, &mut |_| false);
+    // The estimate the decision was made with, as decide derived it.
+    let estimate_mib = match &decision {
+        Ok(d) => d.history_mib.or_else(|| {
+            let learned = d.learned_runtime_mib.zip(req.runtime_mib).zip(req.estimate_mib);
+            learned.map(|((l, rt), e)| e.saturating_sub(rt) + l).or(req.estimate_mib)
+        }),
+        Err(_) => req.estimate_mib,
+    };
+    let reasons = match &decision {
+        Err(n) => n.reasons.clone(),
+        Ok(_) => {
+            let demand = Demand { policy: req.policy, count: req.count, estimate_mib, mps_uid: req.mps_uid };
+            assess(gpus, state, &demand, p, &owners).2
+        }
+    };
     let chosen: &[u32] = decision.as_ref().map(|c| c.gpus.as_slice()).unwrap_or(&[]);
     let mut out = String::new();
     for (g, (index, why)) in gpus.iter().zip(&reasons) {
@@ -136,13 +175,78 @@ pub fn dry_run(gpus: &[GpuReading], state: &NodeState, demand: &Demand, p: &Para
         };
         out.push_str(&format!("GPU{index}: {verdict}\n"));
     }
-    (decision, out)
+    DryRun { decision, estimate_mib, verdicts: out }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use carma_placement::GpuProcess;
+
+    fn reading(index: u32, used_mib: u64) -> GpuReading {
+        GpuReading {
+            index,
+            uuid: format!("GPU-{index}"),
+            total_mib: 40960,
+            used_mib,
+            sm_activity: 0.1,
+            busy: 0.1,
+            processes: vec![],
+            power_w: None,
+            mps_uid: None,
+            sm_occupancy: None,
+        }
+    }
+
+    #[test]
+    fn a_dry_run_decides_as_the_plugin_does_where_history_changes_the_answer() {
+        use carma_config::Policy;
+        // GPU0 has 24 GiB free, GPU1 36 GiB. The job asks 8 GiB, but its
+        // history says it peaked at 30000 MiB: best fit picks GPU0 for
+        // 8 GiB, and only GPU1 fits what history asks.
+        let gpus = vec![reading(0, 16384), reading(1, 4096)];
+        let mut state = NodeState::default();
+        state.history.insert("1000:sig".into(), 30000);
+        let req = Request {
+            policy: Policy::BestFit,
+            count: 1,
+            estimate_mib: Some(8192),
+            estimate_source: "declared".into(),
+            shares: true,
+            signature: Some("1000:sig".into()),
+            history_first: false,
+            mps_uid: None,
+            runtime_mib: None,
+        };
+        let p = Params {
+            metric: carma_config::ActivityMetric::Sm,
+            sm_activity_cap: 0.8,
+            busy_cap: 0.8,
+            headroom_mib: 2048,
+        };
+        let learn = LearnRuntime::default();
+        let dry = dry_run(&gpus, &state, &req, &p, &learn, 100);
+        // The plugin's placement on the same state.
+        let mut real_state = state.clone();
+        let real = carma_placement::decide::decide(
+            &mut real_state,
+            StepRef { job: 42, holder: 4242 },
+            &req,
+            &gpus,
+            &HashMap::new(),
+            &p,
+            &learn,
+            100,
+            &mut |_| false,
+        )
+        .unwrap();
+        let d = dry.decision.unwrap();
+        assert_eq!((d.gpus.clone(), d.history_mib), (real.gpus.clone(), real.history_mib));
+        assert_eq!(d.gpus, vec![1], "history asks 33000 MiB: only GPU1 fits");
+        assert_eq!(dry.estimate_mib, Some(33000));
+        assert!(dry.verdicts.contains("GPU0: no: effective free"), "{}", dry.verdicts);
+        assert!(state.reservations.is_empty(), "the dry run reserved nothing");
+    }
 
     #[test]
     fn processes_gone_since_the_reading_are_not_shown_as_using_memory() {

@@ -405,3 +405,20 @@ fn only_recent_shared_placements_add_expected_activity() {
     assert!((value - (0.1 + 0.4 * 50.0 / 60.0)).abs() < 1e-9, "{value}");
     assert_eq!(expected_activity(&g, &st, &P), (0.1, 0));
 }
+
+#[test]
+fn an_absurd_estimate_asks_for_a_whole_gpu_and_never_wraps_around() {
+    // An "inf" or 1e30 from an OOM message, or a forged history: beyond
+    // any GPU, so a GPU of its own, and nothing promised beyond its size.
+    let mut st = NodeState::default();
+    st.reservations.push(carma(1, vec![0], 4096, 77));
+    let g = vec![gpu(0, 4096, 0.1), gpu(1, 0, 0.1)];
+    for est in [u64::MAX, u64::MAX - 1000, 1 << 40] {
+        let c = choose(&g, &mut st.clone(), &demand(Policy::Magm, est), &P, &HashMap::new()).unwrap();
+        assert!(c.exclusive && c.gpus == vec![1], "{est}: {c:?}");
+        assert_eq!(c.reserve_mib, 40960, "{est}");
+    }
+    // History of an absurd peak asks as much, without overflowing.
+    st.history.insert("sig".into(), u64::MAX);
+    assert_eq!(history_estimate(&st, Some("sig"), Some(1), false), Some(u64::MAX));
+}

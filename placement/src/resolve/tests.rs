@@ -88,22 +88,20 @@ fn a_model_without_an_estimate_is_unknown_with_a_note() {
 fn recovery_reruns_exclusive_or_looser_by_the_marker() {
     let cfg = config("recovery:\n  mode: looser\n  looser_margin: 1G\n");
     let f = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "magm")]);
-    let looser = NodeFacts {
-        recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Looser, need_mib: Some(9000) }),
-        restarts: 1,
-    };
-    let p = plan(resolve(&f, &looser, &cfg).unwrap());
+    let marker = |mode, need_mib| NodeFacts { recovery: Some(jobfiles::Recovery { mode, need_mib, count: 1 }) };
+    let p = plan(resolve(&f, &marker(RecoveryMode::Looser, Some(9000)), &cfg).unwrap());
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(9000 + 1024), "recovery"));
     assert_eq!(p.request.policy, Policy::Magm);
-    // Requeued elsewhere (restart count, no marker) with no recorded need: a GPU of its own.
-    let elsewhere = NodeFacts { recovery: None, restarts: 1 };
-    let p = plan(resolve(&f, &elsewhere, &cfg).unwrap());
+    // Looser without a recorded need: a GPU of its own.
+    let p = plan(resolve(&f, &marker(RecoveryMode::Looser, None), &cfg).unwrap());
     assert_eq!(p.request.policy, Policy::Exclusive);
     // recovery: none keeps the request as it was.
-    let none =
-        NodeFacts { recovery: Some(jobfiles::Recovery { mode: RecoveryMode::None, need_mib: None }), restarts: 1 };
-    let p = plan(resolve(&f, &none, &cfg).unwrap());
+    let p = plan(resolve(&f, &marker(RecoveryMode::None, None), &cfg).unwrap());
     assert_eq!((p.request.policy, p.request.estimate_mib), (Policy::Magm, Some(4096)));
+    // An absurd recorded need (u64::MAX from an "inf" in an older epilog's
+    // marker) does not wrap around to a tiny estimate.
+    let p = plan(resolve(&f, &marker(RecoveryMode::Looser, Some(u64::MAX - 10)), &cfg).unwrap());
+    assert_eq!(p.request.estimate_mib, Some(u64::MAX));
 }
 
 #[test]
@@ -124,7 +122,8 @@ fn a_transparent_step_takes_its_scope_and_history_first() {
     let mark = p.transparent.clone().unwrap();
     assert_eq!((mark.scope.as_str(), mark.signature.as_deref()), ("partition:shared", Some("1000:job:00ff")));
     // A recovering rerun keeps what recovery decided: history does not come first.
-    let rerun = NodeFacts { recovery: None, restarts: 1 };
+    let rerun =
+        NodeFacts { recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }) };
     let p = plan(resolve(&f, &rerun, &cfg).unwrap());
     assert!(!p.request.history_first);
     assert_eq!(p.request.policy, Policy::Exclusive);

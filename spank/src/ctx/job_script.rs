@@ -6,7 +6,7 @@ use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::Spank;
-use carma_placement::{Placer, jobfiles};
+use carma_placement::Placer;
 
 fn job_id() -> Option<u32> {
     std::env::var("SLURM_JOB_ID").ok()?.parse().ok()
@@ -41,30 +41,30 @@ fn never_fail(what: &str, body: impl FnOnce() -> Result<(), Error>) -> Result<()
     Ok(())
 }
 
+/// A bad plugstack.conf argument: one line in slurmd's log and in the
+/// carma.log that the `config=` argument (or the default) names, if that
+/// configuration loads; never an error, which would drain the node.
+pub fn bad_args(what: &str, args: &[String], e: &Error) {
+    let msg =
+        format!("{what}: plugstack.conf: {e}; CARMA's {what} is skipped until it is fixed (the node is not drained)");
+    log::error(&msg);
+    let path = args.iter().find_map(|a| a.strip_prefix("config=")).unwrap_or(carma_config::DEFAULT_CONFIG_PATH);
+    let log_file = carma_config::Config::load(std::path::Path::new(path)).ok().and_then(|c| c.log_file);
+    carma_placement::eventlog::record(log_file.as_deref(), &msg);
+}
+
 /// Records the GPUs Slurm allocated to the job as held whole, until a step
-/// shows that it shares them (shards or CARMA). Also leaves a requeued
-/// job's restart count (from slurmd's environment, which users cannot
-/// forge) where slurmstepd's placement reads it: S_SLURM_RESTART_COUNT
-/// reads 0 there for a requeued batch step.
+/// shows that it shares them (shards or CARMA).
 pub fn prolog(_sp: &Spank) -> Result<(), Error> {
     never_fail("job_prolog", || {
         let Some(job) = job_id() else { return Ok(()) };
-        let restarts: u32 = std::env::var("SLURM_JOB_RESTART_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         let gpus = std::env::var("SLURM_JOB_GPUS").ok().and_then(|l| parse_gpu_list(&l)).unwrap_or_default();
-        if restarts == 0 && gpus.is_empty() {
+        if gpus.is_empty() {
             return Ok(());
         }
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
-        // Opening the placer also creates and checks the state directory.
-        let placer = Placer::from_config(cfg, log::event).context("placement")?;
-        if restarts > 0 {
-            jobfiles::write_restarts(&cfg.state_dir, job, restarts).context("recording the restart count")?;
-        }
-        if !gpus.is_empty() {
-            placer.record_whole(job, &gpus).context("placement")?;
-        }
-        Ok(())
+        Placer::from_config(cfg, log::event).context("placement")?.record_whole(job, &gpus).context("placement")
     })
 }
 

@@ -73,25 +73,40 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
     let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
-    let restart_count: u32 = env("SLURM_JOB_RESTART_COUNT").parse().unwrap_or(0);
+    // Recoveries so far: this epilog's own verdicts on this node.
+    let recoveries = jobfiles::read_recovery(&cfg.state_dir, job_no).map_or(0, |r| r.count);
     let mut facts = Facts {
         carma,
         status,
-        restart_count,
+        recoveries,
         mode: req.recovery.unwrap_or(cfg.recovery_mode),
         max_recoveries: cfg.max_recoveries,
         oom_line: None,
     };
     let mut scanned = None;
+    let mut ends = None;
+    let earlier = jobfiles::read_output_ends(&cfg.state_dir, job_no);
     if needs_scan(carma, status) {
-        let (line, file) = scan_output(cfg, &job)?;
+        let scan = scan_output(cfg, &job, &earlier, TAIL_BYTES);
+        // Where this run's output ended, even if the scan failed on a file.
+        ends = Some(scan.ends);
+        let (line, file) = scan.result?;
         facts.oom_line = line;
         scanned = file;
+    } else if carma && status != 0 {
+        // Killed (preempted, requeued, cancelled): a rerun may follow.
+        ends = Some(scan_output(cfg, &job, &earlier, 0).ends);
     }
     let from = scanned.map(|f| format!(" in {}", f.display())).unwrap_or_default();
     let verdict = decide(&facts);
     // The job's per-run files are done with, unless it is requeued below.
     jobfiles::remove(&cfg.state_dir, job_no);
+    // The next run's output starts where this run's ended (--open-mode=append).
+    if let Some(ends) = ends.filter(|e| !e.is_empty())
+        && let Err(e) = jobfiles::write_output_ends(&cfg.state_dir, job_no, &ends)
+    {
+        log(&format!("job {job}: cannot record where its output ended in {}: {e}", cfg.state_dir.display()));
+    }
     match verdict {
         Verdict::NotCarma | Verdict::Succeeded => {}
         Verdict::Signaled(sig) => log(&format!("job {job} ended by signal {sig}: not requeued")),
@@ -103,7 +118,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         }
         Verdict::LimitReached { max } => {
             let msg = format!(
-                "carma: job {job} ran out of GPU memory again after {restart_count} recovery(ies); not requeued (recovery.max_recoveries={max})"
+                "carma: job {job} ran out of GPU memory again after {recoveries} recovery(ies); not requeued (recovery.max_recoveries={max})"
             );
             log(&format!("{msg}; matched: {}", facts.oom_line.as_deref().unwrap_or("")));
             append_to_job_output(&msg, log);
@@ -118,16 +133,15 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             }
             let need_mib = if facts.mode == RecoveryMode::Looser { needed } else { None };
             // Before the requeue: the next run may start on this node at once.
-            if let Err(e) =
-                jobfiles::write_recovery(&cfg.state_dir, job_no, jobfiles::Recovery { mode: facts.mode, need_mib })
-            {
+            let verdict = jobfiles::Recovery { mode: facts.mode, need_mib, count: recoveries + 1 };
+            if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict) {
                 log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
             }
             match requeue(&job) {
                 Ok(()) => {
                     log(&format!(
                         "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
-                        restart_count + 1,
+                        recoveries + 1,
                         facts.max_recoveries,
                         facts.mode.name()
                     ));
@@ -161,8 +175,28 @@ fn job_user() -> Result<User, String> {
     Ok(User { uid, gid })
 }
 
-/// Finds the OOM line in the job's stderr, then stdout, read as the user.
-fn scan_output(cfg: &Config, job: &str) -> Result<(Option<String>, Option<PathBuf>), String> {
+/// What scanning the job's output found, and where each file ends now.
+struct Scan {
+    result: Result<(Option<String>, Option<PathBuf>), String>,
+    ends: Vec<jobfiles::OutputEnd>,
+}
+
+/// Finds the OOM line in this run's part of the job's stderr, then stdout,
+/// read as the user: what follows where the last run here ended (`earlier`),
+/// at most the last `tail` bytes (0: only where the files end now).
+fn scan_output(cfg: &Config, job: &str, earlier: &[jobfiles::OutputEnd], tail: u64) -> Scan {
+    let mut ends = Vec::new();
+    let result = scan_each(cfg, job, earlier, tail, &mut ends);
+    Scan { result, ends }
+}
+
+fn scan_each(
+    cfg: &Config,
+    job: &str,
+    earlier: &[jobfiles::OutputEnd],
+    tail: u64,
+    ends: &mut Vec<jobfiles::OutputEnd>,
+) -> Result<(Option<String>, Option<PathBuf>), String> {
     let user = job_user()?;
     let mut notes = Vec::new();
     let mut patterns: Vec<String> =
@@ -173,22 +207,42 @@ fn scan_output(cfg: &Config, job: &str) -> Result<(Option<String>, Option<PathBu
             "job {job} failed but has no output file to scan (interactive job?); OOM recovery needs sbatch"
         ));
     }
+    let mut found = None;
     for pattern in patterns {
-        let args = helper_args(&["--as-user-read-tail", &pattern]);
-        let out = run_self_as(user, &args, (TAIL_BYTES + 4096) as usize, HELPER_TIMEOUT)?;
+        let args = helper_args(&["--as-user-read-tail", &pattern, &tail.to_string(), &earlier_arg(earlier)]);
+        let out = run_self_as(user, &args, (tail + 4096) as usize, HELPER_TIMEOUT)?;
         let text = String::from_utf8_lossy(&out);
         let (head, body) = text.split_once('\n').unwrap_or((&text, ""));
-        match head.split_once(' ') {
-            Some(("FILE", path)) => {
-                if let Some(line) = oom::find_oom(body, &cfg.oom_patterns) {
-                    return Ok((Some(line.chars().take(300).collect()), Some(PathBuf::from(path))));
-                }
-                notes.push(PathBuf::from(path));
+        let Some(end) = head.strip_prefix("FILE ").and_then(parse_end) else {
+            return Err(format!("job {job}: cannot scan its output: {head}"));
+        };
+        let path = PathBuf::from(&end.path);
+        if !ends.iter().any(|e: &jobfiles::OutputEnd| e.path == end.path) {
+            ends.push(end);
+        }
+        if found.is_none() {
+            match oom::find_oom(body, &cfg.oom_patterns) {
+                Some(line) => found = Some((line.chars().take(300).collect(), path)),
+                None => notes.push(path),
             }
-            _ => return Err(format!("job {job}: cannot scan its output: {head}")),
         }
     }
-    Ok((None, notes.pop()))
+    Ok(match found {
+        Some((line, path)) => (Some(line), Some(path)),
+        None => (None, notes.pop()),
+    })
+}
+
+/// The earlier ends as one helper argument: `SIZE DEV INO PATH` lines.
+fn earlier_arg(earlier: &[jobfiles::OutputEnd]) -> String {
+    earlier.iter().map(|e| format!("{} {} {} {}\n", e.size, e.dev, e.ino, e.path)).collect()
+}
+
+/// `SIZE DEV INO PATH`.
+fn parse_end(text: &str) -> Option<jobfiles::OutputEnd> {
+    let mut w = text.splitn(4, ' ');
+    let (size, dev, ino) = (w.next()?.parse().ok()?, w.next()?.parse().ok()?, w.next()?.parse().ok()?);
+    Some(jobfiles::OutputEnd { dev, ino, size, path: w.next()?.to_string() })
 }
 
 /// A helper's command line: `lead` arguments, then the job's fields.
@@ -206,10 +260,13 @@ fn helper_parse(args: &[OsString], n: usize) -> Option<(Vec<String>, JobFields)>
     Some((lead.to_vec(), JobFields::from_args(rest)?))
 }
 
-/// `--as-user-read-tail PATTERN <job fields>`: resolves the pattern and
-/// prints "FILE path" and the file's tail, or one line saying why not.
+/// `--as-user-read-tail PATTERN TAIL EARLIER <job fields>`: resolves the
+/// pattern and prints "FILE SIZE DEV INO PATH" and at most TAIL bytes of
+/// the file's end, from where EARLIER (the last run's ends) says this
+/// file ended if it is the same file and has not shrunk since; or one line
+/// saying why not.
 fn helper_read_tail(args: &[OsString]) -> i32 {
-    let Some((lead, fields)) = helper_parse(args, 1) else {
+    let Some((lead, fields)) = helper_parse(args, 3) else {
         println!("ERROR helper arguments");
         return 2;
     };
@@ -224,22 +281,29 @@ fn helper_read_tail(args: &[OsString]) -> i32 {
             return 0;
         }
     };
-    let read = || -> std::io::Result<Vec<u8>> {
+    let tail: u64 = lead[1].parse().unwrap_or(0).min(TAIL_BYTES);
+    let earlier: Vec<jobfiles::OutputEnd> = lead[2].lines().filter_map(parse_end).collect();
+    let read = || -> std::io::Result<(jobfiles::OutputEnd, Vec<u8>)> {
+        use std::os::unix::fs::MetadataExt;
         // O_NONBLOCK: a FIFO must not block us; only regular files are read.
         let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path)?;
         let meta = f.metadata()?;
         if !meta.is_file() {
             return Err(std::io::Error::other("not a regular file"));
         }
-        f.seek(SeekFrom::Start(meta.len().saturating_sub(TAIL_BYTES)))?;
+        let size = meta.len();
+        let run_start =
+            earlier.iter().find(|e| e.dev == meta.dev() && e.ino == meta.ino() && e.size <= size).map_or(0, |e| e.size);
+        f.seek(SeekFrom::Start(size.saturating_sub(tail).max(run_start)))?;
         let mut buf = Vec::new();
-        f.take(TAIL_BYTES).read_to_end(&mut buf)?;
-        Ok(buf)
+        f.take(tail).read_to_end(&mut buf)?;
+        let end = jobfiles::OutputEnd { dev: meta.dev(), ino: meta.ino(), size, path: path.display().to_string() };
+        Ok((end, buf))
     };
     match read() {
-        Ok(buf) => {
+        Ok((end, buf)) => {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "FILE {}", path.display());
+            let _ = writeln!(out, "FILE {} {} {} {}", end.size, end.dev, end.ino, end.path);
             let _ = out.write_all(&buf);
         }
         Err(e) => println!("UNREADABLE {}: {e}", path.display()),

@@ -9,7 +9,6 @@
 
 use carma_config::{Config, JobRequest, OptionName};
 use carma_placement::Placer;
-use carma_placement::policy::Demand;
 use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
 use carma_tools::args::Args;
 use carma_tools::status;
@@ -205,13 +204,14 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
         _ => return Err("give --mem, --policy or --gpus: a job without CARMA options is not placed by CARMA".into()),
     };
     let r = &plan.request;
-    let (mem, policy, count) = (r.estimate_mib, r.policy, r.count);
+    let (policy, count) = (r.policy, r.count);
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     let p = placer.params();
-    let demand = Demand { policy, count, estimate_mib: mem, mps_uid: None };
-    let (decision, verdicts) = status::dry_run(&gpus, &state, &demand, &p);
-    let est = mem.map_or_else(|| "unknown (whole GPUs)".to_string(), |m| format!("{m} MiB"));
+    let now = carma_placement::clock::now_secs();
+    let dry = status::dry_run(&gpus, &state, r, &p, &cfg.estimator.learn_runtime, now);
+    let (decision, verdicts) = (dry.decision, dry.verdicts);
+    let est = dry.estimate_mib.map_or_else(|| "unknown (whole GPUs)".to_string(), |m| format!("{m} MiB"));
     println!("a job of {est} per GPU on {count} GPU(s), policy {policy}; {}", status::precondition(&p));
     match &decision {
         Ok(c) => println!(

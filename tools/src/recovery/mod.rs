@@ -15,7 +15,10 @@ pub struct Facts {
     pub carma: bool,
     /// Raw wait status (SLURM_JOB_EXIT_CODE): 256 = exit 1; 15 = SIGTERM.
     pub status: i32,
-    pub restart_count: u32,
+    /// OOM recoveries the job had so far: carma-epilog's own verdicts,
+    /// not Slurm's restart count (which also counts an admin's requeue,
+    /// preemption and node failure).
+    pub recoveries: u32,
     pub mode: RecoveryMode,
     pub max_recoveries: u32,
     /// The OOM line found in the output, if any.
@@ -64,7 +67,7 @@ pub fn decide(f: &Facts) -> Verdict {
     if f.mode == RecoveryMode::None {
         return Verdict::RecoveryOff;
     }
-    if f.restart_count >= f.max_recoveries {
+    if f.recoveries >= f.max_recoveries {
         return Verdict::LimitReached { max: f.max_recoveries };
     }
     Verdict::Requeue
@@ -74,11 +77,11 @@ pub fn decide(f: &Facts) -> Verdict {
 mod tests {
     use super::*;
 
-    fn facts(status: i32, restarts: u32, oom: bool) -> Facts {
+    fn facts(status: i32, recoveries: u32, oom: bool) -> Facts {
         Facts {
             carma: true,
             status,
-            restart_count: restarts,
+            recoveries,
             mode: RecoveryMode::Exclusive,
             max_recoveries: 1,
             oom_line: oom.then(|| "torch.OutOfMemoryError: CUDA out of memory.".into()),

@@ -17,8 +17,13 @@ pub fn find_oom<'a>(text: &'a str, patterns: &[String]) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// The most an OOM message can say a run needed: 1 PiB in MiB, above any
+/// GPU; placement clamps it further to the GPU's size.
+pub const MAX_NEED_MIB: u64 = 1 << 30;
+
 /// Memory the crashed run needed, from PyTorch's message: what it had
 /// allocated plus what it tried to allocate, in MiB (for `looser` recovery).
+/// `None` for what is no size ("inf", "NaN", negative); at most MAX_NEED_MIB.
 pub fn needed_mib(line: &str) -> Option<u64> {
     fn size_before(line: &str, marker: &str) -> Option<f64> {
         let i = line.find(marker)?;
@@ -47,7 +52,11 @@ pub fn needed_mib(line: &str) -> Option<u64> {
     let held = size_before(line, " is allocated by PyTorch")
         .or_else(|| size_before(line, " already allocated"))
         .unwrap_or(0.0);
-    Some((tried + held).ceil() as u64)
+    let need = tried + held;
+    if !need.is_finite() || tried < 0.0 || held < 0.0 {
+        return None;
+    }
+    Some((need.ceil() as u64).min(MAX_NEED_MIB))
 }
 
 #[cfg(test)]
@@ -156,5 +165,20 @@ mod tests {
         let v1 = "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.50 GiB already allocated; 5.44 MiB free)";
         assert_eq!(needed_mib(v1), Some((20.0f64 + 14.5 * 1024.0).ceil() as u64));
         assert_eq!(needed_mib("RESOURCE_EXHAUSTED: Out of memory"), None);
+    }
+
+    #[test]
+    fn absurd_sizes_in_a_message_are_no_need_or_clamped() {
+        let msg = |tried: &str, held: &str| {
+            format!(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried} GiB. Of the allocated memory {held} GiB is allocated by PyTorch, and"
+            )
+        };
+        for bad in ["inf", "NaN", "-inf", "-5"] {
+            assert_eq!(needed_mib(&msg(bad, "1.00")), None, "{bad}");
+            assert_eq!(needed_mib(&msg("1.00", bad)), None, "{bad}");
+        }
+        assert_eq!(needed_mib(&msg("1e30", "1.00")), Some(MAX_NEED_MIB));
+        assert_eq!(needed_mib(&msg("2.00", "1.00")), Some(3072));
     }
 }
