@@ -9,6 +9,7 @@
 //! entries joined by ` | `. scontrol runs with fixed arguments, no shell,
 //! bounded in time.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const SCONTROL_TIME: Duration = Duration::from_secs(5);
@@ -39,16 +40,16 @@ const TOTAL_TIME: Duration = Duration::from_secs(10);
 /// How often a node writes its entry before it gives up.
 const TRIES: u32 = 4;
 
-fn scontrol(args: &[&str], deadline: Instant) -> Result<String, String> {
+fn scontrol(bin_dir: Option<&Path>, args: &[&str], deadline: Instant) -> Result<String, String> {
     let left = deadline.saturating_duration_since(Instant::now()).min(SCONTROL_TIME);
     if left.is_zero() {
         return Err(format!("scontrol {}: out of time ({} s for the record)", args.join(" "), TOTAL_TIME.as_secs()));
     }
-    carma_placement::command::run("scontrol", args, left)
+    carma_placement::command::run(&carma_placement::command::slurm_program(bin_dir, "scontrol"), args, left)
 }
 
-fn admin_comment(job: &str, deadline: Instant) -> Result<String, String> {
-    let shown = scontrol(&["show", "job", job], deadline)?;
+fn admin_comment(bin_dir: Option<&Path>, job: &str, deadline: Instant) -> Result<String, String> {
+    let shown = scontrol(bin_dir, &["show", "job", job], deadline)?;
     Ok(shown
         .lines()
         .find_map(|l| l.trim_start().strip_prefix("AdminComment="))
@@ -63,20 +64,21 @@ fn admin_comment(job: &str, deadline: Instant) -> Result<String, String> {
 /// would drop the others' entries. So each write is read back, and written
 /// again (after a pause that differs per process) while the entry is
 /// missing. A job on one node has no other writer but the site's: its
-/// entry is written once, without the pause.
-pub fn write(job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
+/// entry is written once, without the pause. `bin_dir`: where scontrol is
+/// (carma.yaml's `slurm_bin_dir`).
+pub fn write(bin_dir: Option<&Path>, job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
     let job = job.to_string();
     let deadline = Instant::now() + TOTAL_TIME;
     let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
-    let mut existing = admin_comment(&job, deadline)?;
+    let mut existing = admin_comment(bin_dir, &job, deadline)?;
     for attempt in 1..=TRIES {
         let merged = merge(&existing, node, entry);
-        scontrol(&["update", &format!("jobid={job}"), &format!("admincomment={merged}")], deadline)?;
+        scontrol(bin_dir, &["update", &format!("jobid={job}"), &format!("admincomment={merged}")], deadline)?;
         if one_node {
             return Ok(());
         }
         std::thread::sleep(pause * attempt);
-        existing = admin_comment(&job, deadline)?;
+        existing = admin_comment(bin_dir, &job, deadline)?;
         if existing.split(SEP).any(|p| p.trim() == entry) {
             return Ok(());
         }
