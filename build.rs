@@ -2,37 +2,69 @@
 //! exposes that release's version number, which the plugin must export as
 //! `plugin_version` (Slurm refuses any other major.minor).
 //!
-//! `CARMA_SLURM_INCLUDE` names the include directory that holds the
-//! release's `slurm/` headers (default `/usr/include`, the host's
-//! libslurm-dev): one plugin is built per Slurm series, the rest of the
-//! workspace once. Only `slurm/` is taken from there, through a directory
+//! Where Slurm is, in this order (the first that holds `slurm/spank.h`):
+//! - `CARMA_SLURM_INCLUDE`: the include directory holding one release's
+//!   `slurm/` headers (packaging/build-plugin.sh builds one plugin per
+//!   series this way);
+//! - `SLURM_PREFIX`: the prefix Slurm was installed under (`/opt/slurm`,
+//!   SchedMD's `./configure --prefix`): `include/` and `lib{64,}/slurm/`;
+//! - pkg-config's `slurm` (SchedMD's slurm-devel ships slurm.pc);
+//! - `/usr/include` (any distribution's Slurm development package).
+//!
+//! Only `slurm/` is taken from the include directory, through a directory
 //! holding nothing but a link to it: a foreign /usr/include would mix two
-//! glibc's headers into the build.
+//! glibc's headers into the build. Only the unit tests link libslurmfull
+//! (for the spank_* symbols), found the same way, with the usual system
+//! places (RPM's `/usr/lib64/slurm`, Debian's multiarch `slurm-wlm`) last.
 
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=spank/wrapper.h");
-    println!("cargo:rerun-if-env-changed=CARMA_SLURM_INCLUDE");
+    for var in ["CARMA_SLURM_INCLUDE", "SLURM_PREFIX", "PKG_CONFIG_PATH"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
     println!("cargo::rustc-check-cfg=cfg(slurm_init_failure_mode)");
-    let include = PathBuf::from(env::var("CARMA_SLURM_INCLUDE").unwrap_or_else(|_| "/usr/include".into()));
+    let prefix = env::var_os("SLURM_PREFIX").filter(|p| !p.is_empty()).map(PathBuf::from);
+    let include = include_dir(prefix.as_deref());
     let slurm = include.join("slurm");
     for h in ["spank.h", "slurm_version.h", "slurm.h", "slurm_errno.h"] {
         println!("cargo:rerun-if-changed={}", slurm.join(h).display());
     }
     let spank_h = fs::read_to_string(slurm.join("spank.h")).unwrap_or_else(|e| {
-        panic!("cannot read {}: {e}; install libslurm-dev or set CARMA_SLURM_INCLUDE", slurm.join("spank.h").display())
+        panic!(
+            "cannot read {}: {e}; install Slurm's development headers (libslurm-dev, slurm-devel) \
+             or set SLURM_PREFIX to the prefix Slurm was installed under",
+            slurm.join("spank.h").display()
+        )
     });
     let version_h = fs::read_to_string(slurm.join("slurm_version.h")).unwrap_or_default();
     let series = series_of(&version_h).unwrap_or_else(|| panic!("no SLURM_VERSION_NUMBER in {}", slurm.display()));
     println!("cargo:rustc-env=CARMA_SLURM_SERIES={series}");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     // Only unit tests link libslurmfull (for the spank_* symbols); the
     // released .so resolves them from the host process (srun, slurmstepd...).
-    println!("cargo:rustc-link-search=native=/usr/lib/x86_64-linux-gnu/slurm-wlm");
+    // A link to it from the build's own directory: cargo puts that (and
+    // not a directory outside the target) on the tests' library path.
+    let lib_link = out.join("slurm-lib");
+    let _ = fs::remove_dir_all(&lib_link);
+    fs::create_dir_all(&lib_link).expect("cannot create the library directory");
+    match lib_dirs(prefix.as_deref()).into_iter().find(|d| d.join("libslurmfull.so").is_file()) {
+        Some(dir) => {
+            println!("cargo:rerun-if-changed={}", dir.join("libslurmfull.so").display());
+            std::os::unix::fs::symlink(dir.join("libslurmfull.so"), lib_link.join("libslurmfull.so"))
+                .expect("cannot link libslurmfull.so");
+        }
+        None => println!(
+            "cargo:warning=no libslurmfull.so found (SLURM_PREFIX/lib/slurm, pkg-config slurm, /usr/lib64/slurm, \
+             Debian's slurm-wlm): the plugin builds, its unit tests will not link"
+        ),
+    }
+    println!("cargo:rustc-link-search=native={}", lib_link.display());
 
-    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let only_slurm = out.join("slurm-include");
     link_only(&slurm, &only_slurm);
 
@@ -58,6 +90,51 @@ fn main() {
     let bindings =
         builder.generate().expect("bindgen failed on <slurm/spank.h>: install libslurm-dev and libclang-dev");
     bindings.write_to_file(out.join("spank_sys.rs")).expect("cannot write bindings");
+}
+
+/// The include directory holding `slurm/spank.h` (see the module's doc).
+fn include_dir(prefix: Option<&Path>) -> PathBuf {
+    if let Some(dir) = env::var_os("CARMA_SLURM_INCLUDE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(p) = prefix {
+        return p.join("include");
+    }
+    pkg_config("includedir")
+        .filter(|d| d.join("slurm/spank.h").is_file())
+        .unwrap_or_else(|| PathBuf::from("/usr/include"))
+}
+
+/// Where libslurmfull.so may be, most specific first: an explicit prefix,
+/// pkg-config, then where distributions put it.
+fn lib_dirs(prefix: Option<&Path>) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(p) = prefix {
+        for lib in ["lib64", "lib"] {
+            dirs.push(p.join(lib).join("slurm"));
+            dirs.push(p.join(lib));
+        }
+    }
+    if let Some(lib) = pkg_config("libdir") {
+        dirs.push(lib.join("slurm"));
+        dirs.push(lib.join("slurm-wlm"));
+        dirs.push(lib);
+    }
+    // Debian/Ubuntu: /usr/lib/<multiarch>/slurm-wlm (x86_64-linux-gnu...).
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let libc = env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    dirs.push(PathBuf::from(format!("/usr/lib/{arch}-linux-{libc}/slurm-wlm")));
+    dirs.push(PathBuf::from("/usr/lib64/slurm"));
+    dirs.push(PathBuf::from("/usr/lib/slurm"));
+    dirs
+}
+
+/// A variable of pkg-config's `slurm` module, if pkg-config knows it.
+fn pkg_config(var: &str) -> Option<PathBuf> {
+    let out = Command::new("pkg-config").args([&format!("--variable={var}"), "slurm"]).output().ok()?;
+    let value = String::from_utf8(out.stdout).ok()?;
+    let value = value.trim();
+    (out.status.success() && !value.is_empty()).then(|| PathBuf::from(value))
 }
 
 /// `dir/slurm` -> `headers`, and nothing else in `dir`.

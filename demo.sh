@@ -19,6 +19,9 @@ if [ "${1:-}" != --jobs ]; then
     export CARMA_DEMO_SLURM=${CARMA_DEMO_SLURM:-sid}
     release=$CARMA_DEMO_SLURM
     tests/cluster.sh deps
+    # Whatever CARMA cluster runs here (the host's, a release chroot's: an
+    # earlier demo's or an interrupted test run's) holds Slurm's ports.
+    tests/cluster.sh stop
     echo "== building (first build takes a few minutes)"
     # The same targets as the tests: one feature resolution, one build.
     cargo build --profile "$PROFILE" --workspace --all-targets -q
@@ -26,7 +29,6 @@ if [ "${1:-}" != --jobs ]; then
         tests/cluster.sh start
         exec ./demo.sh --jobs
     fi
-    tests/cluster.sh stop
     tests/releases.sh plugin "$release" >/dev/null
     # The workspace build stays the host's.
     packaging/build-plugin.sh /usr/include >/dev/null
@@ -78,8 +80,9 @@ for i in 1 2 3; do
 done
 release=${CARMA_DEMO_SLURM:-host}
 if [ "$release" = host ]; then
-    echo "== CARMA's log: /var/log/carma/carma.log; stop the cluster with: sudo tests/cluster.sh stop"
+    echo "== CARMA's log: /var/log/carma/carma.log"
 else
     echo "== CARMA's log: /var/log/carma/carma.log inside $(tests/releases.sh root "$release")"
-    echo "== stop the cluster with: sudo tests/releases.sh enter $release tests/cluster.sh stop"
 fi
+# The host's stop command stops a chroot's cluster too.
+echo "== stop the cluster with: sudo tests/cluster.sh stop"

@@ -23,59 +23,21 @@ bin=${1:-$repo/target/release}
 out=${2:-$repo/target/debian}
 
 die() { echo "build-deb.sh: $*" >&2; exit 1; }
-for f in carma carma-epilog carma-monitor carma-fakejob; do
-    [ -f "$bin/$f" ] || die "$bin/$f missing: run cargo build --release --workspace first"
-done
-
+# shellcheck source=packaging/stage.sh
+. "$repo/packaging/stage.sh"
 arch=$(dpkg --print-architecture)
-# The series to package for: CARMA_SLURM_SERIES (one build host packages
-# every series), else that of this host's Slurm headers, which
-# build-plugin.sh built against by default.
-series=${CARMA_SLURM_SERIES:-$("$repo/packaging/slurm-series.sh" 2>/dev/null)} ||
-    die "no Slurm headers here: name the series to package for (CARMA_SLURM_SERIES=26.05)"
-echo "$series" | grep -qxE '[0-9]+\.[0-9]{2}' || die "'$series' is not a Slurm release series (like 26.05)"
-# and the next series (22.06): the dependency admits exactly one.
-next=$(echo "$series" | awk -F. '{ printf "%d.%02d", $1, $2 + 1 }')
-slurm_dep="slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
-# The plugin built for this series (packaging/build-plugin.sh), else the
-# workspace build's; either way it must carry this series' mark.
-plugin=$bin/slurm-$series/libcarma_spank.so
-[ -f "$plugin" ] || plugin=$bin/libcarma_spank.so
-[ -f "$plugin" ] || die "$plugin missing: run packaging/build-plugin.sh first"
-built_for=$(grep -ao 'carma-slurm-series=[0-9.]*;' "$plugin" | head -1 | sed 's/.*=\(.*\);/\1/') || true
-[ "$built_for" = "$series" ] ||
-    die "$plugin was built for Slurm ${built_for:-an unknown series}, not $series: run packaging/build-plugin.sh with Slurm $series's include directory"
-# The version names the series: one carma-slurm per Slurm series.
-base=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml")
-[ -n "$base" ] || die "no version in Cargo.toml [workspace.package]"
-version=${CARMA_DEB_VERSION:-$base+slurm$series}
-
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 install -d "$out"
+stage "$bin" "$work"
+# Debian's Slurm: libslurmfull is in slurm-wlm-basic-plugins.
+slurm_dep="slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
+# The version names the series: one carma-slurm per Slurm series.
+version=${CARMA_DEB_VERSION:-$base+slurm$series}
 
 # --- carma-slurm -------------------------------------------------------------
 p=$work/carma-slurm
-doc=$p/usr/share/doc/carma-slurm
-install -D -m 0644 "$plugin" "$p/usr/lib/carma/carma_spank.so"
-install -D -m 0755 "$bin/carma" "$p/usr/bin/carma"
-install -D -m 0755 "$bin/carma-epilog" "$p/usr/sbin/carma-epilog"
-install -D -m 0755 "$bin/carma-monitor" "$p/usr/sbin/carma-monitor"
-strip --strip-unneeded "$p/usr/lib/carma/carma_spank.so" "$p/usr/bin/carma" "$p/usr/sbin/carma-epilog" "$p/usr/sbin/carma-monitor"
-# Installed, not enabled (the package enables nothing by itself).
-install -D -m 0644 "$repo/slurm-conf-examples/carma-monitor.service" "$p/usr/lib/systemd/system/carma-monitor.service"
-install -D -m 0644 "$repo/slurm-conf-examples/carma-mps@.service" "$p/usr/lib/systemd/system/carma-mps@.service"
-install -d "$doc/examples"
-install -m 0644 "$repo/README.md" "$repo/packaging/README.Debian" "$doc/"
-install -m 0644 "$repo"/slurm-conf-examples/* "$doc/examples/"
-install -m 0644 "$repo/packaging/copyright" "$doc/copyright"
-# The plugstack line, ready to link into /etc/slurm/plugstack.conf.d/.
-install -D -m 0644 "$repo/slurm-conf-examples/plugstack.conf" "$p/usr/share/carma-slurm/plugstack-carma.conf"
-# Transparent collocation: the Lua module and the two scripts that load it.
-install -m 0644 "$repo"/slurm-conf-examples/{carma_slurm,job_submit,cli_filter}.lua "$p/usr/share/carma-slurm/"
-# The series the package is for: the Lua writes GRES in that release's TRES
-# spelling (gres:carmamem:N up to 23.02, gres/carmamem:N since 23.11).
-echo "$series" >"$p/usr/share/carma-slurm/slurm-series"
+install -m 0644 "$repo/packaging/README.Debian" "$p/usr/share/doc/carma-slurm/"
 install -d "$p/DEBIAN"
 for s in postinst postrm; do install -m 0755 "$repo/packaging/carma-slurm.$s" "$p/DEBIAN/$s"; done
 cat >"$p/DEBIAN/control" <<EOF
@@ -98,17 +60,6 @@ EOF
 
 # --- carma-slurm-sim ---------------------------------------------------------
 s=$work/carma-slurm-sim
-install -D -m 0755 "$bin/carma-fakejob" "$s/usr/bin/carma-fakejob"
-strip --strip-unneeded "$s/usr/bin/carma-fakejob"
-install -D -m 0644 "$repo/packaging/sim-gpus.yaml" "$s/usr/share/doc/carma-slurm-sim/examples/sim-gpus.yaml"
-# The NVML stand-in: outside the loader's path on purpose (a GPU node's
-# driver owns libnvidia-ml.so.1); a test node names it in ld.so.conf.d or
-# in carma.yaml (gpu_source: {nvml: {library: ...}}).
-install -D -m 0644 "$bin/libnvidia_ml.so" "$s/usr/lib/carma-sim/libnvidia-ml.so.1"
-strip --strip-unneeded "$s/usr/lib/carma-sim/libnvidia-ml.so.1"
-install -D -m 0644 "$repo/data/h100/collocation.csv" "$s/usr/share/carma-sim/h100-collocation.csv"
-install -D -m 0644 "$repo/data/h100/probes.csv" "$s/usr/share/carma-sim/h100-probes.csv"
-install -m 0644 "$repo/packaging/copyright" "$s/usr/share/doc/carma-slurm-sim/copyright"
 install -d "$s/DEBIAN"
 cat >"$s/DEBIAN/control" <<EOF
 Package: carma-slurm-sim

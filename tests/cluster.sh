@@ -25,7 +25,8 @@
 #   tests/cluster.sh start     build the Debian packages from target/$PROFILE
 #                              (packaging/build-deb.sh), install them, (re)start
 #                              munged, slurmctld, slurmd
-#   tests/cluster.sh stop      stop the daemons (by pid file)
+#   tests/cluster.sh stop      stop the daemons (by pid file); on the host also
+#                              a cluster left in a release's chroot (the demo's)
 #   tests/cluster.sh start-monitor   (re)start carma-monitor for the second node
 #
 # On the host (not in a release's chroot) it also runs Debian's Prometheus on
@@ -67,8 +68,9 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 deps() {
     local pkgs=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev clang libclang-dev)
     # The host also runs carma-monitor under valgrind (tests/leak.sh) and a
-    # Prometheus server (tests/prometheus.rs); a release's chroot does not.
-    [ -n "${CARMA_CHROOT:-}" ] || pkgs+=(valgrind prometheus curl)
+    # Prometheus server (tests/prometheus.rs), and builds and checks the RPMs
+    # (rpm: rpmbuild); a release's chroot does not.
+    [ -n "${CARMA_CHROOT:-}" ] || pkgs+=(valgrind prometheus curl rpm)
     local missing=()
     for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -336,7 +338,24 @@ CONF
     die "Prometheus not ready on $PROMETHEUS_ADDR within 10 s"
 }
 
+# A cluster in a release's chroot (tests/releases.sh), such as the one
+# ./demo.sh leaves running in sid's: it holds Slurm's ports, and this host's
+# Slurm cannot talk to another release's slurmctld, so it is stopped from
+# inside with its own tools. A chroot whose /run is not mounted runs none.
+# From inside a chroot the others are out of sight: nothing to do.
+stop_chroots() {
+    [ -z "${CARMA_CHROOT:-}" ] || return 0
+    local cache=${CARMA_RELEASES_CACHE:-/var/cache/carma-releases} r
+    for r in trixie sid; do
+        [ -f "$cache/$r/.carma-ready" ] && mountpoint -q "$cache/$r/run" || continue
+        echo "cluster.sh: stopping the cluster in $r's chroot ($cache/$r)"
+        (cd "$repo" && tests/releases.sh enter "$r" tests/cluster.sh stop) || true
+        (cd "$repo" && tests/releases.sh umount "$r") || true
+    done
+}
+
 stop() {
+    stop_chroots
     scontrol shutdown >/dev/null 2>&1 || true
     local prom
     if prom=$(pid_of "$RUN/prometheus.pid"); then kill -TERM "$prom" 2>/dev/null || true; fi

@@ -280,3 +280,147 @@ fn a_plugin_for_another_series_is_named_in_slurmds_log_as_slurm_refuses_it() {
         ),
     );
 }
+
+/// `rpm -qp <args> <file>`: its output lines.
+fn rpm_query(args: &[&str], file: &std::path::Path) -> Vec<String> {
+    let out = Command::new("rpm").arg("-qp").args(args).arg(file).output().unwrap();
+    assert!(out.status.success(), "rpm -qp {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// Files (not directories) of a .deb, as absolute paths.
+fn deb_files(deb: &std::path::Path) -> Vec<String> {
+    let out = Command::new("dpkg-deb").arg("-c").arg(deb).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut files: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('d'))
+        .filter_map(|l| l.split_whitespace().last().map(|p| p.trim_start_matches('.').to_string()))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The highest glibc symbol version (libc, libm...) a package's binaries need.
+fn max_glibc(requires: &[String]) -> (u32, u32) {
+    requires
+        .iter()
+        .filter_map(|r| r.split_once("(GLIBC_")?.1.strip_suffix(")(64bit)"))
+        .filter_map(|v| {
+            let mut parts = v.split('.').map(|n| n.parse::<u32>().ok());
+            Some((parts.next()??, parts.next()??))
+        })
+        .max()
+        .unwrap_or((0, 0))
+}
+
+/// The RPMs (packaging/carma-slurm.spec, built with Debian's rpmbuild by
+/// packaging/build-rpm.sh), for every Slurm series this run built a plugin
+/// for: each requires exactly that series of SchedMD's slurm-plugins, holds
+/// the files the .deb of that series holds, provides nothing a GPU driver
+/// does, asks for no newer glibc than the .deb does (Debian 12's 2.36), and
+/// says on upgrade that slurmd must be restarted.
+#[test]
+fn the_rpm_of_each_slurm_series_requires_that_series_and_holds_what_the_deb_holds() {
+    let have_rpm = Command::new("rpmbuild").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !have_rpm && std::env::var_os("CARMA_CHROOT").is_some() {
+        // The releases' chroots are minimal; the host builds and checks the RPMs of every series.
+        eprintln!("rpmbuild is not in this release's chroot: the host's run checks the RPMs");
+        return;
+    }
+    assert!(have_rpm, "rpmbuild missing: tests/cluster.sh deps installs Debian's rpm package");
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut series: Vec<String> = std::fs::read_dir(bin_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("libcarma_spank.so").is_file())
+        .filter_map(|p| p.file_name()?.to_str()?.strip_prefix("slurm-").map(str::to_string))
+        .collect();
+    series.sort();
+    assert!(!series.is_empty(), "no plugin built per series in {}: run packaging/build-plugin.sh", bin_dir().display());
+    let out = std::env::temp_dir().join(format!("carma-rpm-{}", std::process::id()));
+    for s in &series {
+        let next = {
+            let (major, minor) = s.split_once('.').unwrap();
+            format!("{major}.{:02}", minor.parse::<u32>().unwrap() + 1)
+        };
+        let dir = out.join(s);
+        let build = |script: &str, dest: &std::path::Path, requires: &str| {
+            let r = Command::new(manifest.join("packaging").join(script))
+                .arg(bin_dir())
+                .arg(dest)
+                .env("CARMA_SLURM_SERIES", s)
+                .env("CARMA_RPM_SLURM_REQUIRES", requires)
+                .output()
+                .unwrap();
+            assert!(r.status.success(), "{script} for {s}: {}", String::from_utf8_lossy(&r.stderr));
+        };
+        build("build-rpm.sh", &dir.join("rpm"), "1");
+        build("build-deb.sh", &dir.join("deb"), "1");
+        let find = |sub: &str, prefix: &str| {
+            std::fs::read_dir(dir.join(sub))
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix}* in {}", dir.join(sub).display()))
+        };
+        let (rpm, rpm_sim) = (find("rpm", "carma-slurm-0"), find("rpm", "carma-slurm-sim-"));
+
+        // Exactly this series of SchedMD's Slurm, nothing of Slurm's libraries
+        // (the plugin takes them from the process that loads it).
+        let requires = rpm_query(&["--requires"], &rpm);
+        assert!(requires.contains(&format!("slurm-plugins >= {s}")), "{s}: {requires:?}");
+        assert!(requires.contains(&format!("slurm-plugins < {next}")), "{s}: {requires:?}");
+        assert!(!requires.iter().any(|r| r.contains("libslurm") || r.contains("nvidia")), "{s}: {requires:?}");
+        // The glibc the RPM asks for is read from the binaries: no newer than
+        // the build host's, and stated (RHEL 9's 2.34 is short of hypot@2.35:
+        // docs/packaging.md).
+        let glibc = max_glibc(&requires);
+        assert!(glibc >= (2, 2) && glibc <= (2, 36), "{s}: glibc {glibc:?}: {requires:?}");
+        let version = rpm_query(&["--qf", "%{VERSION}-%{RELEASE}"], &rpm).join("");
+        assert!(version.ends_with(&format!(".slurm{s}")), "{version}");
+        let sim_requires = rpm_query(&["--requires"], &rpm_sim);
+        assert!(sim_requires.contains(&format!("carma-slurm = {version}")), "{sim_requires:?}");
+        // The NVML stand-in and the plugin provide nothing: a driver's
+        // libnvidia-ml.so.1 dependency is never met by the simulator.
+        for (file, name) in [(&rpm, "carma-slurm"), (&rpm_sim, "carma-slurm-sim")] {
+            let provides = rpm_query(&["--provides"], file);
+            assert!(
+                provides.iter().all(|p| p.starts_with(&format!("{name} =")) || p.starts_with(&format!("{name}("))),
+                "{provides:?}"
+            );
+        }
+
+        // What the .deb of the series installs (less Debian's own README).
+        let mut files: Vec<String> = [&rpm, &rpm_sim]
+            .iter()
+            .flat_map(|f| rpm_query(&["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"], f))
+            .filter(|l| !l.starts_with('d'))
+            .map(|l| l.split_once(' ').unwrap().1.to_string())
+            .collect();
+        files.sort();
+        let mut deb: Vec<String> =
+            [find("deb", "carma-slurm_"), find("deb", "carma-slurm-sim_")].iter().flat_map(|d| deb_files(d)).collect();
+        deb.retain(|f| !f.ends_with("/README.Debian"));
+        deb.sort();
+        assert_eq!(files, deb, "{s}: the RPMs and the .deb install different files");
+        let dirs = rpm_query(&["--qf", "[%{FILEMODES:perms} %{FILEUSERNAME} %{FILENAMES}\n]"], &rpm);
+        assert!(dirs.contains(&"drwxr-xr-x root /var/log/carma".to_string()), "{dirs:?}");
+
+        // The upgrade scriptlet tells the admin what to do, and only on upgrade.
+        let scripts = rpm_query(&["--qf", "%{POSTIN}"], &rpm).join("\n");
+        let run = |arg: &str| Command::new("sh").args(["-c", &scripts, "postin", arg]).output().unwrap();
+        let (install, upgrade) = (run("1"), run("2"));
+        assert!(install.status.success() && install.stderr.is_empty(), "{install:?}");
+        assert!(upgrade.status.success() && String::from_utf8_lossy(&upgrade.stderr).contains("restart slurmd"));
+        let postun = rpm_query(&["--qf", "%{POSTUN}"], &rpm).join("\n");
+        assert!(postun.contains("\"$1\" -eq 0") && postun.contains("rm -rf /run/carma"), "{postun}");
+
+        // A Slurm installed from its tarball (no slurm-plugins RPM): no requirement.
+        build("build-rpm.sh", &dir.join("rpm-nodeps"), "0");
+        let bare = rpm_query(&["--requires"], &find("rpm-nodeps", "carma-slurm-0"));
+        assert!(!bare.iter().any(|r| r.contains("slurm-plugins")), "{bare:?}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    report("package", &format!("RPMs for Slurm {} checked: requires, provides, files, scriptlets", series.join(", ")));
+}

@@ -29,6 +29,9 @@ SLURM_26_05="all -prometheus"
 RELEASES=${CARMA_RELEASES:-host trixie sid}
 
 tests/cluster.sh deps
+# Whatever CARMA cluster runs here (the host's, or one ./demo.sh left in a
+# release's chroot) holds Slurm's ports: stopped before anything else.
+tests/cluster.sh stop
 command -v cargo >/dev/null || { echo "run.sh: cargo not found (install Rust via rustup)" >&2; exit 1; }
 
 echo "== build"
@@ -42,6 +45,11 @@ for r in $RELEASES; do
     tests/releases.sh plugin "$r"
 done
 packaging/build-plugin.sh /usr/include
+# The RPMs of every series built (RHEL family; tests/package.rs checks them).
+for plugin in "$TARGET/$PROFILE"/slurm-*/libcarma_spank.so; do
+    series=$(basename "$(dirname "$plugin")"); series=${series#slurm-}
+    CARMA_SLURM_SERIES=$series packaging/build-rpm.sh "$TARGET/$PROFILE" "$TARGET/rpm"
+done
 # The real-Slurm suites as built binaries: the chroots have no cargo.
 suites=$TARGET/suites.txt
 cargo test --profile "$PROFILE" -p carma-spank --tests --no-run 2>&1 |
@@ -74,6 +82,9 @@ tests/fuzz.sh | tee -a /tmp/carma-tests/reliability.log
 echo "== unit tests"
 cargo test --profile "$PROFILE" --workspace --exclude carma-spank
 cargo test --profile "$PROFILE" -p carma-spank --lib
+# A site's Slurm under its own prefix (SLURM_PREFIX=/opt/slurm): the plugin
+# built and unit-tested against headers and libslurmfull copied there.
+tests/prefix.sh
 
 failed=()
 for r in $RELEASES; do

@@ -234,6 +234,12 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Optional log file in addition to syslog/Slurm's log.
     pub log_file: Option<PathBuf>,
+    /// Where Slurm's commands (scontrol, squeue) are, for every one CARMA
+    /// runs; `None`: found through PATH. Defaults to the build's
+    /// `CARMA_SLURM_BIN_DIR` (a site's Slurm under its own prefix, such as
+    /// `/opt/slurm/bin`): slurmd runs the prolog and epilog without the
+    /// admin's PATH.
+    pub slurm_bin_dir: Option<PathBuf>,
     pub unknown_estimate: UnknownEstimate,
     pub no_fit: NoFitAction,
     pub recovery_mode: RecoveryMode,
@@ -322,6 +328,7 @@ impl Default for Config {
             gpu_indices: None,
             state_dir: PathBuf::from("/run/carma"),
             log_file: None,
+            slurm_bin_dir: option_env!("CARMA_SLURM_BIN_DIR").filter(|d| !d.is_empty()).map(PathBuf::from),
             unknown_estimate: UnknownEstimate::Exclusive,
             no_fit: NoFitAction::Wait,
             recovery_mode: RecoveryMode::Exclusive,
@@ -471,6 +478,7 @@ struct RawConfig {
     gpu_indices: Option<Vec<u32>>,
     state_dir: Option<String>,
     log_file: Option<String>,
+    slurm_bin_dir: Option<String>,
     unknown_estimate: Option<Scalar>,
     no_fit: Option<String>,
     recovery: Option<RawRecovery>,
@@ -672,6 +680,9 @@ impl RawConfig {
         }
         if let Some(f) = self.log_file {
             c.log_file = Some(abs_path("log_file", &f)?);
+        }
+        if let Some(d) = self.slurm_bin_dir {
+            c.slurm_bin_dir = Some(abs_path("slurm_bin_dir", &d)?);
         }
         if let Some(v) = &self.unknown_estimate {
             c.unknown_estimate = match v {
@@ -986,6 +997,8 @@ mod tests {
         assert_eq!(c.gpu_source, GpuSource::Simulated("/var/lib/carma-sim/gpus.yaml".into()));
         let n = parse("gpu_source: {nvml: {library: /opt/nvidia/lib64/libnvidia-ml.so.1}}\n").unwrap();
         assert_eq!(n.gpu_source, GpuSource::Nvml { library: Some("/opt/nvidia/lib64/libnvidia-ml.so.1".into()) });
+        let s = parse("slurm_bin_dir: /opt/slurm/bin\n").unwrap();
+        assert_eq!(s.slurm_bin_dir, Some(PathBuf::from("/opt/slurm/bin")));
         assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
         assert_eq!(c.no_fit, NoFitAction::Fail);
         assert_eq!(c.recovery_mode, RecoveryMode::Looser);
@@ -1029,6 +1042,7 @@ mod tests {
             ("monitor: {metrics: '127.0.0.1:0'}\n", "monitor.metrics"),
             ("gpu_source: {nvml: {path: /usr/lib/libnvidia-ml.so.1}}\n", "the only key is library"),
             ("state_dir: var/lib\n", "state_dir"),
+            ("slurm_bin_dir: opt/slurm/bin\n", "slurm_bin_dir"),
             ("no_fit: pray\n", "no_fit"),
             ("recovery: {mode: twice}\n", "recovery.mode"),
             ("timeouts: {lock: 0s}\n", "timeouts"),

@@ -3,11 +3,22 @@
 
 use std::ffi::OsStr;
 use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// More output than this is not read (a job's or node's record is a few KiB).
 const MAX_OUTPUT: u64 = 1 << 20;
+
+/// The Slurm command `name` (scontrol, squeue) to run: in `bin_dir`
+/// (carma.yaml's `slurm_bin_dir`, for a Slurm installed under its own
+/// prefix), else the bare name, found through PATH.
+pub fn slurm_program(bin_dir: Option<&Path>, name: &str) -> String {
+    match bin_dir {
+        Some(dir) => dir.join(name).to_string_lossy().into_owned(),
+        None => name.to_string(),
+    }
+}
 
 /// Runs `prog args`, killed after `timeout`; its standard output on
 /// success, else one line with its standard error. Output is read while
@@ -87,5 +98,19 @@ mod tests {
         let e = run("printf", &["a\\377b"], s).unwrap_err();
         assert!(e.contains("not UTF-8"), "{e}");
         assert_eq!(run_bytes("printf", &[OsStr::new("a\\377b")], s).unwrap(), b"a\xffb");
+    }
+
+    #[test]
+    fn slurm_commands_run_from_the_configured_directory() {
+        let s = Duration::from_secs(5);
+        // A directory holding a `scontrol` that PATH does not reach.
+        let dir = std::env::temp_dir().join(format!("carma-slurm-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink("/bin/echo", dir.join("scontrol")).unwrap();
+        let prog = slurm_program(Some(&dir), "scontrol");
+        assert_eq!(prog, dir.join("scontrol").to_string_lossy());
+        assert_eq!(run(&prog, &["show", "job", "7"], s).unwrap(), "show job 7\n");
+        assert_eq!(slurm_program(None, "squeue"), "squeue");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -218,11 +218,13 @@ mod tests {
         for name in ["recovery-7.tmp".to_string(), format!("recovery-7.tmp.{}", std::process::id())] {
             std::os::unix::fs::symlink(&victim, d.0.join(name)).unwrap();
         }
-        std::os::unix::fs::symlink(&victim, d.0.join("restart-7")).unwrap();
-        write_recovery(&d.0, 7, Recovery { mode: RecoveryMode::Looser, need_mib: None }).unwrap();
-        write_restarts(&d.0, 7, 3).unwrap();
+        std::os::unix::fs::symlink(&victim, d.0.join("output-7")).unwrap();
+        write_recovery(&d.0, 7, Recovery { mode: RecoveryMode::Looser, need_mib: None, count: 1 }).unwrap();
+        let end = OutputEnd { dev: 1, ino: 2, size: 3, path: "/o".into() };
+        write_output_ends(&d.0, 7, std::slice::from_ref(&end)).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "written through a planted link");
-        assert_eq!((read_recovery(&d.0, 7).map(|r| r.mode), read_restarts(&d.0, 7)), (Some(RecoveryMode::Looser), 3));
+        assert_eq!(read_recovery(&d.0, 7).map(|r| r.mode), Some(RecoveryMode::Looser));
+        assert_eq!(read_output_ends(&d.0, 7), vec![end]);
     }
 
     #[test]

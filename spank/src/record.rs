@@ -11,6 +11,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const SCONTROL_TIME: Duration = Duration::from_secs(5);
@@ -58,12 +59,12 @@ const TOTAL_TIME: Duration = Duration::from_secs(10);
 /// How often a node writes its entry before it gives up.
 const TRIES: u32 = 4;
 
-fn slurm(prog: &str, args: &[&OsStr], deadline: Instant) -> Result<Vec<u8>, String> {
+fn slurm(bin_dir: Option<&Path>, prog: &str, args: &[&OsStr], deadline: Instant) -> Result<Vec<u8>, String> {
     let left = deadline.saturating_duration_since(Instant::now()).min(SCONTROL_TIME);
     if left.is_zero() {
         return Err(format!("{prog}: out of time ({} s for the record)", TOTAL_TIME.as_secs()));
     }
-    carma_placement::command::run_bytes(prog, args, left)
+    carma_placement::command::run_bytes(&carma_placement::command::slurm_program(bin_dir, prog), args, left)
 }
 
 /// The job's AdminComment alone, as bytes: squeue prints just that field
@@ -73,9 +74,9 @@ fn slurm(prog: &str, args: &[&OsStr], deadline: Instant) -> Result<Vec<u8>, Stri
 /// AdminComment there, are the user's, and may hold a newline followed
 /// by a forged `AdminComment=` line. An unset AdminComment prints
 /// `(null)`.
-fn admin_comment(job: &str, deadline: Instant) -> Result<Vec<u8>, String> {
+fn admin_comment(bin_dir: Option<&Path>, job: &str, deadline: Instant) -> Result<Vec<u8>, String> {
     let args = ["-h", "-t", "all", "-j", job, "-O", "admin_comment:0"].map(OsStr::new);
-    let mut out = slurm("squeue", &args, deadline)?;
+    let mut out = slurm(bin_dir, "squeue", &args, deadline)?;
     if out.last() == Some(&b'\n') {
         out.pop();
     }
@@ -85,12 +86,12 @@ fn admin_comment(job: &str, deadline: Instant) -> Result<Vec<u8>, String> {
     Ok(if out == b"(null)" { Vec::new() } else { out })
 }
 
-fn update(job: &str, comment: &[u8], deadline: Instant) -> Result<(), String> {
+fn update(bin_dir: Option<&Path>, job: &str, comment: &[u8], deadline: Instant) -> Result<(), String> {
     let mut arg = OsString::from("admincomment=").into_vec();
     arg.extend_from_slice(comment);
     let arg = OsString::from_vec(arg);
     let jobid = OsString::from(format!("jobid={job}"));
-    slurm("scontrol", &[OsStr::new("update"), &jobid, &arg], deadline).map(drop)
+    slurm(bin_dir, "scontrol", &[OsStr::new("update"), &jobid, &arg], deadline).map(drop)
 }
 
 /// Writes `entry` as `node`'s part of the job's AdminComment. AdminComment
@@ -99,20 +100,21 @@ fn update(job: &str, comment: &[u8], deadline: Instant) -> Result<(), String> {
 /// would drop the others' entries. So each write is read back, and written
 /// again (after a pause that differs per process) while the entry is
 /// missing. A job on one node has no other writer but the site's: its
-/// entry is written once, without the pause.
-pub fn write(job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
+/// entry is written once, without the pause. `bin_dir`: where scontrol is
+/// (carma.yaml's `slurm_bin_dir`).
+pub fn write(bin_dir: Option<&Path>, job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
     let job = job.to_string();
     let deadline = Instant::now() + TOTAL_TIME;
     let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
-    let mut existing = admin_comment(&job, deadline)?;
+    let mut existing = admin_comment(bin_dir, &job, deadline)?;
     for attempt in 1..=TRIES {
         let merged = merge(&existing, node, entry);
-        update(&job, &merged, deadline)?;
+        update(bin_dir, &job, &merged, deadline)?;
         if one_node {
             return Ok(());
         }
         std::thread::sleep(pause * attempt);
-        existing = admin_comment(&job, deadline)?;
+        existing = admin_comment(bin_dir, &job, deadline)?;
         if split(&existing).into_iter().any(|p| trim(p) == entry.as_bytes()) {
             return Ok(());
         }

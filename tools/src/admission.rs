@@ -6,6 +6,7 @@
 //! and a time limit.
 
 use carma_config::ADMISSION_GRES;
+use std::path::{Path, PathBuf};
 
 /// `scontrol show node -o`'s `Gres=` and `GresUsed=` of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,20 +79,23 @@ pub fn with_count(gres: &str, count: u64) -> String {
         .join(",")
 }
 
-fn scontrol(args: &[&str]) -> Result<String, String> {
-    carma_placement::command::run("scontrol", args, std::time::Duration::from_secs(10))
+fn scontrol(bin_dir: Option<&Path>, args: &[&str]) -> Result<String, String> {
+    let prog = carma_placement::command::slurm_program(bin_dir, "scontrol");
+    carma_placement::command::run(&prog, args, std::time::Duration::from_secs(10))
 }
 
 /// Keeps one node's admission count.
 pub struct Admission {
     node: String,
+    /// Where scontrol is (carma.yaml's `slurm_bin_dir`).
+    bin_dir: Option<PathBuf>,
     /// The node has no admission GRES: said once, then nothing is done.
     off: bool,
 }
 
 impl Admission {
-    pub fn new(node: String) -> Admission {
-        Admission { node, off: false }
+    pub fn new(node: String, bin_dir: Option<PathBuf>) -> Admission {
+        Admission { node, bin_dir, off: false }
     }
 
     /// Sets the node's count to `free_gib` + what Slurm has allocated, if
@@ -100,7 +104,7 @@ impl Admission {
         if self.off {
             return Ok(None);
         }
-        let text = scontrol(&["show", "node", "-o", &self.node])?;
+        let text = scontrol(self.bin_dir.as_deref(), &["show", "node", "-o", &self.node])?;
         let Some(now) = parse_node(&text) else {
             self.off = true;
             return Ok(Some(format!(
@@ -117,7 +121,7 @@ impl Admission {
             return Ok(None);
         }
         let gres = format!("Gres={}", with_count(&now.gres, want));
-        scontrol(&["update", &format!("NodeName={}", self.node), &gres])?;
+        scontrol(self.bin_dir.as_deref(), &["update", &format!("NodeName={}", self.node), &gres])?;
         Ok(Some(format!(
             "node {} {ADMISSION_GRES} {} -> {want} ({free_gib} GiB promisable + {} allocated)",
             self.node, now.count, now.allocated
@@ -138,5 +142,27 @@ mod tests {
         assert_eq!(with_count(&n.gres, 118), "gpu:4,shard:32,carmamem:118");
         assert_eq!(count_of("gpu:(null):0(IDX:N/A),carmamem:(null):12"), Some(12));
         assert_eq!(parse_node("NodeName=x Gres=gpu:4,shard:32 GresUsed=gpu:0"), None);
+    }
+
+    /// A Slurm under its own prefix: scontrol is run from `slurm_bin_dir`,
+    /// which PATH does not reach.
+    #[test]
+    fn scontrol_runs_from_the_configured_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("carma-admission-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let calls = dir.join("calls");
+        let script = format!(
+            "#!/bin/sh\necho \"$*\" >>{}\n[ \"$1\" = show ] && echo 'NodeName=n1 Gres=gpu:4,carmamem:100 GresUsed=carmamem:(null):10'\nexit 0\n",
+            calls.display()
+        );
+        std::fs::write(dir.join("scontrol"), script).unwrap();
+        std::fs::set_permissions(dir.join("scontrol"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut a = Admission::new("n1".into(), Some(dir.clone()));
+        let change = a.sync(50).unwrap().unwrap();
+        assert!(change.contains("100 -> 60"), "{change}");
+        let said = std::fs::read_to_string(&calls).unwrap();
+        assert_eq!(said, "show node -o n1\nupdate NodeName=n1 Gres=gpu:4,carmamem:60\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -95,7 +95,8 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     let node = cfg.monitor.node_name();
     let admissible: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
     if !once {
-        spawn_admission(node.clone(), cfg.monitor.admission_interval, admissible.clone(), log);
+        let bin_dir = cfg.slurm_bin_dir.clone();
+        spawn_admission(node.clone(), bin_dir, cfg.monitor.admission_interval, admissible.clone(), log);
     }
     // The metrics endpoint serves the page rendered after each sample.
     let page = crate::http::Page::default();
@@ -164,8 +165,14 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
 
 /// Sets the node's admission count every `every` to the latest admissible
 /// GiB the sampling loop left in `latest`, for the life of the process.
-fn spawn_admission(node: String, every: Duration, latest: Arc<Mutex<Option<u64>>>, log: fn(&str)) {
-    let mut admission = crate::admission::Admission::new(node);
+fn spawn_admission(
+    node: String,
+    bin_dir: Option<std::path::PathBuf>,
+    every: Duration,
+    latest: Arc<Mutex<Option<u64>>>,
+    log: fn(&str),
+) {
+    let mut admission = crate::admission::Admission::new(node, bin_dir);
     let mut last_error: Option<String> = None;
     let spawned = std::thread::Builder::new().name("carma-admission".into()).spawn(move || {
         loop {

@@ -217,12 +217,14 @@ mod tests {
             history_first: false,
             mps_uid: None,
             runtime_mib: None,
+            batch_step: false,
         };
         let p = Params {
             metric: carma_config::ActivityMetric::Sm,
             sm_activity_cap: 0.8,
             busy_cap: 0.8,
             headroom_mib: 2048,
+            ..Params::default()
         };
         let learn = LearnRuntime::default();
         let dry = dry_run(&gpus, &state, &req, &p, &learn, 100);

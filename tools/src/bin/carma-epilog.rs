@@ -137,7 +137,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict) {
                 log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
             }
-            match requeue(&job) {
+            match requeue(cfg.slurm_bin_dir.as_deref(), &job) {
                 Ok(()) => {
                     log(&format!(
                         "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
@@ -336,14 +336,14 @@ fn helper_append(args: &[OsString]) -> i32 {
     }
 }
 
-/// A Slurm command with fixed arguments (no shell), bounded in time; its
-/// standard output on success.
-fn slurm_output(prog: &str, args: &[&str]) -> Result<String, String> {
-    carma_placement::command::run(prog, args, SCONTROL_TIMEOUT)
+/// A Slurm command (in `bin_dir`: carma.yaml's `slurm_bin_dir`) with fixed
+/// arguments (no shell), bounded in time; its standard output on success.
+fn slurm_output(bin_dir: Option<&Path>, name: &str, args: &[&str]) -> Result<String, String> {
+    carma_placement::command::run(&carma_placement::command::slurm_program(bin_dir, name), args, SCONTROL_TIMEOUT)
 }
 
-fn scontrol(args: &[&str]) -> Result<(), String> {
-    slurm_output("scontrol", args).map(drop)
+fn scontrol(bin_dir: Option<&Path>, args: &[&str]) -> Result<(), String> {
+    slurm_output(bin_dir, "scontrol", args).map(drop)
 }
 
 /// How long a job's recovery files may sit before the epilog asks Slurm
@@ -368,7 +368,11 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
     }
     let list: Vec<String> = jobs.iter().map(u32::to_string).collect();
     // squeue lists the jobs it knows and fails only if it knows none.
-    let known = match slurm_output("squeue", &["-h", "-t", "all", "-o", "%A %T", "-j", &list.join(",")]) {
+    let known = match slurm_output(
+        cfg.slurm_bin_dir.as_deref(),
+        "squeue",
+        &["-h", "-t", "all", "-o", "%A %T", "-j", &list.join(",")],
+    ) {
         Ok(out) => out,
         Err(e) if e.contains("Invalid job id") => String::new(),
         Err(e) => return log(&format!("stale recovery files: cannot ask Slurm about their jobs ({e}); kept")),
@@ -407,13 +411,17 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
 /// Requeues the job. Slurm refuses jobs submitted with --no-requeue. Slurm
 /// delays a requeued job's start (BeginTime); that can only be lifted once
 /// the job has left COMPLETING, i.e. after this epilog ends, so a detached
-/// follow-up (own process group: slurmd cleans up the epilog's) does it.
-fn requeue(job: &str) -> Result<(), String> {
+/// follow-up (own process group: slurmd cleans up the epilog's) does it,
+/// told where Slurm's commands are.
+fn requeue(bin_dir: Option<&Path>, job: &str) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
-    scontrol(&["requeue", job])?;
+    scontrol(bin_dir, &["requeue", job])?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = bin_dir.map(Path::as_os_str).unwrap_or_default();
     Command::new(exe)
-        .args(["--prompt-restart", job])
+        .arg("--prompt-restart")
+        .arg(job)
+        .arg(dir)
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -423,22 +431,24 @@ fn requeue(job: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `--prompt-restart JOB`: waits (at most a minute) until the requeued job
-/// is PENDING, then sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR]`: waits (at most a minute) until the
+/// requeued job is PENDING, then sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
     let Some(job) = args.first().and_then(|j| j.to_str()).filter(|j| j.bytes().all(|b| b.is_ascii_digit())) else {
         return 2;
     };
+    let bin_dir = args.get(1).map(Path::new).filter(|d| !d.as_os_str().is_empty());
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
-        let state = slurm_output("squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
+        let state = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.
-            return i32::from(scontrol(&["update", &format!("JobId={job}"), "StartTime=now+3"]).is_err());
+            let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), "StartTime=now+3"]);
+            return i32::from(update.is_err());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
