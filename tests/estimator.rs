@@ -67,9 +67,10 @@ fn srun_estimates_too_and_declared_memory_wins() {
 }
 
 /// The second node (tests/cluster.sh) learns its fixed memory from its last
-/// 3 jobs. Three jobs whose estimates carry carma.yaml's 700 MiB but which
-/// peak at their model part + 1700 MiB (a bigger software stack) teach it
-/// 1700; the next model-based job there gets its model part + 1700. The
+/// 3 jobs. Three jobs whose estimates carry carma.yaml's fixed part but which
+/// peak at their model part + that + 1000 MiB (a bigger software stack) teach
+/// their user that figure; the user's next model-based job there gets its
+/// model part + it. The
 /// node's carma-monitor records the peaks. Exclusive, so that no MPS fence
 /// (that node's sharing mode) stops the jobs at their estimates.
 #[test]
@@ -102,20 +103,24 @@ fn a_node_learns_its_fixed_memory_from_finished_jobs() {
         }
         thread::sleep(std::time::Duration::from_millis(200));
     };
-    assert_eq!(
-        (runtime["learned_mib"].as_u64(), runtime["configured_mib"].as_u64()),
-        (Some(1700), Some(700)),
-        "{runtime}"
-    );
+    // Learned for the user whose jobs they were; the node's value needs two users.
+    let configured = runtime["configured_mib"].as_u64().unwrap();
+    let learned = configured + 1000;
+    let users = runtime["users"].as_object().unwrap();
+    assert_eq!(users.len(), 1, "{runtime}");
+    let (uid, mine) = users.iter().next().unwrap();
+    assert_eq!((mine["learned_mib"].as_u64(), mine["observed_jobs"].as_u64()), (Some(learned), Some(3)), "{runtime}");
+    assert!(runtime["learned_mib"].is_null(), "one user's jobs set the node's value: {runtime}");
     let line = root(&["carma", "status", "--config", N2], 20).ok().stdout;
-    assert!(line.contains("runtime: 1700 MiB learned from 3 jobs"), "{line}");
-    // The next model-based job on that node: model part + the learned 1700.
+    assert!(line.contains(&format!("uid {uid}: {learned} MiB learned from 3 jobs")), "{line}");
+    // The user's next model-based job on that node: model part + the learned value.
     let (mib, _) = cli_estimate(&model, "96");
     let mut args = vec!["srun"];
     args.extend_from_slice(&on_node2);
     args.extend_from_slice(&["--carma-batch-size=96", "printenv", "CARMA_DECISION"]);
     let d = user(&args, 60).ok().stdout;
-    assert!(d.contains(&format!("estimate={}M source=layers runtime=learned:1700M ", mib + 1000)), "{d}");
+    let want = format!("estimate={}M source=layers runtime=learned:{learned}M learned_from=user ", mib + 1000);
+    assert!(d.contains(&want), "{d}");
     // The first node does not learn (min_jobs: 0): the same job keeps its estimate.
     let d = user(&["srun", &m, "--carma-batch-size=96", "printenv", "CARMA_DECISION"], 60).ok().stdout;
     assert!(d.contains(&format!("estimate={mib}M source=layers ")), "{d}");

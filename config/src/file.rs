@@ -108,9 +108,14 @@ pub struct LearnRuntime {
     pub max_mib: u64,
 }
 
+/// carma.yaml's default `estimator.runtime` (docs/estimator.md says what
+/// it rests on).
+pub const DEFAULT_RUNTIME_MIB: u64 = 1024;
+
 impl Default for LearnRuntime {
+    /// A user's value is used from their 3rd finished job on this node.
     fn default() -> LearnRuntime {
-        LearnRuntime { min_jobs: 8, window: 64, quantile: 0.75, max_mib: 4096 }
+        LearnRuntime { min_jobs: 3, window: 64, quantile: 0.75, max_mib: 4096 }
     }
 }
 
@@ -343,11 +348,14 @@ impl Default for Config {
                 // reader holds the state lock, whose waiters give up at 5 s.
                 gpu_read: Duration::from_secs(3),
             },
-            // The CUDA context, cuBLAS/cuDNN handles and the framework's own
-            // allocations of a PyTorch job on an A100: a property of the
-            // software stack, not of the model (docs/estimator.md).
+            // The CUDA context, cuBLAS/cuDNN workspaces and the framework's own
+            // allocations: a property of the software stack, not of the
+            // model. 1 GiB: PyTorch 2.11 on an H100 (760 MiB outside its
+            // allocator + what the allocator holds at any batch), the most
+            // a current stack needed in data/h100; a larger stack is
+            // learned per user from finished jobs (docs/estimator.md).
             estimator: EstimatorConfig {
-                runtime_mib: 700,
+                runtime_mib: DEFAULT_RUNTIME_MIB,
                 method: EstimatorMethod::Continuous,
                 learn_runtime: LearnRuntime::default(),
             },

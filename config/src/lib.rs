@@ -20,9 +20,9 @@ mod units;
 pub use activity::ActivityMetric;
 pub use digest::fnv1a;
 pub use file::{
-    ADMISSION_GRES, Config, ConfigError, DEFAULT_CONFIG_PATH, DEFAULT_METRICS_ADDR, EstimatorConfig, EstimatorMethod,
-    GpuSource, HttpEndpoint, LearnRuntime, MonitorConfig, MpsConfig, NoFitAction, RecoveryMode, Timeouts,
-    UnknownEstimate,
+    ADMISSION_GRES, Config, ConfigError, DEFAULT_CONFIG_PATH, DEFAULT_METRICS_ADDR, DEFAULT_RUNTIME_MIB,
+    EstimatorConfig, EstimatorMethod, GpuSource, HttpEndpoint, LearnRuntime, MonitorConfig, MpsConfig, NoFitAction,
+    RecoveryMode, Timeouts, UnknownEstimate,
 };
 pub use options::{
     ESTIMATE_ENV, JobRequest, OptionError, OptionName, Precision, SubmitEstimate, format_estimate, parse_estimate,

@@ -4,7 +4,7 @@
 //! network. Prints median and p99 of repeated runs.
 //! Run: cargo bench -p carma-estimator --bench estimate  (reads the repository's data/)
 
-use carma_estimator::{features, gpumemnet, layers_model, listing, onnx, torchsummary};
+use carma_estimator::{features, layers_model, listing, onnx, torchsummary};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,11 @@ fn main() {
         let k = carma_estimator::kept::kept(&net, carma_config::Precision::Fp32);
         layers_model::parts(&p, &k, 700, carma_config::Precision::Fp32).at_batch(128)
     });
-    let act = features::profile(&net).activation;
-    time("GPUMemNet classifier (tract-onnx)", 20000, || gpumemnet::classify(&net, 128, &act, true).unwrap());
+    #[cfg(feature = "gpumemnet")]
+    {
+        let act = features::profile(&net).activation;
+        time("GPUMemNet classifier (tract-onnx)", 20000, || {
+            carma_estimator::gpumemnet::classify(&net, 128, &act, true).unwrap()
+        });
+    }
 }

@@ -3,7 +3,7 @@
 //! - transformers (module listing, config.json, ONNX with attention):
 //!   the analytic model;
 //! - CNNs and MLPs: the continuous per-sample model, or GPUMemNet's bin
-//!   when the admin chose `method: gpumemnet`. Both are reported.
+//!   when the admin chose `method: gpumemnet` (its weights are read only then).
 //!
 //! A declared `--carma-mem` and an observed history are applied by the
 //! caller (they need no model file).
@@ -75,7 +75,7 @@ pub struct Estimate {
     pub batch: u64,
     pub params: u64,
     pub parts: Parts,
-    /// GPUMemNet's bin for CNNs and MLPs (reported even when not used).
+    /// GPUMemNet's bin for CNNs and MLPs, with `estimator.method: gpumemnet` only.
     pub gpumemnet_mib: Option<u64>,
     pub why: String,
 }
@@ -149,7 +149,12 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
             let kept = kept::kept(&net, s.precision);
             let parts = layers_model::parts(&profile, &kept, s.runtime_mib, s.precision);
             let continuous = parts.at_batch(batch);
-            let gpumemnet = gpumemnet(&net, batch, &profile.activation, profile.family == Family::Cnn);
+            // GPUMemNet's classifiers were trained on data published without
+            // a licence (docs/estimator.md): run only where the admin chose them.
+            let gpumemnet = match s.method {
+                Method::Gpumemnet => gpumemnet(&net, batch, &profile.activation, profile.family == Family::Cnn),
+                Method::Continuous => Err("not used (estimator.method: continuous)".into()),
+            };
             let (mib, source) = match (s.method, &gpumemnet) {
                 (Method::Gpumemnet, Ok(bin)) => (*bin, "gpumemnet"),
                 _ => (continuous, "layers"),
@@ -193,7 +198,7 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
                 layers_model::transient(&kept) * kept.largest_bytes / (1024.0 * 1024.0),
                 match &gpumemnet {
                     Ok(b) => format!("<= {b} MiB"),
-                    Err(e) => format!("unavailable ({e})"),
+                    Err(e) => e.clone(),
                 }
             );
             Ok(Estimate {
@@ -211,14 +216,14 @@ pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) ->
     }
 }
 
-#[cfg(feature = "onnx")]
+#[cfg(feature = "gpumemnet")]
 fn gpumemnet(net: &Network, batch: u64, activation: &str, cnn: bool) -> Result<u64, String> {
     crate::gpumemnet::classify(net, batch, activation, cnn)
 }
 
-#[cfg(not(feature = "onnx"))]
+#[cfg(not(feature = "gpumemnet"))]
 fn gpumemnet(_: &Network, _: u64, _: &str, _: bool) -> Result<u64, String> {
-    Err("built without ONNX support".into())
+    Err("GPUMemNet unavailable: built without the gpumemnet feature".into())
 }
 
 fn describe(bytes: Vec<u8>, name: &str) -> Result<(Described, &'static str), ParseError> {

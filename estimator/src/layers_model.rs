@@ -38,11 +38,34 @@ pub struct Parts {
     /// The largest single operator output per sample (MiB), which sizes
     /// the gradients in flight; 0 for the analytic transformer model.
     pub largest_mib: f64,
+    /// The optimizer step's peak beyond the runtime, once the backward
+    /// pass has freed the activations ([`step_bytes`] per parameter), and
+    /// what stays alive through it per sample (a language model's logits).
+    pub step_mib: f64,
+    pub step_per_sample_mib: f64,
 }
 
 impl Parts {
+    /// The larger of the backward pass's peak and the optimizer step's.
     pub fn at_batch(&self, batch: u64) -> u64 {
-        (self.runtime_mib as f64 + self.params_mib + self.per_sample_mib * batch as f64).ceil() as u64
+        let b = batch as f64;
+        let backward = self.params_mib + self.per_sample_mib * b;
+        let step = self.step_mib + self.step_per_sample_mib * b;
+        (self.runtime_mib as f64 + backward.max(step)).ceil() as u64
+    }
+}
+
+/// Bytes per parameter at Adam's step: weights, gradients, the two moments
+/// and the square-root temporary PyTorch's default (foreach) Adam makes of
+/// every second moment at once (`torch._foreach_sqrt(exp_avg_sqs)`): 20 in
+/// fp32 and under autocast (whose bf16 weight copies are gone by then),
+/// 10 for a bf16 model. It binds where a model's activations are smaller
+/// than a quarter of its weights' footprint: large models at short
+/// sequences or small batches.
+pub fn step_bytes(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp32 | Precision::Mixed => 20.0,
+        Precision::Bf16 => 10.0,
     }
 }
 
@@ -76,6 +99,8 @@ pub fn parts(p: &Profile, k: &Kept, runtime_mib: u64, precision: Precision) -> P
         per_sample_mib: (saved + transient(k) * k.largest_bytes) / MIB,
         saved_mib: saved / MIB,
         largest_mib: k.largest_bytes / MIB,
+        step_mib: step_bytes(precision) * p.params as f64 / MIB,
+        step_per_sample_mib: 0.0,
     }
 }
 

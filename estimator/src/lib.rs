@@ -1,12 +1,12 @@
 //! GPU memory estimation for training jobs: model descriptions read into
 //! one neutral layer list, then a continuous per-sample model (CNN/MLP),
-//! the paper's GPUMemNet classifier, or an analytic transformer model.
+//! the paper's GPUMemNet classifier (feature `gpumemnet`, off by default), or an analytic transformer model.
 //! docs/estimator.md has the rule and the measured validation.
 #![forbid(unsafe_code)]
 
 pub mod estimate;
 pub mod features;
-#[cfg(feature = "onnx")]
+#[cfg(feature = "gpumemnet")]
 pub mod gpumemnet;
 pub mod hf_config;
 pub mod input;

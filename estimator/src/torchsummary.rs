@@ -20,6 +20,8 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     };
     let mut net = Network::default();
     let mut in_table = false;
+    // Parameters of windowed attention, which the table's rows and footer miss.
+    let mut hidden_params = 0u64;
     for (i, line) in text.lines().enumerate().skip(header + 1) {
         let n = i + 1;
         let t = line.trim();
@@ -33,12 +35,19 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
         if !in_table || t.is_empty() {
             continue;
         }
-        let (layer, batch) = parse_row(t).map_err(|m| err(n, m))?;
+        let (layer, batch, last_dim) = parse_row(t).map_err(|m| err(n, m))?;
         if net.layers.is_empty() {
             // -1 means "any batch size".
             net.batch_in_file = u64::try_from(batch).ok().filter(|b| *b > 0);
         }
-        net.layers.push(layer);
+        match windowed_attention(&layer, last_dim) {
+            Some(rows) => {
+                hidden_params += rows.iter().map(|l| l.params).sum::<u64>();
+                net.attention_blocks += 1;
+                net.layers.extend(rows);
+            }
+            None => net.layers.push(layer),
+        }
         if net.layers.len() > 100_000 {
             return Err(err(n, "more than 100000 layers".into()));
         }
@@ -48,7 +57,8 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     }
     for (i, line) in text.lines().enumerate() {
         if let Some(v) = line.trim().strip_prefix("Total params:") {
-            net.total_params = Some(number(v).map_err(|m| err(i + 1, format!("Total params: {m}")))?);
+            let total = number(v).map_err(|m| err(i + 1, format!("Total params: {m}")))?;
+            net.total_params = Some(total.saturating_add(hidden_params));
         }
         // torchsummary's input size is fp32 MB for the batch it was made
         // with (or 1 for -1): the data batch's elements per sample.
@@ -64,7 +74,49 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
 }
 
 /// `Kind-N  [b, d1, d2, ...]  params` → the layer and its batch dimension
-fn parse_row(t: &str) -> Result<(Layer, i64), String> {
+/// A row of windowed attention whose weights torchsummary cannot see:
+/// torchvision's Swin (`ShiftedWindowAttention`, `...V2`) passes its
+/// `qkv` and `proj` weights to a function instead of calling them, so the
+/// table has no rows for them, and the row itself shows 0 parameters (its
+/// relative-position bias table is neither a `weight` nor a `bias`). What
+/// that function runs, per token of the `[batch, H, W, C]` output, as rows
+/// the chain rule of `kept.rs` counts: the QKV projection (saves its input,
+/// 3C out), Q·Kᵀ (saves Q and K; V is in the same tensor) with the bias
+/// table's parameters, the softmax over the window (kept: its result,
+/// fp32 under autocast), attention·V (saves the probabilities, with a bf16
+/// copy under autocast) and the output projection. Swin's heads are 32
+/// channels wide; a window is 7×7 (8×8 for V2).
+fn windowed_attention(row: &Layer, channels_last: u64) -> Option<Vec<Layer>> {
+    let kind = row.kind.to_ascii_lowercase();
+    if !(kind.ends_with("windowattention") || kind.ends_with("windowattentionv2")) || row.params != 0 {
+        return None;
+    }
+    let c = channels_last;
+    if c == 0 || row.out_elems % c != 0 {
+        return None;
+    }
+    let tokens = row.out_elems / c;
+    let heads = (c / 32).max(1);
+    let (window, area) = if kind.ends_with("v2") { (8u64, 64u64) } else { (7, 49) };
+    let scores = heads.checked_mul(area)?.checked_mul(tokens)?;
+    let bias_table = (2 * window - 1) * (2 * window - 1) * heads;
+    let row = |kind: &str, out_elems: u64, params: u64| Layer {
+        kind: kind.into(),
+        out_elems,
+        params,
+        channels: 0,
+        folded_elems: 0,
+    };
+    Some(vec![
+        row("Linear", 3 * c * tokens, 3 * c * c + 3 * c),
+        row("MatMul", scores, bias_table),
+        row("Softmax", scores, 0),
+        row("MatMul", c * tokens, 0),
+        row("Linear", c * tokens, c * c + c),
+    ])
+}
+
+fn parse_row(t: &str) -> Result<(Layer, i64, u64), String> {
     let open = t.find('[').ok_or("expected an output shape like [32, 64, 112, 112]")?;
     let close = t.rfind(']').filter(|&c| c > open).ok_or("expected ']' closing the output shape")?;
     let name = t[..open].trim();
@@ -90,7 +142,8 @@ fn parse_row(t: &str) -> Result<(Layer, i64), String> {
     // One feature map ([b, c, h, w] or [b, c, l]): its channels.
     let single = !t[open + 1..close].contains('[');
     let channels = if single && rest.len() >= 2 { u64::try_from(rest[0]).unwrap_or(0) } else { 0 };
-    Ok((Layer { kind: kind.to_string(), out_elems: elems, params, channels, folded_elems: 0 }, batch))
+    let last = rest.last().and_then(|&d| u64::try_from(d).ok()).filter(|_| single).unwrap_or(0);
+    Ok((Layer { kind: kind.to_string(), out_elems: elems, params, channels, folded_elems: 0 }, batch, last))
 }
 
 /// `25,557,032` → 25557032
@@ -127,6 +180,39 @@ Total params: 2,058,536
         assert_eq!(n.params(), 2_058_536);
         assert_eq!(n.batch_in_file, Some(32));
         assert_eq!(parse(&RESNET_HEAD.replace("[32,", "[-1,"), "r").unwrap().batch_in_file, None);
+    }
+
+    /// torchvision's Swin-T, first block: the attention row shows 0
+    /// parameters and no child rows. Its QKV and output projections (4C² +
+    /// 4C), the bias table (13² × 3 heads) and the window scores are counted.
+    #[test]
+    fn windowed_attention_rows_count_their_hidden_weights_and_scores() {
+        let table = "        Layer (type)               Output Shape         Param #
+================================================================
+            Conv2d-1           [-1, 96, 56, 56]           4,704
+           Permute-2           [-1, 56, 56, 96]               0
+         LayerNorm-3           [-1, 56, 56, 96]             192
+         LayerNorm-4           [-1, 56, 56, 96]             192
+ShiftedWindowAttention-5           [-1, 56, 56, 96]               0
+   StochasticDepth-6           [-1, 56, 56, 96]               0
+================================================================
+Total params: 5,088
+";
+        let n = parse(table, "swin.model").unwrap();
+        let tokens = 56 * 56;
+        assert_eq!(n.attention_blocks, 1);
+        assert_eq!(n.params(), 5088 + 4 * 96 * 96 + 4 * 96 + 13 * 13 * 3);
+        let kinds: Vec<&str> = n.layers.iter().map(|l| l.kind.as_str()).collect();
+        assert_eq!(kinds[4..9], ["Linear", "MatMul", "Softmax", "MatMul", "Linear"]);
+        assert_eq!(n.layers[6].out_elems, 3 * 49 * tokens, "3 heads x a 7x7 window per token");
+        let k = crate::kept::kept(&n, carma_config::Precision::Fp32);
+        let without = crate::kept::kept(
+            &parse(&table.replace("ShiftedWindowAttention", "Identity"), "t").unwrap(),
+            carma_config::Precision::Fp32,
+        );
+        // The QKV output and the probabilities at least, 4 B each.
+        let more = (3 * 96 + 3 * 49) as f64 * tokens as f64 * 4.0;
+        assert!(k.saved_bytes - without.saved_bytes >= more, "{} {}", k.saved_bytes, without.saved_bytes);
     }
 
     #[test]

@@ -125,17 +125,27 @@ pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
     let head_per_token = HEAD_BYTES * v + a * 3.0 * h;
     let embed_per_token = n * 2.25 * h;
     let per_sample = seq * (s.blocks as f64 * block_per_token + head_per_token + embed_per_token);
-    // Under autocast the embedding's (or tied head's) gradient arrives in
-    // bf16 and is copied to fp32 before it is accumulated: 6 bytes per
-    // element of the largest weight, in flight once.
-    let cast_grad = if precision == Precision::Mixed { 6.0 * v * h } else { 0.0 };
+    // The embedding's backward pass makes a dense gradient of the whole
+    // table before it is accumulated into the weight's (the head's, where
+    // tied): 4 bytes per element in flight once (2 for a bf16 model); under
+    // autocast it arrives in bf16 and is copied to fp32: 6. What a mid-size
+    // GPT-2 at a short sequence was short by (1-3 %, docs/estimator.md).
+    let embed_grad = match precision {
+        Precision::Fp32 => 4.0,
+        Precision::Mixed => 6.0,
+        Precision::Bf16 => 2.0,
+    } * v
+        * h;
     Parts {
         runtime_mib,
-        params_mib: (param_bytes(precision) * s.params as f64 + cast_grad) / MIB,
+        params_mib: (param_bytes(precision) * s.params as f64 + embed_grad) / MIB,
         per_sample_mib: per_sample / MIB,
         // Counted per token above, the head's blocks in flight included.
         saved_mib: per_sample / MIB,
         largest_mib: 0.0,
+        step_mib: crate::layers_model::step_bytes(precision) * s.params as f64 / MIB,
+        // The loss's output object keeps the logits through the step.
+        step_per_sample_mib: 4.0 * v * seq / MIB,
     }
 }
 
@@ -172,7 +182,8 @@ mod tests {
     #[test]
     fn weights_gradients_and_adam_are_16_bytes_per_parameter() {
         let p = parts(&bert_base(512), 700, Precision::Fp32);
-        assert!((p.params_mib - 110e6 * 16.0 / MIB).abs() < 1e-6);
+        // and the embedding's dense gradient in flight (4 B per element).
+        assert!((p.params_mib - (110e6 * 16.0 + 4.0 * 30522.0 * 768.0) / MIB).abs() < 1e-6);
         assert!(p.at_batch(2) > p.at_batch(1));
     }
 

@@ -11,15 +11,12 @@ use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use common::*;
 use std::collections::BTreeMap;
 
-/// The fixed part of the measured stack (PyTorch 2.11, CUDA 13, H100), as
-/// an admin sets `estimator.runtime` for it (or a node learns it:
-/// `estimator.learn_runtime`): 760 MiB outside PyTorch's allocator (NVML
-/// minus torch's reserved bytes: 758–762 MiB on every row, the data's
-/// README) plus what the allocator holds at any batch size (cuBLAS and
-/// cuDNN workspaces, its first segments): 1 GiB in all. The paper's A100
-/// stack needed 700 MiB in all (its smallest jobs peak at 590–666 MiB);
-/// the `RUNTIME_AT_760` figures printed show what 760 alone would give.
-const RUNTIME_MIB: u64 = 1024;
+/// The fixed part of the measured stack (PyTorch 2.11, CUDA 13, H100) is
+/// carma.yaml's default `estimator.runtime`: 760 MiB outside PyTorch's
+/// allocator (NVML minus torch's reserved bytes: 758–762 MiB on every row,
+/// the data's README) plus what the allocator holds at any batch size
+/// (cuBLAS and cuDNN workspaces, its first segments): 1 GiB in all.
+const RUNTIME_MIB: u64 = carma_config::DEFAULT_RUNTIME_MIB;
 
 struct Case {
     model: String,

@@ -39,14 +39,17 @@ pub fn decide(
     // The model's part, and the node's own fixed part where it learned
     // a larger one than the estimate carries.
     let model_mib = req.runtime_mib.zip(req.estimate_mib).map(|(r, e)| e.saturating_sub(r));
-    let mut learned_runtime_mib = req.runtime_mib.and_then(|r| learned::raise(&st.runtime_samples, learn, r));
-    if let (Some(m), Some(l)) = (model_mib, learned_runtime_mib) {
+    let mut learned = req.runtime_mib.and_then(|r| learned::raise(&st.runtime_by_user, req.uid, learn, r));
+    if let (Some(m), Some((l, _))) = (model_mib, learned) {
         demand.estimate_mib = Some(m + l);
     }
     let history_mib = history_estimate(st, req.signature.as_deref(), demand.estimate_mib, req.history_first);
     if history_mib.is_some() {
         demand.estimate_mib = history_mib;
-        learned_runtime_mib = None;
+        learned = None;
+    }
+    if let Some(sig) = req.signature.as_deref().filter(|s| st.history.contains_key(*s)) {
+        st.touch_history(sig);
     }
     let choice = match choose(readings, st, &demand, params, owners) {
         Ok(c) => c,
@@ -67,6 +70,7 @@ pub fn decide(
         observed_mib: 0,
         mps_uid: req.mps_uid.filter(|_| !choice.exclusive),
         model_mib,
+        uid: req.uid,
     });
     if req.batch_step {
         st.batch_steps.insert(step.job, step.holder);
@@ -80,7 +84,8 @@ pub fn decide(
         free_mib: choice.free_mib,
         metric: params.metric,
         activity: choice.activity,
-        learned_runtime_mib,
+        learned_runtime_mib: learned.map(|(l, _)| l),
+        learned_from: learned.map(|(_, w)| w),
     })
 }
 
@@ -111,6 +116,7 @@ fn join(
         metric: params.metric,
         activity: vec![],
         learned_runtime_mib: None,
+        learned_from: None,
     };
     if r.holders.contains(&step.holder) {
         return Ok(decision(r.estimate_mib));

@@ -453,6 +453,7 @@ impl Placer {
                 observed_mib: 0,
                 mps_uid: None,
                 model_mib: None,
+                uid: None,
             });
         })?;
         Ok(())

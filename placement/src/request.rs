@@ -45,6 +45,10 @@ pub struct Request {
     /// inside the script shares (see `decide::join`).
     #[serde(default)]
     pub batch_step: bool,
+    /// The job's user as Slurm says it: whose learned fixed part applies,
+    /// and whose the job's observation becomes.
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 impl Request {
@@ -62,6 +66,7 @@ impl Request {
             mps_uid: None,
             runtime_mib: None,
             batch_step: false,
+            uid: None,
         }
     }
 }
@@ -81,10 +86,12 @@ pub struct Decision {
     /// The capped reading (`metric`) of each chosen GPU when chosen (empty if reused).
     pub metric: carma_config::ActivityMetric,
     pub activity: Vec<f64>,
-    /// Set when the node's learned fixed memory replaced the estimate's
-    /// (and history did not decide instead).
+    /// Set when a learned fixed memory replaced the estimate's (and history
+    /// did not decide instead), with whose it was: the user's or the node's.
     #[serde(default)]
     pub learned_runtime_mib: Option<u64>,
+    #[serde(default)]
+    pub learned_from: Option<crate::learned::Whose>,
 }
 
 impl fmt::Display for Decision {

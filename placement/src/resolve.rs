@@ -164,6 +164,7 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         mps_uid,
         runtime_mib,
         batch_step: f.batch_step,
+        uid: Some(f.uid),
     };
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
     let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));
@@ -224,6 +225,9 @@ impl Plan {
         if let (Some(l), Some(rt), Some(e)) = (d.learned_runtime_mib, r.runtime_mib, r.estimate_mib) {
             est = format!("{}M", e - rt + l);
             learned = format!(" runtime=learned:{l}M");
+            if let Some(w) = d.learned_from {
+                learned += &format!(" learned_from={}", w.as_str());
+            }
         }
         format!(
             "policy={} estimate={est} source={source}{learned} {d}{}{}{sharing}",

@@ -405,6 +405,7 @@ mod tests {
             free_mib: vec![9],
             metric: carma_config::ActivityMetric::Sm,
             learned_runtime_mib: None,
+            learned_from: None,
             activity: vec![0.25],
         }
     }

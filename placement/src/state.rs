@@ -79,6 +79,10 @@ pub struct Reservation {
     /// with its observed peak, an observation of the node's fixed part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_mib: Option<u64>,
+    /// The job's user as Slurm says it: whose learned fixed part its
+    /// observation moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 /// The node's state. Read and written through [`wire`], which keeps the
@@ -94,8 +98,15 @@ pub struct NodeState {
     /// Observed peaks of ended jobs by signature, MiB (the `history`
     /// estimate). At most HISTORY_MAX entries.
     pub history: BTreeMap<String, u64>,
-    /// Ended jobs' observed peaks less their model parts, oldest first, at
-    /// most `learned::KEPT` (the node's learned fixed memory).
+    /// When each signature of `history` was last used or raised, in the
+    /// node's order of uses (missing: before any), for trimming the least
+    /// recently used.
+    pub history_used: BTreeMap<String, u64>,
+    /// Ended jobs' observed peaks less their model parts, by user (the
+    /// learned fixed memory, `learned.rs`).
+    pub runtime_by_user: crate::learned::ByUser,
+    /// Observations from before they were kept per user: read (so such a
+    /// file loads) and dropped, since nobody knows whose they were.
     pub runtime_samples: Vec<u64>,
     /// What this node's placements came to, since the state file was made
     /// (carma-monitor exports them as counters).
@@ -134,6 +145,10 @@ mod wire {
         #[serde(default)]
         history: BTreeMap<String, u64>,
         #[serde(default)]
+        history_used: BTreeMap<String, u64>,
+        #[serde(default)]
+        runtime_by_user: crate::learned::ByUser,
+        #[serde(default)]
         runtime_samples: Vec<u64>,
         #[serde(default)]
         counters: Counters,
@@ -160,8 +175,10 @@ mod wire {
         rr_cursor: u32,
         reservations: Vec<OutReservation<'a>>,
         history: &'a BTreeMap<String, u64>,
-        #[serde(skip_serializing_if = "no_samples")]
-        runtime_samples: &'a Vec<u64>,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        history_used: &'a BTreeMap<String, u64>,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        runtime_by_user: &'a crate::learned::ByUser,
         counters: &'a Counters,
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         step_parts: &'a BTreeMap<u32, BTreeMap<u32, u64>>,
@@ -177,10 +194,6 @@ mod wire {
         known: &'a Reservation,
         #[serde(flatten)]
         unknown: &'a Unknown,
-    }
-
-    fn no_samples(v: &&Vec<u64>) -> bool {
-        v.is_empty()
     }
 
     impl<'de> Deserialize<'de> for NodeState {
@@ -203,6 +216,8 @@ mod wire {
                 rr_cursor: w.rr_cursor,
                 reservations,
                 history: w.history,
+                history_used: w.history_used,
+                runtime_by_user: w.runtime_by_user,
                 runtime_samples: w.runtime_samples,
                 counters: w.counters,
                 step_parts: w.step_parts,
@@ -226,7 +241,8 @@ mod wire {
                     .map(|r| OutReservation { known: r, unknown: self.unknown_per_job.get(&r.job).unwrap_or(&none) })
                     .collect(),
                 history: &self.history,
-                runtime_samples: &self.runtime_samples,
+                history_used: &self.history_used,
+                runtime_by_user: &self.runtime_by_user,
                 counters: &self.counters,
                 step_parts: &self.step_parts,
                 batch_steps: &self.batch_steps,
@@ -286,7 +302,8 @@ impl Counters {
     }
 }
 
-/// Bounds the state file: beyond this, the smallest signature is dropped.
+/// Bounds the state file: beyond this, the least recently used signature
+/// of the user with the most signatures is dropped.
 pub const HISTORY_MAX: usize = 4096;
 
 impl Default for NodeState {
@@ -297,6 +314,8 @@ impl Default for NodeState {
             rr_cursor: 0,
             reservations: Vec::new(),
             history: BTreeMap::new(),
+            history_used: BTreeMap::new(),
+            runtime_by_user: BTreeMap::new(),
             runtime_samples: Vec::new(),
             counters: Counters::default(),
             step_parts: BTreeMap::new(),
@@ -384,8 +403,8 @@ impl NodeState {
         if !r.exclusive && r.estimate_mib > 0 {
             self.counters.observe_accuracy(r.observed_mib as f64 / r.estimate_mib as f64);
         }
-        if let Some(model) = r.model_mib {
-            crate::learned::observe(&mut self.runtime_samples, r.observed_mib, model);
+        if let (Some(model), Some(uid)) = (r.model_mib, r.uid) {
+            crate::learned::observe(&mut self.runtime_by_user, uid, r.observed_mib, model);
         }
         if let Some(sig) = &r.signature {
             self.remember_peak(sig, r.observed_mib);
@@ -396,10 +415,41 @@ impl NodeState {
     pub fn remember_peak(&mut self, sig: &str, mib: u64) {
         let e = self.history.entry(sig.to_string()).or_insert(0);
         *e = (*e).max(mib);
+        self.touch_history(sig);
         while self.history.len() > HISTORY_MAX {
-            let first = self.history.keys().next().cloned();
-            first.map(|k| self.history.remove(&k));
+            match self.history_victim() {
+                Some(k) => {
+                    self.history.remove(&k);
+                    self.history_used.remove(&k);
+                }
+                None => break,
+            }
         }
+    }
+
+    /// Marks `sig` as the most recently used signature.
+    pub fn touch_history(&mut self, sig: &str) {
+        let tick = self.history_used.values().max().copied().unwrap_or(0) + 1;
+        self.history_used.insert(sig.to_string(), tick);
+        // Uses of signatures trimmed since (or never kept) are not kept.
+        let history = &self.history;
+        self.history_used.retain(|k, _| history.contains_key(k));
+    }
+
+    /// The signature to drop from a full history: the least recently used
+    /// of the user who has the most, so that one user's many signatures
+    /// evict only that user's. Signatures are `uid:hash` (resolve.rs).
+    fn history_victim(&self) -> Option<String> {
+        fn owner(k: &str) -> &str {
+            k.split_once(':').map_or("", |(uid, _)| uid)
+        }
+        let used = |k: &str| self.history_used.get(k).copied().unwrap_or(0);
+        let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+        for k in self.history.keys() {
+            *count.entry(owner(k)).or_insert(0) += 1;
+        }
+        let most = count.values().max().copied()?;
+        self.history.keys().filter(|k| count[owner(k)] == most).min_by_key(|k| used(k)).cloned()
     }
 }
 
@@ -779,6 +829,7 @@ mod tests {
             observed_mib: 0,
             mps_uid: None,
             model_mib: None,
+            uid: None,
         }
     }
 
@@ -1022,5 +1073,34 @@ mod tests {
         // Old state files have no counters: they read as zero.
         let old: NodeState = serde_json::from_str(r#"{"version":1,"rr_cursor":0,"reservations":[]}"#).unwrap();
         assert_eq!(old.counters, Counters::default());
+    }
+
+    /// #38.4: a full history drops the least recently used signature of
+    /// the user with the most, never another user's (it used to drop the
+    /// alphabetically smallest key, whoever it belonged to).
+    #[test]
+    fn a_user_with_many_signatures_evicts_only_their_own_history() {
+        let mut st = NodeState::default();
+        // uid 1000's signatures sort before the flood's ("1000:" < "9:").
+        for i in 0..10 {
+            st.remember_peak(&format!("1000:{i:016x}"), 5000 + i);
+        }
+        st.remember_peak("9:old", 100);
+        for i in 0..HISTORY_MAX as u64 {
+            st.remember_peak(&format!("9:{i:016x}"), 1);
+        }
+        assert_eq!(st.history.len(), HISTORY_MAX);
+        for i in 0..10 {
+            assert_eq!(st.history.get(&format!("1000:{i:016x}")), Some(&(5000 + i)), "another user's history kept");
+        }
+        assert!(!st.history.contains_key("9:old"), "the flooder's least recently used went first");
+        assert_eq!(st.history_used.len(), HISTORY_MAX, "uses kept only for kept signatures");
+        // Least recently used, not smallest: a used signature stays.
+        // (the flood's first 10 went with "9:old": 11 over the bound)
+        assert!(!st.history.contains_key("9:0000000000000009") && st.history.contains_key("9:000000000000000a"));
+        st.touch_history("9:000000000000000a");
+        st.remember_peak("9:new", 1);
+        assert!(st.history.contains_key("9:000000000000000a"));
+        assert!(!st.history.contains_key("9:000000000000000b"));
     }
 }

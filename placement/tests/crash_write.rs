@@ -32,6 +32,7 @@ fn writer_loop() {
                         observed_mib: 0,
                         mps_uid: None,
                         model_mib: None,
+                        uid: None,
                     })
                     .collect();
             })

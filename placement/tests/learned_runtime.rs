@@ -44,8 +44,13 @@ fn request(mib: u64, runtime_mib: Option<u64>, signature: Option<&str>) -> Reque
         estimate_source: "layers".into(),
         signature: signature.map(str::to_string),
         runtime_mib,
+        uid: Some(7),
         ..Request::declared(Policy::Magm, mib)
     }
+}
+
+fn samples(dir: &Path, uid: u32) -> Vec<u64> {
+    store(dir).snapshot().unwrap().runtime_by_user[&uid].samples.clone()
 }
 
 /// Places `job`, records `peak` as what its processes were seen using
@@ -68,15 +73,16 @@ fn finished_jobs_teach_the_node_its_fixed_memory() {
     assert_eq!((first.reserve_mib, first.learned_runtime_mib), (5700, None));
     let second = run(&mut p, &d.0, 2, &request(5700, Some(700), None), 6900);
     assert_eq!((second.reserve_mib, second.learned_runtime_mib), (5700, None), "1 of 2 jobs observed");
-    assert_eq!(store(&d.0).snapshot().unwrap().runtime_samples, vec![1900, 1900]);
+    assert_eq!(samples(&d.0, 7), vec![1900, 1900]);
     // Now learned: a 3000 MiB model gets 3000 + 1900.
     let third = run(&mut p, &d.0, 3, &request(3700, Some(700), None), 100);
     assert_eq!((third.reserve_mib, third.learned_runtime_mib), (4900, Some(1900)));
+    assert_eq!(third.learned_from, Some(carma_placement::learned::Whose::User));
     // A declared estimate has no model part: unchanged, and not an observation.
     let declared = run(&mut p, &d.0, 4, &request(3700, None, None), 9000);
     assert_eq!((declared.reserve_mib, declared.learned_runtime_mib), (3700, None));
     // Job 3 peaked below its model part: it observed 0.
-    assert_eq!(store(&d.0).snapshot().unwrap().runtime_samples, vec![1900, 1900, 0]);
+    assert_eq!(samples(&d.0, 7), vec![1900, 1900, 0]);
     // A job whose estimate already carries more than the learned value keeps it.
     let big = run(&mut p, &d.0, 5, &request(5000, Some(2500), None), 100);
     assert_eq!((big.reserve_mib, big.learned_runtime_mib), (5000, None));
@@ -98,4 +104,30 @@ fn history_decides_over_the_learned_value_and_the_window_forgets() {
     }
     let after = run(&mut p, &d.0, 8, &request(1700, Some(700), None), 0);
     assert_eq!((after.reserve_mib, after.learned_runtime_mib), (1700, None), "the old observations left the window");
+}
+
+/// #38.4 through the placer: a user who forges `CARMA_ESTIMATE` (a model
+/// part of 100 MiB for jobs that peak at 60 GB) over 48 jobs raises only
+/// their own fixed part; another user's next estimate is what it was.
+#[test]
+fn a_forged_estimate_moves_only_its_users_fixed_part() {
+    let d = node("forged");
+    let mut p = placer(&d.0);
+    let honest = |_job| Request { uid: Some(1), ..request(5700, Some(700), None) };
+    // Two honest users teach the node 1900 (each their own, and so the node's).
+    for (job, uid) in [(1, 1), (2, 1), (3, 2), (4, 2)] {
+        run(&mut p, &d.0, job, &Request { uid: Some(uid), ..request(5700, Some(700), None) }, 6900);
+    }
+    let newcomer = |_job| Request { uid: Some(3), ..request(5700, Some(700), None) };
+    let before = (run(&mut p, &d.0, 5, &honest(5), 0), run(&mut p, &d.0, 6, &newcomer(6), 0));
+    assert_eq!((before.0.reserve_mib, before.1.reserve_mib), (6900, 6900));
+    assert_eq!(before.1.learned_from, Some(carma_placement::learned::Whose::Node));
+    let forged = Request { uid: Some(666), ..request(800, Some(700), None) };
+    for job in 100..148 {
+        run(&mut p, &d.0, job, &forged, 60_000);
+    }
+    let own = run(&mut p, &d.0, 200, &forged, 0);
+    assert_eq!(own.reserve_mib, 100 + 4096, "the forger's own estimates rose to learn_runtime.max");
+    let after = (run(&mut p, &d.0, 201, &honest(201), 0), run(&mut p, &d.0, 202, &newcomer(202), 0));
+    assert_eq!((after.0.reserve_mib, after.1.reserve_mib), (6900, 6900), "nobody else's estimate moved");
 }

@@ -227,6 +227,7 @@ mod tests {
             observed_mib: 6000,
             mps_uid: None,
             model_mib: None,
+            uid: None,
         });
         st.counters.placements = 3;
         st.counters.no_fit("memory");

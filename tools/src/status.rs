@@ -85,27 +85,43 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
 }
 
 /// The node's fixed memory per job (the stack's part of model-based
-/// estimates), configured and learned: a line and JSON.
+/// estimates), configured and learned (per user, and the node's value over
+/// its users: placement/src/learned.rs): a line and JSON.
 pub fn runtime(est: &EstimatorConfig, state: &NodeState) -> (String, serde_json::Value) {
+    use carma_placement::learned;
     let l = &est.learn_runtime;
-    let seen = state.runtime_samples.len().min(l.window as usize);
-    let learned = carma_placement::learned::value(&state.runtime_samples, l);
     let configured = est.runtime_mib;
-    let line = match learned {
-        _ if l.min_jobs == 0 => format!("runtime: {configured} MiB (estimator.runtime; learning off)"),
-        None => {
-            format!("runtime: {configured} MiB (estimator.runtime); learning: {seen} of {} jobs observed", l.min_jobs)
-        }
-        Some(v) if v > configured => format!(
-            "runtime: {v} MiB learned from {seen} jobs (quantile {} of the latest {}), used in place of estimator.runtime {configured} MiB",
-            l.quantile, l.window
-        ),
-        Some(v) => {
-            format!("runtime: {configured} MiB (estimator.runtime); learned {v} MiB from {seen} jobs, not above it")
-        }
+    if l.min_jobs == 0 {
+        let v =
+            json!({"configured_mib": configured, "learned_mib": null, "observed_jobs": 0, "min_jobs": 0, "users": {}});
+        return (format!("runtime: {configured} MiB (estimator.runtime; learning off)"), v);
+    }
+    let node = learned::node_value(&state.runtime_by_user, l);
+    let mut users = serde_json::Map::new();
+    let mut parts = Vec::new();
+    let mut seen_all = 0;
+    for (uid, u) in &state.runtime_by_user {
+        let seen = u.samples.len().min(l.window as usize);
+        seen_all += seen;
+        let v = learned::value(&u.samples, l);
+        users.insert(uid.to_string(), json!({"learned_mib": v, "observed_jobs": seen}));
+        parts.push(match v {
+            Some(v) => format!("uid {uid}: {v} MiB learned from {seen} jobs"),
+            None => format!("uid {uid}: {seen} of {} jobs observed", l.min_jobs),
+        });
+    }
+    let node_part = match node {
+        Some(v) if v > configured => format!("node: {v} MiB (more than half of its users), used in place of it"),
+        Some(v) => format!("node: {v} MiB, not above it"),
+        None => "node: not learned (two users need a learned value)".to_string(),
     };
-    let v =
-        json!({"configured_mib": configured, "learned_mib": learned, "observed_jobs": seen, "min_jobs": l.min_jobs});
+    let users_part = if parts.is_empty() { "no job observed yet".to_string() } else { parts.join(", ") };
+    let line = format!(
+        "runtime: {configured} MiB (estimator.runtime); {node_part}; per user (quantile {} of the latest {}, used in place of it where larger): {users_part}",
+        l.quantile, l.window
+    );
+    let v = json!({"configured_mib": configured, "learned_mib": node, "observed_jobs": seen_all,
+        "min_jobs": l.min_jobs, "users": users});
     (line, v)
 }
 
@@ -218,6 +234,7 @@ mod tests {
             mps_uid: None,
             runtime_mib: None,
             batch_step: false,
+            uid: None,
         };
         let p = Params {
             metric: carma_config::ActivityMetric::Sm,

@@ -50,6 +50,7 @@ fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
         observed_mib: 0,
         mps_uid: None,
         model_mib: None,
+        uid: None,
     }
 }
 

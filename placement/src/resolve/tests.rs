@@ -164,6 +164,7 @@ fn the_summary_says_what_decided_the_estimate_in_the_end() {
         metric: carma_config::ActivityMetric::Sm,
         activity: vec![],
         learned_runtime_mib: None,
+        learned_from: None,
     };
     let s = p.summary(&d, "");
     assert!(s.starts_with(&format!("policy={} estimate=9000M source=layers gpu_count=1", p.request.policy)), "{s}");

@@ -248,8 +248,11 @@ fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
     let settings = carma_estimator::Settings::for_job(&cfg.estimator, &req);
     let bytes = carma_estimator::read_bounded_bytes(Path::new(model)).map_err(|e| e.to_string())?;
     let est = carma_estimator::estimate(bytes, model, batch, &settings).map_err(|e| e.to_string())?;
+    let (fixed_from, fixed_line) = fixed_part(&cfg, &est);
     if a.has("json") {
-        println!("{}", serde_json::to_string_pretty(&est).unwrap_or_default());
+        let mut v = serde_json::to_value(&est).unwrap_or_default();
+        v["fixed_part"] = serde_json::json!({"mib": est.parts.runtime_mib, "from": fixed_from});
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!(
             "{} MiB per GPU (source {}, {} file, {} family, batch {})",
@@ -260,6 +263,29 @@ fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
             est.batch
         );
         println!("{}", est.why);
+        println!("{fixed_line}");
     }
     Ok(())
+}
+
+/// Which fixed part (the software stack's memory) the estimate used and
+/// where it came from, as a short tag and a line.
+fn fixed_part(cfg: &Config, est: &carma_estimator::Estimate) -> (&'static str, String) {
+    if est.source == "gpumemnet" {
+        return ("gpumemnet", "fixed part: GPUMemNet's bins include their own".into());
+    }
+    let mib = est.parts.runtime_mib;
+    let (tag, from) = if mib == carma_config::DEFAULT_RUNTIME_MIB {
+        (
+            "default",
+            format!("the default (PyTorch 2.x on an H100; estimator.runtime in {} may change it)", cfg.path.display()),
+        )
+    } else {
+        ("carma.yaml", format!("estimator.runtime in {}", cfg.path.display()))
+    };
+    let line = format!(
+        "fixed part: {mib} MiB, {from}; a node that has learned a larger one from your finished jobs \
+         (or from most of its users') uses that instead, and CARMA_DECISION says runtime=learned:SIZE"
+    );
+    (tag, line)
 }
