@@ -218,8 +218,11 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
             // CUDA's 0, as Slurm numbers CUDA_VISIBLE_DEVICES under
             // ConstrainDevices=yes. SLURM_STEP_GPUS keeps the node's indices.
             let node_indices = carma_placement::index_list(&d.gpus);
-            let cuda = cuda_devices(d.gpus.len(), &node_indices);
+            let (cuda, order) = cuda_devices(d.gpus.len(), &node_indices);
             sp.setenv("CUDA_VISIBLE_DEVICES", &cuda)?;
+            if let Some(order) = order {
+                sp.setenv("CUDA_DEVICE_ORDER", order)?;
+            }
             sp.setenv("GPU_DEVICE_ORDINAL", &cuda)?;
             sp.setenv("SLURM_STEP_GPUS", &node_indices)?;
             for (var, value) in &d.env {
@@ -280,12 +283,12 @@ fn tell_task(pid: u32, msg: &str) {
 fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
     use carma_placement::devices::{self, Cgroup};
     let dev = std::path::Path::new("/dev");
+    // Read from what constrains the task (a device program, a devices
+    // list): a constraint CARMA cannot find is an error, not "none".
     let cgroup = devices::of_task(pid)?;
-    // ConstrainDevices=no: no job can be kept from any GPU here.
     if cgroup == Cgroup::Unconstrained {
         return Ok(());
     }
-    // The placement's files must exist (v2 grants by denying the others).
     let allow =
         gpus.iter().map(|&i| devices::char_device(&devices::gpu_file(dev, i))).collect::<Result<Vec<_>, _>>()?;
     let deny: Vec<_> = devices::gpu_files(dev)
@@ -295,18 +298,21 @@ fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
         .collect();
     match cgroup {
         Cgroup::V1(levels) => devices::grant_v1(&levels, &allow, &deny),
-        Cgroup::V2(task) => devices::grant_v2(&task, &deny),
+        Cgroup::V2 { task, program_at } => devices::grant_v2(&task, &program_at, &allow, &deny),
         Cgroup::Unconstrained => Ok(()),
     }
 }
 
 /// `0,1,..` for a task whose devices a cgroup constrains (task_post_fork
-/// left it exactly its placement), else the node's indices.
-fn cuda_devices(count: usize, node_indices: &str) -> String {
+/// left it exactly its placement), else the node's indices, in the PCI
+/// order NVML numbers them by (CUDA's default order is fastest first).
+fn cuda_devices(count: usize, node_indices: &str) -> (String, Option<&'static str>) {
     use carma_placement::devices::{Cgroup, of_task};
     match of_task(std::process::id()) {
-        Ok(Cgroup::V1(_) | Cgroup::V2(_)) => (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
-        _ => node_indices.to_string(),
+        Ok(Cgroup::V1(_) | Cgroup::V2 { .. }) => {
+            ((0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","), None)
+        }
+        _ => (node_indices.to_string(), Some("PCI_BUS_ID")),
     }
 }
 
