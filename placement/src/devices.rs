@@ -62,12 +62,11 @@ pub fn char_device(path: &Path) -> Result<Device, String> {
     Ok(Device { major: major as u32, minor: minor as u32 })
 }
 
-/// The device file of GPU `index` under `dev_dir` (`/dev/nvidiaN`: the
-/// driver numbers its files by the GPU's minor number, which is its index
-/// on nodes whose GPUs enumerate in PCI order, as NVML and CUDA's
-/// `PCI_BUS_ID` order do).
-pub fn gpu_file(dev_dir: &Path, index: u32) -> PathBuf {
-    dev_dir.join(format!("nvidia{index}"))
+/// The device file of the GPU whose device minor number is `minor` under
+/// `dev_dir` (`/dev/nvidia<minor>`: the driver numbers its files by minor
+/// number, which can differ from the NVML index; `GpuReading::minor`).
+pub fn gpu_file(dev_dir: &Path, minor: u32) -> PathBuf {
+    dev_dir.join(format!("nvidia{minor}"))
 }
 
 /// Every GPU device file under `dev_dir` (`nvidia` and digits), by number.

@@ -152,6 +152,7 @@ mod tests {
         let g = GpuReading {
             index: 0,
             uuid: "GPU-0".into(),
+            minor: None,
             total_mib: 40960,
             used_mib: 3000,
             sm_activity: 0.0,

@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 /// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
     gpus: Vec<u32>,
+    /// The device minor number of each of `gpus` (`/dev/nvidia<minor>`).
+    minors: Vec<u32>,
     summary: String,
     /// More of the task's environment (an MPS client's pipe and fence).
     env: Vec<(&'static str, String)>,
@@ -164,9 +166,10 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         (Some(_), [gpu]) if !decision.exclusive => mps_client(cfg, *gpu, decision.reserve_mib, job),
         _ => (Vec::new(), String::new()),
     };
+    let minors = device_minors(&mut placer, &decision.gpus).map_err(Error::msg)?;
     let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary}"));
-    let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, summary, env, step, step_name }));
+    let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
 }
 
@@ -189,6 +192,19 @@ fn mps_client(cfg: &Config, gpu: u32, fence_mib: u64, job: u32) -> (Vec<(&'stati
         ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", format!("0={fence_mib}M")),
     ];
     (env, format!(" sharing=mps fence=0={fence_mib}M"))
+}
+
+/// The device minor number of each GPU of `gpus` (node indices), as the
+/// GPU source reads it (carma-monitor's publication: no driver call here);
+/// the index where the source does not know it.
+fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> {
+    let (readings, _) = placer.status().map_err(|e| format!("the placed GPUs' device numbers: {e}"))?;
+    gpus.iter()
+        .map(|&i| {
+            let g = readings.iter().find(|g| g.index == i);
+            g.map(|g| g.device_minor()).ok_or_else(|| format!("GPU {i} is gone from the GPU readings"))
+        })
+        .collect()
 }
 
 /// Slurm itself allocated GPUs to the step (gres/gpu).
@@ -246,7 +262,7 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
 pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
     let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
     let pid = sp.item_u32(Item::TaskPid)?;
-    if let Err(e) = isolate(&d.gpus, pid) {
+    if let Err(e) = isolate(&d.minors, pid) {
         let msg =
             format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
         log::error(&format!("task_post_fork: {msg}"));
@@ -280,7 +296,9 @@ fn tell_task(pid: u32, msg: &str) {
     }
 }
 
-fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
+/// Grants the GPUs whose device minor numbers are `minors` (their files
+/// `/dev/nvidia<minor>`) and denies the node's other GPU files.
+fn isolate(minors: &[u32], pid: u32) -> Result<(), String> {
     use carma_placement::devices::{self, Cgroup};
     let dev = std::path::Path::new("/dev");
     // Read from what constrains the task (a device program, a devices
@@ -290,10 +308,10 @@ fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
         return Ok(());
     }
     let allow =
-        gpus.iter().map(|&i| devices::char_device(&devices::gpu_file(dev, i))).collect::<Result<Vec<_>, _>>()?;
+        minors.iter().map(|&m| devices::char_device(&devices::gpu_file(dev, m))).collect::<Result<Vec<_>, _>>()?;
     let deny: Vec<_> = devices::gpu_files(dev)
         .into_iter()
-        .filter(|(i, _)| !gpus.contains(i))
+        .filter(|(m, _)| !minors.contains(m))
         .filter_map(|(_, f)| devices::char_device(&f).ok())
         .collect();
     match cgroup {
