@@ -84,6 +84,7 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
         power_w: None,
         mps_uid: None,
         sm_occupancy: None,
+        minor: None,
     };
     let dir = data().join("h100/models");
     let mut st = NodeState::default();

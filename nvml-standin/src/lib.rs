@@ -308,6 +308,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: *const c_void, minor: *mut c_uint) -> Ret {
+    entry(|| {
+        let (_, g) = gpu_of(device, Call::DeviceCount)?;
+        if minor.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        // SAFETY: checked non-null.
+        unsafe { *minor = g.minor };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(device: *const c_void, name: *mut c_char, length: c_uint) -> Ret {
     entry(|| {
         let i = device_index(device)?;

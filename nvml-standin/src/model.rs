@@ -109,6 +109,9 @@ pub struct Faults {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gpu {
     pub uuid: String,
+    /// The device minor number (`/dev/nvidia<minor>`): the description's
+    /// `minor`, else the index.
+    pub minor: u32,
     pub total_mib: u64,
     pub used_mib: u64,
     pub busy: f64,
@@ -197,6 +200,7 @@ impl Description {
                 let modelled = 70.0 + 540.0 * sm + if busy > 0.0 { 50.0 } else { 0.0 };
                 let power_w = row.and_then(|x| x.power_w).or(r.power_w).unwrap_or(modelled);
                 Gpu {
+                    minor: r.device_minor(),
                     uuid: r.uuid,
                     total_mib: r.total_mib,
                     used_mib: r.used_mib,

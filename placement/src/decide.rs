@@ -183,6 +183,7 @@ mod tests {
                 power_w: None,
                 mps_uid: None,
                 sm_occupancy: None,
+                minor: None,
             })
             .collect()
     }

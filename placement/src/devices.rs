@@ -20,9 +20,17 @@
 //! level: a denial there would reach the job's other running steps.
 //!
 //! cgroup v2: Slurm attaches BPF device programs to the job and step
-//! (overridable) and the task; the task's program is replaced by one that
-//! denies the node's GPUs outside the placement and allows the rest
-//! ([`grant_v2`], `crate::bpf`).
+//! (overridable) and the task; the program in force for the task (the
+//! nearest one up its cgroup path) is read back, and the task gets one that
+//! allows the placement's GPUs, denies the node's other GPUs and then
+//! answers as Slurm's does for every other device ([`grant_v2`],
+//! `crate::bpf`).
+//!
+//! Whether a task is constrained is read from what constrains it, never
+//! from directory names (Slurm 26.05 names v2 job directories by SLUID,
+//! `CgroupJobIdPaths=yes` by `job_N`, and nests `user/task_N`): on v2 a
+//! device program attached at the task's level or above, on v1 a
+//! `devices.list` that is not `a *:* rwm` or a Slurm job directory.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -54,12 +62,11 @@ pub fn char_device(path: &Path) -> Result<Device, String> {
     Ok(Device { major: major as u32, minor: minor as u32 })
 }
 
-/// The device file of GPU `index` under `dev_dir` (`/dev/nvidiaN`: the
-/// driver numbers its files by the GPU's minor number, which is its index
-/// on nodes whose GPUs enumerate in PCI order, as NVML and CUDA's
-/// `PCI_BUS_ID` order do).
-pub fn gpu_file(dev_dir: &Path, index: u32) -> PathBuf {
-    dev_dir.join(format!("nvidia{index}"))
+/// The device file of the GPU whose device minor number is `minor` under
+/// `dev_dir` (`/dev/nvidia<minor>`: the driver numbers its files by minor
+/// number, which can differ from the NVML index; `GpuReading::minor`).
+pub fn gpu_file(dev_dir: &Path, minor: u32) -> PathBuf {
+    dev_dir.join(format!("nvidia{minor}"))
 }
 
 /// Every GPU device file under `dev_dir` (`nvidia` and digits), by number.
@@ -86,48 +93,99 @@ pub enum Cgroup {
     /// cgroup v1's devices controller: the job's, the step's and (where
     /// Slurm made one) the task's directory, outermost first.
     V1(Vec<PathBuf>),
-    /// The unified hierarchy: the task's directory (Slurm's constraint is a
-    /// BPF device program attached to it and its parents).
-    V2(PathBuf),
-    /// The task is in no job's cgroup: nothing constrains its devices
-    /// (`ConstrainDevices=no`, or no task/cgroup plugin).
+    /// The unified hierarchy: the task's directory, and the directory (it
+    /// or an ancestor) whose device program is in force for the task.
+    V2 { task: PathBuf, program_at: PathBuf },
+    /// Nothing constrains the task's devices (`ConstrainDevices=no`, or no
+    /// task/cgroup plugin).
     Unconstrained,
 }
 
-/// The cgroup of a task from its `/proc/PID/cgroup` and this process's
-/// `/proc/self/mountinfo` (mount points as this process sees them).
-pub fn parse(proc_cgroup: &str, mountinfo: &str) -> Result<Cgroup, String> {
+/// Where a task's cgroup is, before asking what constrains it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// cgroup v1's devices controller: the task's directory, and the
+    /// job's, step's and task's levels where the path has a `job_N` (the
+    /// v1 plugin's layout).
+    V1 { task: PathBuf, levels: Option<Vec<PathBuf>> },
+    /// The unified hierarchy: its mount and the task's directory.
+    V2 { mount: PathBuf, task: PathBuf },
+}
+
+/// The cgroups of a task from its `/proc/PID/cgroup` and this process's
+/// `/proc/self/mountinfo` (mount points as this process sees them): its
+/// v1 devices cgroup where that controller is mounted, then its unified
+/// one. On a hybrid node both can constrain (the kernel runs the v2 device
+/// programs before the v1 lists).
+pub fn parse(proc_cgroup: &str, mountinfo: &str) -> Result<Vec<Location>, String> {
+    let mut found = Vec::new();
     for line in proc_cgroup.lines() {
         let mut f = line.splitn(3, ':');
         let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
         if controllers.split(',').any(|c| c == "devices") {
-            let Some(levels) = job_levels(path) else { return Ok(Cgroup::Unconstrained) };
             let mount = mount_point(mountinfo, |fstype, options| {
                 fstype == "cgroup" && options.split(',').any(|o| o == "devices")
             })
             .ok_or("the cgroup v1 devices controller is not mounted here")?;
-            return Ok(Cgroup::V1(levels.iter().map(|l| join(&mount, l)).collect()));
+            let levels = job_levels(path).map(|l| l.iter().map(|l| join(&mount, l)).collect());
+            found.push(Location::V1 { task: join(&mount, path), levels });
+            break;
         }
     }
-    // No v1 devices controller: the unified hierarchy decides.
-    let unified = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"));
-    match unified.and_then(job_levels) {
-        None => Ok(Cgroup::Unconstrained),
-        Some(levels) => {
-            let mount = mount_point(mountinfo, |fstype, _| fstype == "cgroup2")
-                .ok_or("the unified cgroup hierarchy is not mounted here")?;
-            let task = levels.last().ok_or("empty cgroup path")?;
-            Ok(Cgroup::V2(join(&mount, task)))
+    if let Some(path) = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::")) {
+        match mount_point(mountinfo, |fstype, _| fstype == "cgroup2") {
+            Some(mount) => found.push(Location::V2 { task: join(&mount, path), mount }),
+            None if found.is_empty() => return Err("the unified cgroup hierarchy is not mounted here".into()),
+            None => {}
         }
     }
+    if found.is_empty() {
+        return Err("the task is in no devices cgroup and no unified hierarchy".into());
+    }
+    Ok(found)
 }
 
 /// `/slurm/uid_0/job_5/step_0/task_0` → the paths of the job's level and
-/// every level below it; `None` outside a job's cgroup.
+/// every level below it; `None` outside a v1 job's cgroup.
 fn job_levels(path: &str) -> Option<Vec<String>> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let job = parts.iter().position(|p| p.strip_prefix("job_").is_some_and(|id| id.parse::<u32>().is_ok()))?;
     Some((job..parts.len()).map(|i| parts[..=i].join("/")).collect())
+}
+
+/// What constrains the task at `location`: on v2 the nearest device
+/// program up its path (Slurm's task, step or job program); on v1 the
+/// job's levels, or nothing where the task's `devices.list` allows all.
+/// A constraint CARMA cannot place itself in is an error, never
+/// `Unconstrained`.
+pub fn constraint(location: Location) -> Result<Cgroup, String> {
+    match location {
+        Location::V1 { levels: Some(levels), .. } => Ok(Cgroup::V1(levels)),
+        Location::V1 { task, levels: None } => {
+            let list_path = task.join("devices.list");
+            let list = std::fs::read_to_string(&list_path).map_err(|e| format!("{}: {e}", list_path.display()))?;
+            if list.lines().any(|l| l.trim() == "a *:* rwm") {
+                Ok(Cgroup::Unconstrained)
+            } else {
+                Err(format!(
+                    "{}: the task's devices are constrained, but not in a Slurm job's cgroup (no job_N level)",
+                    list_path.display()
+                ))
+            }
+        }
+        Location::V2 { mount, task } => {
+            let mut dir = task.as_path();
+            loop {
+                if crate::bpf::attached(dir)?.is_some() {
+                    return Ok(Cgroup::V2 { program_at: dir.to_path_buf(), task });
+                }
+                if dir == mount {
+                    return Ok(Cgroup::Unconstrained);
+                }
+                dir = dir.parent().filter(|p| p.starts_with(&mount)).ok_or("the task's cgroup is outside the mount")?;
+            }
+        }
+    }
 }
 
 fn join(mount: &Path, relative: &str) -> PathBuf {
@@ -168,11 +226,18 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The task `pid`'s cgroup, read from /proc.
+/// What constrains the task `pid`'s devices, read from /proc and the
+/// cgroup file system.
 pub fn of_task(pid: u32) -> Result<Cgroup, String> {
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
     let mi = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    parse(&cg, &mi)
+    for location in parse(&cg, &mi)? {
+        match constraint(location)? {
+            Cgroup::Unconstrained => continue,
+            constrained => return Ok(constrained),
+        }
+    }
+    Ok(Cgroup::Unconstrained)
 }
 
 /// Lets cgroup v1 `levels` (job, step, task) open `allow` and denies
@@ -199,20 +264,41 @@ pub fn grant_v1(levels: &[PathBuf], allow: &[Device], deny: &[Device]) -> Result
     check_list(&list, allow, deny).map_err(|e| format!("{}: {e}", list_path.display()))
 }
 
-/// Gives the task's cgroup v2 directory a device program that denies
-/// `deny` (the node's GPUs outside the placement) and allows every other
-/// device, as Slurm's program does for the GRES it allocated. It replaces
-/// the program Slurm attached there (same flags: the kernel swaps it in one
-/// step), or, where Slurm attached none at the task's level (batch steps),
-/// overrides the step's (Slurm attaches job and step programs with
-/// BPF_F_ALLOW_OVERRIDE, so the nearest program is the one in force).
-pub fn grant_v2(task: &Path, deny: &[Device]) -> Result<(), String> {
-    let flags = crate::bpf::attached_flags(task)?.unwrap_or(0);
-    let program = crate::bpf::load(&crate::bpf::deny_program(deny))?;
-    crate::bpf::attach(task, &program, flags)?;
-    match crate::bpf::attached_flags(task)? {
-        Some(_) => Ok(()),
-        None => Err(format!("{}: no device program attached after the grant", task.display())),
+/// Gives the task's cgroup v2 directory a device program that allows
+/// `allow` (the placement's GPUs), denies `deny` (the node's other GPUs)
+/// and answers every other access as the program in force at
+/// `program_at` (Slurm's: it or an ancestor) does, so every device Slurm
+/// denied the step (other GRES, `/dev/nvidia-caps`) stays denied. It
+/// replaces the program Slurm attached to the task (same flags: the kernel
+/// swaps it in one step), or, where Slurm attached none at the task's
+/// level (batch steps), overrides the step's (Slurm attaches job and step
+/// programs with BPF_F_ALLOW_OVERRIDE). The program attached is read back
+/// and compared.
+pub fn grant_v2(task: &Path, program_at: &Path, allow: &[Device], deny: &[Device]) -> Result<(), String> {
+    use crate::bpf::{self, Policy, Rule};
+    let (flags, id) =
+        bpf::attached(program_at)?.ok_or_else(|| format!("{}: the device program is gone", program_at.display()))?;
+    if flags & bpf::BPF_F_ALLOW_MULTI != 0 {
+        // Such programs all run, ours beside it: it would still deny.
+        return Err(format!(
+            "{}: its device program is attached with BPF_F_ALLOW_MULTI (not Slurm's), which no grant can override",
+            program_at.display()
+        ));
+    }
+    let slurm = bpf::decode(&bpf::program(id)?)
+        .map_err(|e| format!("the device program of {} is not one CARMA can read: {e}", program_at.display()))?;
+    let mut rules: Vec<Rule> = allow.iter().map(|&d| Rule::char_device(d, true)).collect();
+    rules.extend(deny.iter().filter(|d| !allow.contains(d)).map(|&d| Rule::char_device(d, false)));
+    rules.extend(slurm.rules);
+    let policy = Policy { rules, default_allow: slurm.default_allow };
+    let flags = if program_at == task { flags } else { 0 };
+    let program = bpf::load(&bpf::encode(&policy))?;
+    bpf::attach(task, &program, flags)?;
+    let (_, now) = bpf::attached(task)?
+        .ok_or_else(|| format!("{}: no device program attached after the grant", task.display()))?;
+    match bpf::decode(&bpf::program(now)?) {
+        Ok(p) if p == policy => Ok(()),
+        _ => Err(format!("{}: the device program attached is not the grant's", task.display())),
     }
 }
 
@@ -244,31 +330,53 @@ mod tests {
 32 25 0:28 / /sys/fs/cgroup/unified rw,nosuid shared:15 - cgroup2 cgroup2 rw,nsdelegate
 ";
 
+    fn v1(task: &Path, levels: Option<Vec<PathBuf>>) -> Location {
+        Location::V1 { task: task.to_path_buf(), levels }
+    }
+
     #[test]
     fn a_v1_task_grants_at_its_job_step_and_task_levels() {
         let cg = "9:name=systemd:/\n5:devices:/slurm/uid_1000/job_12/step_0/task_3\n0::/\n";
         let root = Path::new("/sys/fs/cgroup/devices/slurm/uid_1000");
-        assert_eq!(
-            parse(cg, MOUNTINFO).unwrap(),
-            Cgroup::V1(vec![root.join("job_12"), root.join("job_12/step_0"), root.join("job_12/step_0/task_3")])
-        );
+        let levels = vec![root.join("job_12"), root.join("job_12/step_0"), root.join("job_12/step_0/task_3")];
+        let unified = Location::V2 { mount: "/sys/fs/cgroup/unified".into(), task: "/sys/fs/cgroup/unified/".into() };
+        assert_eq!(parse(cg, MOUNTINFO).unwrap(), [v1(&root.join("job_12/step_0/task_3"), Some(levels)), unified]);
         // A batch step without task cgroups, and another slurmd's prefix.
         let cg = "5:devices:/slurm_vmb/uid_0/job_7/step_batch\n";
         let root = Path::new("/sys/fs/cgroup/devices/slurm_vmb/uid_0");
-        assert_eq!(parse(cg, MOUNTINFO).unwrap(), Cgroup::V1(vec![root.join("job_7"), root.join("job_7/step_batch")]));
+        let levels = vec![root.join("job_7"), root.join("job_7/step_batch")];
+        assert_eq!(parse(cg, MOUNTINFO).unwrap(), [v1(&root.join("job_7/step_batch"), Some(levels))]);
     }
 
     #[test]
-    fn outside_a_job_cgroup_nothing_constrains_and_v2_is_told_apart() {
-        assert_eq!(parse("5:devices:/\n0::/user.slice\n", MOUNTINFO).unwrap(), Cgroup::Unconstrained);
-        let v2 = "0::/system.slice/slurmstepd.scope/job_4/step_0/user/task_0\n";
-        assert_eq!(
-            parse(v2, MOUNTINFO).unwrap(),
-            Cgroup::V2(PathBuf::from("/sys/fs/cgroup/unified/system.slice/slurmstepd.scope/job_4/step_0/user/task_0"))
-        );
+    fn v2_paths_are_located_whatever_slurm_names_its_directories() {
+        let unified = Path::new("/sys/fs/cgroup/unified");
+        for path in [
+            "/system.slice/slurmstepd.scope/job_4/step_0/user/task_0",
+            // 26.05: job directories named by SLUID.
+            "/system.slice/vm_slurmstepd.scope/s8CXM88T7FN000/step_0/user/task_0",
+            "/system.slice/vm_slurmstepd.scope/s8CXM88T7FN000/step_batch/user/task_0",
+        ] {
+            let loc = parse(&format!("0::{path}\n"), MOUNTINFO).unwrap();
+            let task = unified.join(path.trim_start_matches('/'));
+            assert_eq!(loc, [Location::V2 { mount: unified.to_path_buf(), task }]);
+        }
+    }
+
+    #[test]
+    fn outside_a_v1_job_cgroup_the_devices_list_decides() {
+        let dir = std::env::temp_dir().join(format!("carma-devlist-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("devices.list"), "a *:* rwm\n").unwrap();
+        assert_eq!(constraint(v1(&dir, None)).unwrap(), Cgroup::Unconstrained);
+        // Constrained somewhere CARMA does not know: an error.
+        std::fs::write(dir.join("devices.list"), "c 195:0 rwm\nc 1:3 rwm\n").unwrap();
+        assert!(constraint(v1(&dir, None)).unwrap_err().contains("constrained"));
+        std::fs::remove_dir_all(&dir).unwrap();
         // A devices line but no devices mount: an error, not a silent skip.
         let mi = "25 30 0:22 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n";
         assert!(parse("5:devices:/slurm/uid_0/job_1/step_0\n", mi).unwrap_err().contains("not mounted"));
+        assert!(parse("0::/x\n", mi).unwrap_err().contains("not mounted"));
     }
 
     #[test]

@@ -12,6 +12,11 @@ pub struct GpuProcess {
 pub struct GpuReading {
     pub index: u32,
     pub uuid: String,
+    /// The device minor number (the driver's `/dev/nvidia<minor>`, `c
+    /// 195:<minor>`), where the source knows it: it can differ from the
+    /// index (NVML's nvmlDeviceGetMinorNumber, as Slurm's gpu/nvml reads it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
     pub total_mib: u64,
     pub used_mib: u64,
     /// SM activity averaged over the monitoring window, 0.0–1.0.
@@ -33,6 +38,12 @@ pub struct GpuReading {
 }
 
 impl GpuReading {
+    /// The device minor number, the index where the source does not know
+    /// it (GPUs numbered in PCI order have minor = index).
+    pub fn device_minor(&self) -> u32 {
+        self.minor.unwrap_or(self.index)
+    }
+
     pub fn free_mib(&self) -> u64 {
         self.total_mib.saturating_sub(self.used_mib)
     }

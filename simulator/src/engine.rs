@@ -281,6 +281,7 @@ impl NodeView<'_> {
                 GpuReading {
                     index,
                     uuid: String::new(),
+                    minor: None,
                     total_mib: self.cluster.mem_mib,
                     used_mib: used.ceil() as u64,
                     sm_activity: sm.min(1.0),

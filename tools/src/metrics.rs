@@ -195,6 +195,7 @@ mod tests {
         let gpu = GpuReading {
             index: 0,
             uuid: "GPU-\"odd\"".into(),
+            minor: None,
             total_mib: 40960,
             used_mib: 1024,
             sm_activity: 0.25,

@@ -223,6 +223,7 @@ mod tests {
         GpuReading {
             index,
             uuid: format!("GPU-{index}"),
+            minor: None,
             total_mib: 1000,
             used_mib: 10,
             sm_activity: sm,

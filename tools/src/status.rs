@@ -211,6 +211,7 @@ mod tests {
             power_w: None,
             mps_uid: None,
             sm_occupancy: None,
+            minor: None,
         }
     }
 
@@ -275,6 +276,7 @@ mod tests {
         let g = GpuReading {
             index: 0,
             uuid: "GPU-0".into(),
+            minor: None,
             total_mib: 40960,
             used_mib: 3000,
             sm_activity: 0.0,

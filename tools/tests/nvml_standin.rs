@@ -193,6 +193,25 @@ fn memory_processes_and_uuids_come_through_nvml_as_the_driver_gives_them() {
 }
 
 #[test]
+fn device_minor_numbers_come_through_nvml_and_the_monitors_publication() {
+    // A node whose driver numbered its device files apart from NVML's
+    // indices (/dev/nvidia2 is GPU 0): grants follow the minor number.
+    let node = Node::new(
+        "minor",
+        &["{index: 0, uuid: GPU-aaaa, minor: 2, memory_total: 80G}", "{index: 1, uuid: GPU-bbbb, memory_total: 80G}"],
+        "",
+        "",
+    );
+    let g = &node.status()["gpus"];
+    assert_eq!((g[0]["minor"].as_u64(), g[1]["minor"].as_u64()), (Some(2), Some(1)));
+    let monitor = node.monitor();
+    let published = node.published(1);
+    stop(monitor);
+    let g = &published["gpus"];
+    assert_eq!((g[0]["minor"].as_u64(), g[1]["minor"].as_u64()), (Some(2), Some(1)), "{published}");
+}
+
+#[test]
 fn processes_that_start_between_count_and_copy_are_read_again_then_fail_cleanly() {
     let gpus = ["{index: 0, uuid: GPU-aaaa, memory_total: 40G}"];
     let node = Node::new("race", &gpus, "standin: {faults: {process_race: {extra: 8, times: 2}}}\n", "");

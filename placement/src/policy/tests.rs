@@ -16,6 +16,7 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
     GpuReading {
         index,
         uuid: format!("GPU-{index}"),
+        minor: None,
         total_mib: 40960,
         used_mib: used,
         sm_activity: sm,

@@ -156,6 +156,7 @@ impl NvmlSource {
         Ok(GpuReading {
             index,
             uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
+            minor: dev.minor_number().ok(),
             total_mib: mem.total / MIB,
             used_mib: mem.used.div_ceil(MIB),
             sm_activity,

@@ -141,6 +141,7 @@ mod tests {
         GpuReading {
             index: 0,
             uuid: "GPU-x".into(),
+            minor: None,
             total_mib: 40960,
             used_mib: 1000,
             sm_activity: sm,

@@ -62,6 +62,8 @@ struct RawFile {
 struct RawGpu {
     index: u32,
     uuid: Option<String>,
+    /// The device minor number (`/dev/nvidia<minor>`); the index if unset.
+    minor: Option<u32>,
     memory_total: serde_yaml::Value,
     memory_used: Option<serde_yaml::Value>,
     sm_activity: Option<f64>,
@@ -73,6 +75,7 @@ struct RawGpu {
 struct SimGpu {
     index: u32,
     uuid: String,
+    minor: u32,
     total_mib: u64,
     base_used_mib: u64,
     base_sm: f64,
@@ -162,6 +165,7 @@ impl SimulatedGpus {
             }
             gpus.push(SimGpu {
                 index: g.index,
+                minor: g.minor.unwrap_or(g.index),
                 uuid: g.uuid.unwrap_or_else(|| format!("GPU-sim-{i}")),
                 total_mib,
                 base_used_mib,
@@ -179,7 +183,7 @@ impl SimulatedGpus {
     }
 
     /// The GPUs this process can reach, as CUDA enumerates them: each GPU
-    /// whose device file (`/dev/nvidiaN`) the device cgroup lets it open
+    /// whose device file (`/dev/nvidia<minor>`) the device cgroup lets it open
     /// (an open refused with EPERM hides the GPU; with no driver behind
     /// the file an allowed open fails with ENXIO; without device files at
     /// all every GPU is reachable), in index order.
@@ -188,11 +192,11 @@ impl SimulatedGpus {
         let mut out: Vec<u32> = self
             .gpus
             .iter()
-            .map(|g| g.index)
-            .filter(|&i| match fs::File::open(crate::devices::gpu_file(dev, i)) {
+            .filter(|g| match fs::File::open(crate::devices::gpu_file(dev, g.minor)) {
                 Err(e) => e.raw_os_error() != Some(libc::EPERM),
                 Ok(_) => true,
             })
+            .map(|g| g.index)
             .collect();
         out.sort_unstable();
         out
@@ -278,6 +282,7 @@ impl SimulatedGpus {
                 GpuReading {
                     index: g.index,
                     uuid: g.uuid.clone(),
+                    minor: Some(g.minor),
                     total_mib: g.total_mib,
                     used_mib: g.base_used_mib + mine.iter().map(|(_, u)| u.used_mib).sum::<u64>(),
                     sm_activity: (g.base_sm + mine.iter().map(|(_, u)| u.sm).sum::<f64>()).min(1.0),
@@ -393,6 +398,17 @@ mod tests {
         let e = s.visible_indices("GPU-8932f937-d72c-4106-c12f-20bd9faed9f6").unwrap_err();
         assert!(e.contains("neither a GPU index nor the UUID"), "{e}");
         assert!(s.visible_indices("2").unwrap_err().contains("no GPU 2"));
+    }
+
+    #[test]
+    fn device_minors_are_read_and_default_to_the_index() {
+        let d = TempDir::new();
+        let f = d.0.join("gpus.yaml");
+        let gpus = "gpus:\n  - {index: 0, minor: 3, memory_total: 40G}\n  - {index: 1, memory_total: 40G}\n";
+        fs::write(&f, format!("process_dir: {}\n{gpus}", d.0.display())).unwrap();
+        let r = SimulatedGpus::load(&f).unwrap().read().unwrap();
+        assert_eq!((r[0].minor, r[1].minor), (Some(3), Some(1)));
+        assert_eq!((r[0].device_minor(), r[1].device_minor()), (3, 1));
     }
 
     #[test]

@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 /// The step's decision, made in init_post_opt, read after fork (lock-free).
 struct Decision {
     gpus: Vec<u32>,
+    /// The device minor number of each of `gpus` (`/dev/nvidia<minor>`).
+    minors: Vec<u32>,
     summary: String,
     /// More of the task's environment (an MPS client's pipe and fence).
     env: Vec<(&'static str, String)>,
@@ -165,9 +167,10 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         (Some(_), [gpu]) if !decision.exclusive => mps_client(cfg, *gpu, decision.reserve_mib, job),
         _ => (Vec::new(), String::new()),
     };
+    let minors = device_minors(&mut placer, &decision.gpus).map_err(Error::msg)?;
     let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary}"));
-    let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, summary, env, step, step_name }));
+    let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
 }
 
@@ -190,6 +193,19 @@ fn mps_client(cfg: &Config, gpu: u32, fence_mib: u64, job: u32) -> (Vec<(&'stati
         ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", format!("0={fence_mib}M")),
     ];
     (env, format!(" sharing=mps fence=0={fence_mib}M"))
+}
+
+/// The device minor number of each GPU of `gpus` (node indices), as the
+/// GPU source reads it (carma-monitor's publication: no driver call here);
+/// the index where the source does not know it.
+fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> {
+    let (readings, _) = placer.status().map_err(|e| format!("the placed GPUs' device numbers: {e}"))?;
+    gpus.iter()
+        .map(|&i| {
+            let g = readings.iter().find(|g| g.index == i);
+            g.map(|g| g.device_minor()).ok_or_else(|| format!("GPU {i} is gone from the GPU readings"))
+        })
+        .collect()
 }
 
 /// Slurm itself allocated GPUs to the step (gres/gpu).
@@ -219,8 +235,11 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
             // CUDA's 0, as Slurm numbers CUDA_VISIBLE_DEVICES under
             // ConstrainDevices=yes. SLURM_STEP_GPUS keeps the node's indices.
             let node_indices = carma_placement::index_list(&d.gpus);
-            let cuda = cuda_devices(d.gpus.len(), &node_indices);
+            let (cuda, order) = cuda_devices(d.gpus.len(), &node_indices);
             sp.setenv("CUDA_VISIBLE_DEVICES", &cuda)?;
+            if let Some(order) = order {
+                sp.setenv("CUDA_DEVICE_ORDER", order)?;
+            }
             sp.setenv("GPU_DEVICE_ORDINAL", &cuda)?;
             sp.setenv("SLURM_STEP_GPUS", &node_indices)?;
             for (var, value) in &d.env {
@@ -244,7 +263,7 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
 pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
     let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
     let pid = sp.item_u32(Item::TaskPid)?;
-    if let Err(e) = isolate(&d.gpus, pid) {
+    if let Err(e) = isolate(&d.minors, pid) {
         let msg =
             format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
         log::error(&format!("task_post_fork: {msg}"));
@@ -278,36 +297,41 @@ fn tell_task(pid: u32, msg: &str) {
     }
 }
 
-fn isolate(gpus: &[u32], pid: u32) -> Result<(), String> {
+/// Grants the GPUs whose device minor numbers are `minors` (their files
+/// `/dev/nvidia<minor>`) and denies the node's other GPU files.
+fn isolate(minors: &[u32], pid: u32) -> Result<(), String> {
     use carma_placement::devices::{self, Cgroup};
     let dev = std::path::Path::new("/dev");
+    // Read from what constrains the task (a device program, a devices
+    // list): a constraint CARMA cannot find is an error, not "none".
     let cgroup = devices::of_task(pid)?;
-    // ConstrainDevices=no: no job can be kept from any GPU here.
     if cgroup == Cgroup::Unconstrained {
         return Ok(());
     }
-    // The placement's files must exist (v2 grants by denying the others).
     let allow =
-        gpus.iter().map(|&i| devices::char_device(&devices::gpu_file(dev, i))).collect::<Result<Vec<_>, _>>()?;
+        minors.iter().map(|&m| devices::char_device(&devices::gpu_file(dev, m))).collect::<Result<Vec<_>, _>>()?;
     let deny: Vec<_> = devices::gpu_files(dev)
         .into_iter()
-        .filter(|(i, _)| !gpus.contains(i))
+        .filter(|(m, _)| !minors.contains(m))
         .filter_map(|(_, f)| devices::char_device(&f).ok())
         .collect();
     match cgroup {
         Cgroup::V1(levels) => devices::grant_v1(&levels, &allow, &deny),
-        Cgroup::V2(task) => devices::grant_v2(&task, &deny),
+        Cgroup::V2 { task, program_at } => devices::grant_v2(&task, &program_at, &allow, &deny),
         Cgroup::Unconstrained => Ok(()),
     }
 }
 
 /// `0,1,..` for a task whose devices a cgroup constrains (task_post_fork
-/// left it exactly its placement), else the node's indices.
-fn cuda_devices(count: usize, node_indices: &str) -> String {
+/// left it exactly its placement), else the node's indices, in the PCI
+/// order NVML numbers them by (CUDA's default order is fastest first).
+fn cuda_devices(count: usize, node_indices: &str) -> (String, Option<&'static str>) {
     use carma_placement::devices::{Cgroup, of_task};
     match of_task(std::process::id()) {
-        Ok(Cgroup::V1(_) | Cgroup::V2(_)) => (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
-        _ => node_indices.to_string(),
+        Ok(Cgroup::V1(_) | Cgroup::V2 { .. }) => {
+            ((0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","), None)
+        }
+        _ => (node_indices.to_string(), Some("PCI_BUS_ID")),
     }
 }
 
