@@ -447,9 +447,11 @@ fn plan(w: &Workload, from_recovery: bool, cfg: &SimConfig, resolve_cfg: &Config
         NodeFacts {
             recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib) }),
             restarts: 1,
+            slurm_gpus: true,
         }
     } else {
-        NodeFacts::default()
+        // slurmctld gave every simulated job its shards.
+        NodeFacts { slurm_gpus: true, ..NodeFacts::default() }
     };
     match resolve::resolve(&facts, &node, resolve_cfg)? {
         Resolution::Place(plan) => Ok(*plan),

@@ -41,8 +41,9 @@ fn never_fail(what: &str, body: impl FnOnce() -> Result<(), Error>) -> Result<()
     Ok(())
 }
 
-/// Records the GPUs Slurm allocated to the job as held whole, until a step
-/// shows that it shares them (shards or CARMA). Also leaves a requeued
+/// Records the GPUs Slurm allocated to the job (gres/gpu, or its shards'
+/// GPU) as held whole, until a step shows that it shares them (shards or
+/// CARMA), and as the proof that the job holds a GPU Slurm accounts for. Also leaves a requeued
 /// job's restart count (from slurmd's environment, which users cannot
 /// forge) where slurmstepd's placement reads it: S_SLURM_RESTART_COUNT
 /// reads 0 there for a requeued batch step.
@@ -62,6 +63,9 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
             jobfiles::write_restarts(&cfg.state_dir, job, restarts).context("recording the restart count")?;
         }
         if !gpus.is_empty() {
+            // What slurmstepd checks before it places a CARMA step: the job
+            // holds a GPU Slurm accounts for (resolve::UNACCOUNTED).
+            jobfiles::write_gpus(&cfg.state_dir, job, &gpus).context("recording the job's Slurm GPUs")?;
             placer.record_whole(job, &gpus).context("placement")?;
         }
         Ok(())
