@@ -23,6 +23,10 @@ no File=): its size per GPU plus the headroom, in GiB, times its GPUs.
 slurmctld then sends it only to a node with that much left; the plugin
 still chooses the GPU and grants its device (docs/admission.md).
 
+One owner per GPU (job_submit): a CARMA job that holds no gpu or shard GRES
+(after the rewrite above) is refused with one line naming --gres=shard:1 or
+--gres=gpu:N: every GPU-second stays in Slurm's accounting.
+
 Left unchanged: jobs outside the scopes; jobs started by srun or salloc
 (their own steps ask Slurm for gpu, which the job would no longer hold);
 `--carma-policy=exclusive` (the user's opt-out); typed GPUs (`gpu:a100:1`);
