@@ -23,6 +23,10 @@ no File=): its size per GPU plus the headroom, in GiB, times its GPUs.
 slurmctld then sends it only to a node with that much left; the plugin
 still chooses the GPU and grants its device (docs/admission.md).
 
+One owner per GPU (job_submit): a CARMA job that holds no gpu or shard GRES
+(after the rewrite above) is refused with one line naming --gres=shard:1 or
+--gres=gpu:N: every GPU-second stays in Slurm's accounting.
+
 Left unchanged: jobs outside the scopes; jobs started by srun or salloc
 (their own steps ask Slurm for gpu, which the job would no longer hold);
 `--carma-policy=exclusive` (the user's opt-out); typed GPUs (`gpu:a100:1`);
@@ -356,6 +360,20 @@ local function admit(job_desc, job, part_list, default_mib)
 	return string.format("carma: admitted by GPU memory, %s:%d (%s)", scope.gres, gib, describe(scope))
 end
 
+-- One owner per GPU: a CARMA job must hold a GPU Slurm accounts for (gpu or
+-- shard GRES, after the rewrite above), or its GPU-seconds would escape QOS
+-- limits, fairshare and sacct. Returns the one line the user is told, or nil.
+-- slurmstepd refuses such a step too (a job may set CARMA_* only in a step).
+local function unaccounted(job_desc)
+	for _, field in ipairs({ "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "gres" }) do
+		local v = job_desc[field]
+		if type(v) == "string" and (mentions_gpu(v) or string.find(v, "shard", 1, true)) then
+			return nil
+		end
+	end
+	return "carma: a --carma-* job must hold a GPU that Slurm accounts for: add --gres=shard:1 to share a GPU, or --gres=gpu:N for whole GPUs"
+end
+
 local function record(job_desc, note, old_comment)
 	local comment = old_comment
 	if comment ~= nil and comment ~= "" then
@@ -392,6 +410,12 @@ function carma.job_submit(job_desc, part_list, submit_uid)
 		carma_job = carma_job or string.sub(kv, 1, 6) == "CARMA_"
 	end
 	if carma_job then
+		local refused = unaccounted(job_desc)
+		if refused ~= nil then
+			slurm.log_user("%s", refused)
+			log_info("job from uid %s refused: no gpu or shard GRES", tostring(submit_uid))
+			return slurm.ERROR
+		end
 		requeueable(job_desc)
 		local admitted = admit(job_desc, job, part_list, scope and tonumber(scope.default_mib))
 		if admitted ~= nil then

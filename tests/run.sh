@@ -23,8 +23,8 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 # job_submit/cli_filter Lua, requeue and epilog, slurmd restarts, packages).
 # prometheus runs on the host only: a Prometheus server scraping the
 # monitors' endpoints, which do not depend on Slurm's release.
-SLURM_22_05="foundation transparent recovery package isolation admission record load prometheus"
-SLURM_24_11="foundation transparent recovery faults privilege package monitor mps isolation admission record"
+SLURM_22_05="foundation transparent recovery package isolation admission record load prometheus owner"
+SLURM_24_11="foundation transparent recovery faults privilege package monitor mps isolation admission record owner"
 SLURM_26_05="all -prometheus"
 RELEASES=${CARMA_RELEASES:-host trixie sid}
 

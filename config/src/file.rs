@@ -342,7 +342,9 @@ impl Default for Config {
             oom_patterns: DEFAULT_OOM_PATTERNS.iter().map(|s| s.to_string()).collect(),
             timeouts: Timeouts {
                 lock: Duration::from_secs(5),
-                wait: Duration::from_secs(600),
+                // A waiting step holds slurmd's launch RPC: slurmctld saw a
+                // node stop responding during a 60 s wait (#37).
+                wait: Duration::from_secs(30),
                 poll: Duration::from_secs(2),
                 // An H100 node answers a full read in ~30 ms per GPU; the
                 // reader holds the state lock, whose waiters give up at 5 s.

@@ -304,7 +304,8 @@ pub fn attached(cgroup: &Path) -> Result<Option<(u32, u32)>, String> {
         prog_cnt: ids.len() as u32,
         ..QueryAttr::default()
     };
-    bpf(BPF_PROG_QUERY, &mut attr, &format!("querying the device programs of {}", cgroup.display())).map_err(|(_, m)| m)?;
+    bpf(BPF_PROG_QUERY, &mut attr, &format!("querying the device programs of {}", cgroup.display()))
+        .map_err(|(_, m)| m)?;
     Ok((attr.prog_cnt > 0).then_some((attr.attach_flags, ids[0])))
 }
 

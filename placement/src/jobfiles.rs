@@ -38,6 +38,10 @@ fn output_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("output-{job}"))
 }
 
+fn gpus_path(dir: &Path, job: u32) -> PathBuf {
+    dir.join(format!("gpus-{job}"))
+}
+
 fn transparent_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("transparent-{job}"))
 }
@@ -106,6 +110,18 @@ pub fn read_output_ends(dir: &Path, job: u32) -> Vec<OutputEnd> {
         .collect()
 }
 
+/// The GPUs Slurm allocated to the job on this node (gres/gpu, or the GPU
+/// of its shards), as the job prolog saw them in slurmd's environment.
+pub fn write_gpus(dir: &Path, job: u32, gpus: &[u32]) -> std::io::Result<()> {
+    write_atomic(&gpus_path(dir, job), &format!("{}\n", crate::index_list(gpus)))
+}
+
+/// `None` where the prolog wrote nothing: the job holds no Slurm GPU here.
+pub fn read_gpus(dir: &Path, job: u32) -> Option<Vec<u32>> {
+    let text = read_small(&gpus_path(dir, job))?;
+    text.trim().split(',').map(|g| g.parse().ok()).collect()
+}
+
 /// A job CARMA placed on this node by transparent collocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transparent {
@@ -127,12 +143,19 @@ pub fn read_transparent(dir: &Path, job: u32) -> Option<Transparent> {
     Some(Transparent { scope, signature: words.next().map(str::to_string) })
 }
 
-/// Forgets every file of a job.
+/// Forgets a run's files of a job. The prolog's GPU list stays: a job
+/// requeued from the epilog reruns here without the prolog (see above).
 pub fn remove(dir: &Path, job: u32) {
     let _ = std::fs::remove_file(recovery_path(dir, job));
     let _ = std::fs::remove_file(restart_path(dir, job));
     let _ = std::fs::remove_file(transparent_path(dir, job));
     let _ = std::fs::remove_file(output_path(dir, job));
+}
+
+/// Forgets every file of a job that has ended for good.
+pub fn forget(dir: &Path, job: u32) {
+    remove(dir, job);
+    let _ = std::fs::remove_file(gpus_path(dir, job));
 }
 
 /// Jobs with a file here last written more than `age` ago, oldest first,
@@ -147,7 +170,7 @@ pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> 
         .filter_map(|e| {
             let name = e.file_name();
             let name = name.to_str()?;
-            let job = ["recovery-", "restart-", "transparent-", "output-"]
+            let job = ["recovery-", "restart-", "transparent-", "output-", "gpus-"]
                 .iter()
                 .find_map(|p| name.strip_prefix(p))?
                 .parse()

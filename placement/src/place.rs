@@ -14,12 +14,23 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+/// The longest pause between two looks while a step waits for a GPU: a
+/// cancelled job's step ends within about this (plus one question to Slurm).
+pub const WAIT_SLICE: Duration = Duration::from_millis(500);
+
 #[derive(Debug)]
 pub enum PlaceError {
     State(StateError),
     Source(SourceError),
     NoFit(NoFit),
-    TimedOut { waited: Duration, last: NoFit },
+    TimedOut {
+        waited: Duration,
+        last: NoFit,
+    },
+    /// The job ended (cancelled, timed out) while its step waited.
+    Ended {
+        waited: Duration,
+    },
 }
 
 impl fmt::Display for PlaceError {
@@ -30,6 +41,9 @@ impl fmt::Display for PlaceError {
             PlaceError::NoFit(n) => write!(f, "no GPU fits: {n}"),
             PlaceError::TimedOut { waited, last } => {
                 write!(f, "no GPU fit within {:.0}s (timeouts.wait): {last}", waited.as_secs_f64())
+            }
+            PlaceError::Ended { waited } => {
+                write!(f, "the job ended while its step waited {:.1}s for a GPU", waited.as_secs_f64())
             }
         }
     }
@@ -388,14 +402,18 @@ impl Placer {
         let _ = self.store.update(|st| f(&mut st.counters));
     }
 
-    /// Places, re-checking with back-off (poll, doubling up to 8×poll)
-    /// while no GPU fits, for at most `wait`. `wait` zero = one attempt.
+    /// Places, re-checking with back-off (poll, doubling up to 8×poll, never
+    /// more than [`WAIT_SLICE`]) while no GPU fits, for at most `wait`.
+    /// `wait` zero = one attempt. Before each pause `job_alive` is asked:
+    /// slurmstepd sees nothing of a cancel while a hook runs (its terminate
+    /// handler waits for the step to start), so the caller asks Slurm.
     pub fn place(
         &mut self,
         step: StepRef,
         req: &Request,
         wait: Duration,
         poll: Duration,
+        job_alive: &mut dyn FnMut() -> bool,
     ) -> Result<Decision, PlaceError> {
         let start = Instant::now();
         let mut pause = poll;
@@ -420,8 +438,11 @@ impl Placer {
                     if !waiting {
                         waiting = true;
                         self.count(|c| c.waits += 1);
+                    } else if !job_alive() {
+                        self.count(|c| c.no_fit(last.class()));
+                        return Err(PlaceError::Ended { waited });
                     }
-                    std::thread::sleep(pause.min(wait - waited));
+                    std::thread::sleep(pause.min(wait - waited).min(WAIT_SLICE));
                     pause = (pause * 2).min(poll * 8);
                 }
                 other => return other,

@@ -26,8 +26,6 @@ pub struct StepFacts {
     pub estimate: Option<String>,
     /// Shards Slurm gave the job on this node (`SLURM_SHARDS_ON_NODE`).
     pub shards_on_node: Option<u32>,
-    /// Slurm allocated the step GPUs itself (gres/gpu).
-    pub slurm_gpus: bool,
     /// The job's batch step (its script), whose srun steps run inside it.
     pub batch_step: bool,
     pub partition: Option<String>,
@@ -45,11 +43,23 @@ pub struct NodeFacts {
     /// this makes a recovery; Slurm's restart count also counts an admin's
     /// requeue, preemption and node failure.
     pub recovery: Option<jobfiles::Recovery>,
+    /// The job prolog saw GPUs Slurm allocated to the job here (gres/gpu or
+    /// gres/shard, `SLURM_JOB_GPUS` in slurmd's environment): the job holds
+    /// a GPU Slurm accounts for. The step's own environment cannot say so,
+    /// since a user can set any variable in it.
+    pub slurm_gpus: bool,
 }
+
+/// Why a CARMA step without a GPU Slurm accounts for is refused: every
+/// GPU-second must be in Slurm's accounting (QOS limits, fairshare, sacct).
+pub const UNACCOUNTED: &str = "the job holds no GPU that Slurm accounts for on this node: add --gres=shard:1 to share a GPU, or --gres=gpu:N for whole GPUs";
 
 impl NodeFacts {
     pub fn read(state_dir: &Path, job: u32) -> NodeFacts {
-        NodeFacts { recovery: jobfiles::read_recovery(state_dir, job) }
+        NodeFacts {
+            recovery: jobfiles::read_recovery(state_dir, job),
+            slurm_gpus: jobfiles::read_gpus(state_dir, job).is_some_and(|g| !g.is_empty()),
+        }
     }
 }
 
@@ -107,6 +117,11 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
     if req.is_empty() && transparent.is_none() {
         return Ok(Resolution::DropWhole);
     }
+    // A CARMA step is placed only on a job that holds a GPU or a shard:
+    // otherwise its GPU-seconds would escape Slurm's accounting and limits.
+    if !node.slurm_gpus {
+        return Err(UNACCOUNTED.into());
+    }
     let mut notes = Vec::new();
     let (mut policy, count, mut estimate_mib, mut source, signature, mut runtime_mib) = match transparent {
         Some((s, shards)) => {
@@ -156,8 +171,8 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         estimate_mib,
         estimate_source: source,
         // The prolog recorded Slurm's GPUs as held whole; a step on shards
-        // or without Slurm GPUs shows the job shares them.
-        shares: f.shards_on_node.is_some() || !f.slurm_gpus,
+        // shows the job shares them.
+        shares: f.shards_on_node.is_some(),
         signature: signature.clone(),
         // A recovering rerun keeps what recovery decided.
         history_first: transparent.is_some() && recovery.is_empty(),

@@ -445,9 +445,13 @@ fn plan(w: &Workload, from_recovery: bool, cfg: &SimConfig, resolve_cfg: &Config
     }
     let facts = StepFacts { job: 0, uid: SIM_UID, request, estimate, ..StepFacts::default() };
     let node = if from_recovery {
-        NodeFacts { recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib), count: 1 }) }
+        NodeFacts {
+            recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib), count: 1 }),
+            slurm_gpus: true,
+        }
     } else {
-        NodeFacts::default()
+        // slurmctld gave every simulated job its shards.
+        NodeFacts { slurm_gpus: true, ..NodeFacts::default() }
     };
     match resolve::resolve(&facts, &node, resolve_cfg)? {
         Resolution::Place(plan) => Ok(*plan),

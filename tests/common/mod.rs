@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// The unprivileged user jobs run as (created by cluster.sh).
 pub const USER: &str = "carmatest";
 
+#[derive(Debug)]
 pub struct Run {
     pub code: i32,
     pub stdout: String,
@@ -46,8 +47,38 @@ pub fn root(args: &[&str], secs: u32) -> Run {
     Run::from(c.output().expect("cannot run timeout(1)"))
 }
 
-/// Runs a command as the unprivileged test user, with extra env.
+/// Runs a command as the unprivileged test user, with extra env. A CARMA
+/// job submitted without GPU GRES is given `--gres=shard:N` (N from
+/// `--carma-gpus`, else 1), as a user must (slurm-conf-examples/README.md,
+/// "Who owns a GPU"); [`user_env_as_given`] submits exactly what it is given.
 pub fn user_env(env: &[(&str, &str)], args: &[&str], secs: u32) -> Run {
+    let args = with_shard(env, args);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    user_env_as_given(env, &args, secs)
+}
+
+/// `args` with `--gres=shard:N` after the command where it submits a CARMA
+/// job (a `--carma-*` option or `CARMA_*` in `env`) that names no GPUs.
+fn with_shard(env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let submits = args.first().is_some_and(|c| ["sbatch", "srun", "salloc"].contains(c));
+    let opts = &args[1.min(args.len())..];
+    let carma = opts.iter().any(|a| a.starts_with("--carma-")) || env.iter().any(|(k, _)| k.starts_with("CARMA_"));
+    let gpus = opts.iter().any(|a| ["--gres", "--gpus", "-G"].iter().any(|p| a.starts_with(p)));
+    if submits && carma && !gpus {
+        let n = opts
+            .iter()
+            .find_map(|a| a.strip_prefix("--carma-gpus="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|n| (1..=8).contains(n))
+            .unwrap_or(1);
+        out.insert(1, format!("--gres=shard:{n}"));
+    }
+    out
+}
+
+/// Runs a command as the unprivileged test user, with extra env, as given.
+pub fn user_env_as_given(env: &[(&str, &str)], args: &[&str], secs: u32) -> Run {
     let mut c = Command::new("timeout");
     c.arg(secs.to_string()).args(["runuser", "-u", USER, "--", "env"]);
     for (k, v) in env {

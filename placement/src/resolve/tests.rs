@@ -13,7 +13,12 @@ fn facts(options: &[(OptionName, &str)]) -> StepFacts {
     for (o, v) in options {
         request.set(*o, v.as_bytes(), "test").unwrap();
     }
-    StepFacts { job: 7, uid: 1000, request, slurm_gpus: false, ..Default::default() }
+    StepFacts { job: 7, uid: 1000, request, ..Default::default() }
+}
+
+/// A job the prolog saw holding a Slurm GPU (or shard) here.
+fn held() -> NodeFacts {
+    NodeFacts { slurm_gpus: true, ..NodeFacts::default() }
 }
 
 fn plan(r: Resolution) -> Plan {
@@ -26,8 +31,8 @@ fn plan(r: Resolution) -> Plan {
 #[test]
 fn a_step_without_options_or_shards_is_not_carmas() {
     let cfg = config("");
-    let f = StepFacts { slurm_gpus: true, ..facts(&[]) };
-    assert_eq!(resolve(&f, &NodeFacts::default(), &cfg).unwrap(), Resolution::Nothing);
+    let f = facts(&[]);
+    assert_eq!(resolve(&f, &held(), &cfg).unwrap(), Resolution::Nothing);
     assert!(!is_carma(&f, &cfg));
 }
 
@@ -35,7 +40,7 @@ fn a_step_without_options_or_shards_is_not_carmas() {
 fn shards_outside_every_scope_only_drop_the_whole_gpu_record() {
     let cfg = config("transparent:\n  - {partition: shared}\n");
     let f = StepFacts { shards_on_node: Some(2), partition: Some("other".into()), ..facts(&[]) };
-    assert_eq!(resolve(&f, &NodeFacts::default(), &cfg).unwrap(), Resolution::DropWhole);
+    assert_eq!(resolve(&f, &held(), &cfg).unwrap(), Resolution::DropWhole);
     assert!(!is_carma(&f, &cfg));
 }
 
@@ -46,10 +51,10 @@ fn declared_memory_wins_over_a_model_estimate() {
         estimate: Some("9000M:layers:0000000000000abc:700M".into()),
         ..facts(&[(OptionName::Mem, "8G"), (OptionName::Policy, "bf")])
     };
-    let p = plan(resolve(&f, &NodeFacts::default(), &cfg).unwrap());
+    let p = plan(resolve(&f, &held(), &cfg).unwrap());
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(8192), "declared"));
     assert_eq!((p.request.policy, p.request.signature.clone(), p.request.runtime_mib), (Policy::BestFit, None, None));
-    assert!(p.request.shares, "no Slurm GPUs: it shares");
+    assert!(!p.request.shares, "whole Slurm GPUs, no shards: they stay the job's");
 }
 
 #[test]
@@ -59,7 +64,7 @@ fn a_model_estimate_carries_its_source_signature_per_user_and_fixed_part() {
         estimate: Some("9000M:layers:0000000000000abc:700M".into()),
         ..facts(&[(OptionName::BatchSize, "32")])
     };
-    let p = plan(resolve(&f, &NodeFacts::default(), &cfg).unwrap());
+    let p = plan(resolve(&f, &held(), &cfg).unwrap());
     assert_eq!(p.request.estimate_mib, Some(9000));
     assert_eq!(p.request.estimate_source, "layers");
     assert_eq!(p.request.signature.as_deref(), Some("1000:0000000000000abc"));
@@ -70,17 +75,17 @@ fn a_model_estimate_carries_its_source_signature_per_user_and_fixed_part() {
 #[test]
 fn a_corrupt_estimate_names_the_variable() {
     let f = StepFacts { estimate: Some("lots".into()), ..facts(&[(OptionName::BatchSize, "32")]) };
-    let e = resolve(&f, &NodeFacts::default(), &config("")).unwrap_err();
+    let e = resolve(&f, &held(), &config("")).unwrap_err();
     assert!(e.starts_with("CARMA_ESTIMATE: "), "{e}");
 }
 
 #[test]
 fn a_model_without_an_estimate_is_unknown_with_a_note() {
     let f = facts(&[(OptionName::Model, "/x/net.onnx")]);
-    let p = plan(resolve(&f, &NodeFacts::default(), &config("")).unwrap());
+    let p = plan(resolve(&f, &held(), &config("")).unwrap());
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (None, "unknown"));
     assert_eq!(p.notes.len(), 1);
-    let p = plan(resolve(&f, &NodeFacts::default(), &config("unknown_estimate: 6G\n")).unwrap());
+    let p = plan(resolve(&f, &held(), &config("unknown_estimate: 6G\n")).unwrap());
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(6144), "default"));
 }
 
@@ -88,7 +93,10 @@ fn a_model_without_an_estimate_is_unknown_with_a_note() {
 fn recovery_reruns_exclusive_or_looser_by_the_marker() {
     let cfg = config("recovery:\n  mode: looser\n  looser_margin: 1G\n");
     let f = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "magm")]);
-    let marker = |mode, need_mib| NodeFacts { recovery: Some(jobfiles::Recovery { mode, need_mib, count: 1 }) };
+    let marker = |mode, need_mib| NodeFacts {
+        recovery: Some(jobfiles::Recovery { mode, need_mib, count: 1 }),
+        slurm_gpus: true,
+    };
     let p = plan(resolve(&f, &marker(RecoveryMode::Looser, Some(9000)), &cfg).unwrap());
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(9000 + 1024), "recovery"));
     assert_eq!(p.request.policy, Policy::Magm);
@@ -114,7 +122,7 @@ fn a_transparent_step_takes_its_scope_and_history_first() {
         ..facts(&[])
     };
     assert!(is_carma(&f, &cfg));
-    let p = plan(resolve(&f, &NodeFacts::default(), &cfg).unwrap());
+    let p = plan(resolve(&f, &held(), &cfg).unwrap());
     assert_eq!((p.request.policy, p.request.count), (Policy::BestFit, 2));
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(10240), "scope_default"));
     assert!(p.request.history_first);
@@ -122,8 +130,10 @@ fn a_transparent_step_takes_its_scope_and_history_first() {
     let mark = p.transparent.clone().unwrap();
     assert_eq!((mark.scope.as_str(), mark.signature.as_deref()), ("partition:shared", Some("1000:job:00ff")));
     // A recovering rerun keeps what recovery decided: history does not come first.
-    let rerun =
-        NodeFacts { recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }) };
+    let rerun = NodeFacts {
+        recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }),
+        slurm_gpus: true,
+    };
     let p = plan(resolve(&f, &rerun, &cfg).unwrap());
     assert!(!p.request.history_first);
     assert_eq!(p.request.policy, Policy::Exclusive);
@@ -133,18 +143,18 @@ fn a_transparent_step_takes_its_scope_and_history_first() {
 fn mps_serves_one_user_on_one_shared_gpu() {
     let cfg = config("sharing: mps\n");
     let one = facts(&[(OptionName::Mem, "4G")]);
-    assert_eq!(plan(resolve(&one, &NodeFacts::default(), &cfg).unwrap()).request.mps_uid, Some(1000));
+    assert_eq!(plan(resolve(&one, &held(), &cfg).unwrap()).request.mps_uid, Some(1000));
     let two = facts(&[(OptionName::Mem, "4G"), (OptionName::Gpus, "2")]);
-    assert_eq!(plan(resolve(&two, &NodeFacts::default(), &cfg).unwrap()).request.mps_uid, None);
+    assert_eq!(plan(resolve(&two, &held(), &cfg).unwrap()).request.mps_uid, None);
     let excl = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "exclusive")]);
-    assert_eq!(plan(resolve(&excl, &NodeFacts::default(), &cfg).unwrap()).request.mps_uid, None);
-    assert_eq!(plan(resolve(&one, &NodeFacts::default(), &config("")).unwrap()).request.mps_uid, None);
+    assert_eq!(plan(resolve(&excl, &held(), &cfg).unwrap()).request.mps_uid, None);
+    assert_eq!(plan(resolve(&one, &held(), &config("")).unwrap()).request.mps_uid, None);
 }
 
 #[test]
 fn slurm_gpus_without_shards_are_not_shared() {
-    let f = StepFacts { slurm_gpus: true, ..facts(&[(OptionName::Mem, "4G")]) };
-    assert!(!plan(resolve(&f, &NodeFacts::default(), &config("")).unwrap()).request.shares);
+    let f = facts(&[(OptionName::Mem, "4G")]);
+    assert!(!plan(resolve(&f, &held(), &config("")).unwrap()).request.shares);
 }
 
 #[test]
@@ -153,7 +163,7 @@ fn the_summary_says_what_decided_the_estimate_in_the_end() {
         estimate: Some("9000M:layers:0000000000000abc:700M".into()),
         ..facts(&[(OptionName::BatchSize, "32")])
     };
-    let p = plan(resolve(&f, &NodeFacts::default(), &config("")).unwrap());
+    let p = plan(resolve(&f, &held(), &config("")).unwrap());
     let mut d = Decision {
         gpus: vec![1],
         exclusive: false,
@@ -175,4 +185,19 @@ fn the_summary_says_what_decided_the_estimate_in_the_end() {
     assert!(p.summary(&d, " sharing=mps").contains("estimate=12000M source=history"));
     assert!(p.summary(&d, " sharing=mps").ends_with(" sharing=mps"));
     assert!(p.failure(&"no GPU fits").contains("estimate 9000M (layers): no GPU fits"));
+}
+
+#[test]
+fn a_carma_step_without_a_slurm_gpu_is_refused() {
+    let cfg = config("transparent:\n  - {partition: shared}\n");
+    let f = facts(&[(OptionName::Mem, "6G")]);
+    // The step's environment may claim GPUs or shards; only the prolog's
+    // record, which users cannot write, says whether Slurm accounts one.
+    let claimed = StepFacts { shards_on_node: Some(1), ..f.clone() };
+    for f in [f, claimed] {
+        let err = resolve(&f, &NodeFacts::default(), &cfg).unwrap_err();
+        assert!(err.contains("--gres=shard:1") && err.contains("--gres=gpu:N"), "{err}");
+    }
+    // A plain step (no options, no shards) is not refused: it is not CARMA's.
+    assert_eq!(resolve(&facts(&[]), &NodeFacts::default(), &cfg).unwrap(), Resolution::Nothing);
 }

@@ -6,7 +6,7 @@ use crate::error::{Context as _, Error};
 use crate::log;
 use crate::options;
 use crate::spank::Spank;
-use carma_placement::Placer;
+use carma_placement::{Placer, jobfiles};
 
 fn job_id() -> Option<u32> {
     std::env::var("SLURM_JOB_ID").ok()?.parse().ok()
@@ -53,8 +53,9 @@ pub fn bad_args(what: &str, args: &[String], e: &Error) {
     carma_placement::eventlog::record(log_file.as_deref(), &msg);
 }
 
-/// Records the GPUs Slurm allocated to the job as held whole, until a step
-/// shows that it shares them (shards or CARMA).
+/// Records the GPUs Slurm allocated to the job (gres/gpu, or its shards'
+/// GPU) as held whole, until a step shows that it shares them (shards or
+/// CARMA), and as the proof that the job holds a GPU Slurm accounts for.
 pub fn prolog(_sp: &Spank) -> Result<(), Error> {
     never_fail("job_prolog", || {
         let Some(job) = job_id() else { return Ok(()) };
@@ -64,7 +65,12 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
         }
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
-        Placer::from_config(cfg, log::event).context("placement")?.record_whole(job, &gpus).context("placement")
+        // Opening the placer also creates and checks the state directory.
+        let placer = Placer::from_config(cfg, log::event).context("placement")?;
+        // What slurmstepd checks before it places a CARMA step: the job
+        // holds a GPU Slurm accounts for (resolve::UNACCOUNTED).
+        jobfiles::write_gpus(&cfg.state_dir, job, &gpus).context("recording the job's Slurm GPUs")?;
+        placer.record_whole(job, &gpus).context("placement")
     })
 }
 

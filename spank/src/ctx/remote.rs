@@ -66,7 +66,6 @@ fn read_facts(sp: &Spank) -> Result<StepFacts, Error> {
     f.estimate = sp.getenv(env)?.or(sp.getenv(&format!("SLURM_SPANK_{env}"))?);
     f.job = sp.item_u32(Item::JobId)?;
     f.uid = sp.item_u32(Item::JobUid)?;
-    f.slurm_gpus = slurm_gpus(sp)?;
     f.batch_step = crate::spank::is_batch_step(sp.item_u32(Item::StepId)?);
     f.partition = sp.getenv("SLURM_JOB_PARTITION")?;
     f.account = sp.getenv("SLURM_JOB_ACCOUNT")?;
@@ -152,8 +151,10 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     }
     let step_name = crate::spank::step_name(step_id);
     let step = StepRef { job, holder: std::process::id() };
-    let decision =
-        placer.place(step, &plan.request, plan.wait, cfg.timeouts.poll).map_err(|e| Error::msg(plan.failure(&e)))?;
+    let mut alive = || job_alive(job);
+    let decision = placer
+        .place(step, &plan.request, plan.wait, cfg.timeouts.poll, &mut alive)
+        .map_err(|e| Error::msg(plan.failure(&e)))?;
     if let Some(mark) = plan.transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
         // and under which signature to remember what an OOM needed. The
@@ -172,6 +173,23 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
+}
+
+/// Whether slurmctld still runs the job, asked while its step waits for a
+/// GPU: slurmstepd shows a hook nothing of a cancel (its terminate handler
+/// first waits for the step to start, Slurm's slurmstepd/req.c), and slurmd
+/// stops answering while it waits. An unanswered question keeps waiting
+/// (the wait is bounded anyway).
+fn job_alive(job: u32) -> bool {
+    let job = job.to_string();
+    let args = ["-h", "-j", &job, "-o", "%T"];
+    match carma_placement::command::run("squeue", &args, std::time::Duration::from_secs(1)) {
+        Ok(state) => {
+            let state = state.trim();
+            state.is_empty() || ["RUNNING", "CONFIGURING"].contains(&state)
+        }
+        Err(_) => true,
+    }
 }
 
 /// The environment of an MPS client of `gpu`'s control daemon, fenced to
@@ -206,16 +224,6 @@ fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> 
             g.map(|g| g.device_minor()).ok_or_else(|| format!("GPU {i} is gone from the GPU readings"))
         })
         .collect()
-}
-
-/// Slurm itself allocated GPUs to the step (gres/gpu).
-fn slurm_gpus(sp: &Spank) -> Result<bool, Error> {
-    for var in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
-        if sp.getenv(var)?.is_some_and(|v| !v.is_empty()) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 pub fn task_init(sp: &Spank) -> Result<(), Error> {

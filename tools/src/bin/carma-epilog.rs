@@ -399,7 +399,7 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
             .contains(&s),
         };
         if ended {
-            jobfiles::remove(&cfg.state_dir, job);
+            jobfiles::forget(&cfg.state_dir, job);
             log(&format!(
                 "removed the recovery files of job {job}: {}",
                 state.map_or("Slurm no longer knows it".to_string(), |s| format!("it is {s}"))

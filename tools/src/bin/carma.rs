@@ -199,7 +199,9 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
         request.gpus = Some(1);
     }
     let facts = StepFacts { request, ..StepFacts::default() };
-    let plan = match resolve::resolve(&facts, &NodeFacts::default(), &cfg)? {
+    // As for a job that holds its GPU or shard from Slurm.
+    let node = NodeFacts { slurm_gpus: true, ..NodeFacts::default() };
+    let plan = match resolve::resolve(&facts, &node, &cfg)? {
         Resolution::Place(plan) => plan,
         _ => return Err("give --mem, --policy or --gpus: a job without CARMA options is not placed by CARMA".into()),
     };

@@ -1,0 +1,121 @@
+//! One owner per GPU (#37) on the real cluster: every GPU a CARMA job uses
+//! is one Slurm accounts to it (a gpu or shard GRES). A `--carma-*` job
+//! without one is refused by job_submit.lua at submission, with one line
+//! naming what to add; a step that sets `CARMA_*` only inside a job (the
+//! submit filter never saw it) is refused by slurmstepd, from the prolog's
+//! record of Slurm's GPUs, which the job's environment cannot forge.
+
+mod common;
+use common::*;
+
+/// What the user is told: the options to add.
+const FIX: &str = "add --gres=shard:1 to share a GPU, or --gres=gpu:N for whole GPUs";
+
+#[test]
+fn a_carma_job_without_a_slurm_gpu_is_refused_at_submission() {
+    require_cluster();
+    let script = script(&unique("unacc"), "echo SHOULD-NOT-RUN");
+    type Case<'a> = (&'a [(&'a str, &'a str)], Vec<&'a str>);
+    let cases: [Case; 4] = [
+        (&[], vec!["sbatch", "-p", "debug", "--carma-mem=6G", &script]),
+        (&[], vec!["srun", "-p", "debug", "--carma-mem=6G", "echo", "SHOULD-NOT-RUN"]),
+        (&[], vec!["sbatch", "-p", "wide", "--carma-policy=exclusive", &script]),
+        // CARMA_* in the environment is a CARMA request like the options.
+        (&[("CARMA_MEM", "6G")], vec!["srun", "-p", "debug", "echo", "SHOULD-NOT-RUN"]),
+    ];
+    for (env, args) in cases {
+        let r = user_env_as_given(env, &args, 60);
+        let told: Vec<&str> = r.stderr.lines().filter(|l| l.contains(FIX)).collect();
+        assert!(r.code != 0 && told.len() == 1, "{args:?} {env:?} was not refused in one line:\n{r:?}");
+        assert!(!r.stdout.contains("SHOULD-NOT-RUN"), "{args:?} ran:\n{r:?}");
+    }
+    // With a shard it is accepted and placed; sacct counts the shard.
+    let r = user_env_as_given(
+        &[],
+        &["srun", "-p", "debug", "--gres=shard:1", "--carma-mem=6G", "printenv", "CARMA_DECISION"],
+        60,
+    )
+    .ok();
+    assert!(r.stdout.contains("gpu_indices="), "{r:?}");
+    wait_released();
+}
+
+#[test]
+fn slurmstepd_refuses_a_carma_step_of_a_job_without_a_slurm_gpu() {
+    require_cluster();
+    // The job asks nothing of CARMA (job_submit.lua lets it through); its
+    // step sets CARMA_MEM and claims GPUs and shards in its environment.
+    let forged = "CARMA_MEM=1G SLURM_SHARDS_ON_NODE=1 SLURM_JOB_GPUS=0 SLURM_STEP_GPUS=0 CUDA_VISIBLE_DEVICES=0";
+    let body = format!("{forged} srun printenv CARMA_DECISION; echo STEP-EXIT=$?");
+    let name = unique("bypass");
+    let path = script(&name, &body);
+    let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
+    let r = user_env_as_given(&[], &["sbatch", "--wait", "-p", "debug", "-J", &name, "-o", &out, &path], 90);
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(!text.contains("gpu_indices="), "the step was placed:\n{text}\n{r:?}");
+    assert!(text.contains("carma: this step was not started") && text.contains(FIX), "no reason given:\n{text}");
+    let exit = text.lines().find_map(|l| l.strip_prefix("STEP-EXIT=")).unwrap_or("?");
+    assert_ne!(exit, "0", "the step succeeded:\n{text}");
+    wait_released();
+}
+
+/// A node answering slurmctld: no `*` (not responding), not drained or down.
+fn assert_nodes_responding() {
+    for _ in 0..10 {
+        let r = root(&["sinfo", "-h", "-N", "-o", "%N %T"], 20).ok();
+        for line in r.stdout.lines() {
+            let bad = line.contains('*') || ["drain", "down", "fail"].iter().any(|s| line.contains(s));
+            assert!(!bad, "a node stopped answering or was taken out: {line}\n{}", r.stdout);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn scancel_of_a_waiting_step_ends_it_at_once_and_the_node_keeps_answering() {
+    require_cluster();
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let sub = |mem: &str| {
+        let name = unique("wait");
+        let path = script(&name, "echo \"PLACED $CARMA_DECISION\"; sleep 120");
+        let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
+        let mem = format!("--carma-mem={mem}");
+        let args = ["sbatch", "--parsable", "-p", "debug", "-w", &host, "-J", &name, "-o", &out, &mem, &path];
+        (user(&args, 30).ok().stdout.trim().to_string(), out)
+    };
+    // Four 30G jobs fill the node's four 40G GPUs; a fifth waits in its
+    // batch step's init_post_opt (carma.yaml here: timeouts.wait 60s).
+    let holders: Vec<String> = (0..4).map(|_| sub("30G").0).collect();
+    let mut all = holders.clone();
+    let _cancel = Cancel(holders.clone());
+    wait_reservations(4);
+    let (waiter, out) = sub("30G");
+    all.push(waiter.clone());
+    let _cancel_all = Cancel(all);
+    let start = std::time::Instant::now();
+    while root(&["squeue", "-h", "-j", &waiter, "-o", "%T"], 20).stdout.trim() != "RUNNING" {
+        assert!(start.elapsed().as_secs() < 30, "job {waiter} never started");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!std::fs::read_to_string(&out).unwrap_or_default().contains("PLACED"), "the fifth job was placed");
+    let t0 = std::time::Instant::now();
+    root(&["scancel", &waiter], 20).ok();
+    wait_completed(&waiter);
+    let took = t0.elapsed();
+    println!("scancel of a step waiting for a GPU: the job ended {:.2} s later", took.as_secs_f64());
+    assert!(took < std::time::Duration::from_secs(2), "the cancelled step ended only after {took:?}");
+    assert_nodes_responding();
+    for h in &holders {
+        root(&["scancel", h], 20).ok();
+    }
+    for h in &holders {
+        wait_completed(h);
+    }
+    wait_released();
+    assert_nodes_responding();
+    report(
+        "owner",
+        &format!("scancel of a waiting step: ended {:.2} s later, nodes kept answering", took.as_secs_f64()),
+    );
+}
