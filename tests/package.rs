@@ -376,7 +376,7 @@ fn the_rpm_of_each_slurm_series_requires_that_series_and_holds_what_the_deb_hold
         // the build host's, and stated (RHEL 9's 2.34 is short of hypot@2.35:
         // docs/packaging.md).
         let glibc = max_glibc(&requires);
-        assert!(glibc >= (2, 2) && glibc <= (2, 36), "{s}: glibc {glibc:?}: {requires:?}");
+        assert!(((2, 2)..=(2, 36)).contains(&glibc), "{s}: glibc {glibc:?}: {requires:?}");
         let version = rpm_query(&["--qf", "%{VERSION}-%{RELEASE}"], &rpm).join("");
         assert!(version.ends_with(&format!(".slurm{s}")), "{version}");
         let sim_requires = rpm_query(&["--requires"], &rpm_sim);

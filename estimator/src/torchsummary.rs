@@ -92,7 +92,7 @@ fn windowed_attention(row: &Layer, channels_last: u64) -> Option<Vec<Layer>> {
         return None;
     }
     let c = channels_last;
-    if c == 0 || row.out_elems % c != 0 {
+    if c == 0 || !row.out_elems.is_multiple_of(c) {
         return None;
     }
     let tokens = row.out_elems / c;
