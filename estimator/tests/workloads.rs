@@ -107,7 +107,10 @@ fn default_estimator_never_underestimates_the_papers_workloads() {
     }
     assert!(ours.len() >= 37, "only {} usable rows", ours.len());
     assert_eq!(torchinfo, 2, "UNet and Mask R-CNN from their torchinfo tables");
-    assert!(median(ours.clone()) <= 1.25, "{}", summarize("ours", &ours));
+    // 1.30, not the paper stack's 1.25: the default fixed part (1 GiB) is
+    // today's PyTorch 2.x on Hopper (docs/estimator.md), above what the
+    // paper's stack kept; learning brings it down to a node's own.
+    assert!(median(ours.clone()) <= 1.30, "{}", summarize("ours", &ours));
 }
 
 /// The weight-free ONNX exports of the same architectures (data/onnx).

@@ -67,6 +67,7 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
         "gpus": gpus.iter().map(|g| json!({
             "index": g.index,
             "uuid": g.uuid,
+            "minor": g.minor,
             "total_mib": g.total_mib,
             "used_mib": g.used_mib,
             "promised_mib": promised_mib(g, state, &owners),

@@ -168,9 +168,13 @@ fn failed_reads_show_on_the_page_while_they_fail() {
     std::fs::write(&tmp, format!("{text}standin: {{faults: {{process_race: {{extra: 8, times: 1000000}}}}}}\n"))
         .unwrap();
     std::fs::rename(&tmp, n.dir.join("sim-gpus.yaml")).unwrap();
-    // A process, so that NVML has a list to copy.
+    // A process on each GPU, so that NVML has a list to copy on both: a GPU
+    // whose calls fail is left out, and the read fails once none is left.
     let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
-    let entry = format!("{{\"pid\":{},\"gpus\":[{{\"index\":1,\"used_mib\":100,\"sm\":0.1}}]}}", holder.id());
+    let entry = format!(
+        "{{\"pid\":{},\"gpus\":[{{\"index\":0,\"used_mib\":100,\"sm\":0.1}},{{\"index\":1,\"used_mib\":100,\"sm\":0.1}}]}}",
+        holder.id()
+    );
     std::fs::write(n.dir.join(format!("procs/{}.json", holder.id())), entry).unwrap();
     let start = Instant::now();
     loop {
