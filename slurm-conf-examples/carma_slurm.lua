@@ -364,10 +364,24 @@ end
 -- shard GRES, after the rewrite above), or its GPU-seconds would escape QOS
 -- limits, fairshare and sacct. Returns the one line the user is told, or nil.
 -- slurmstepd refuses such a step too (a job may set CARMA_* only in a step).
+local function holds_gpu_gres(v)
+	-- Items like "gres/gpu:1", "gres:gpu:a100:2", "gpu", "gres/shard=2":
+	-- the name exactly (not "gpumem"), and a count above zero.
+	for item in string.gmatch(v, "[^,]+") do
+		local spec = string.gsub(item, "^gres[/:]", "")
+		local name = string.match(spec, "^([^:=]+)")
+		local count = tonumber(string.match(spec, "[:=](%d+)$") or "1")
+		if (name == "gpu" or name == "shard") and count ~= nil and count > 0 then
+			return true
+		end
+	end
+	return false
+end
+
 local function unaccounted(job_desc)
 	for _, field in ipairs({ "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "gres" }) do
 		local v = job_desc[field]
-		if type(v) == "string" and (mentions_gpu(v) or string.find(v, "shard", 1, true)) then
+		if type(v) == "string" and holds_gpu_gres(v) then
 			return nil
 		end
 	end

@@ -151,7 +151,17 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     }
     let step_name = crate::spank::step_name(step_id);
     let step = StepRef { job, holder: std::process::id() };
-    let mut alive = || job_alive(job);
+    // Slurm is asked at most every ALIVE_EVERY while the step waits: a
+    // cancel ends it within about that, at a bounded cost to slurmctld.
+    let mut asked: Option<(std::time::Instant, bool)> = None;
+    let mut alive = || match asked {
+        Some((at, answer)) if at.elapsed() < ALIVE_EVERY => answer,
+        _ => {
+            let answer = job_alive(cfg.slurm_bin_dir.as_deref(), job);
+            asked = Some((std::time::Instant::now(), answer));
+            answer
+        }
+    };
     let decision = placer
         .place(step, &plan.request, plan.wait, cfg.timeouts.poll, &mut alive)
         .map_err(|e| Error::msg(plan.failure(&e)))?;
@@ -168,22 +178,36 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         (Some(_), [gpu]) if !decision.exclusive => mps_client(cfg, *gpu, decision.reserve_mib, job),
         _ => (Vec::new(), String::new()),
     };
-    let minors = device_minors(&mut placer, &decision.gpus).map_err(Error::msg)?;
+    let minors = match device_minors(&mut placer, &decision.gpus) {
+        Ok(m) => m,
+        Err(e) => {
+            // Placed but not grantable: give the promise back now, since
+            // no decision is kept for exit() to release.
+            if let Err(r) = placer.release(step) {
+                log::error(&format!("job {job} step {step_name}: releasing after a failed grant: {r}"));
+            }
+            return Err(Error::msg(e));
+        }
+    };
     let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
 }
 
+/// How often a waiting step asks slurmctld whether its job still runs.
+const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// Whether slurmctld still runs the job, asked while its step waits for a
 /// GPU: slurmstepd shows a hook nothing of a cancel (its terminate handler
 /// first waits for the step to start, Slurm's slurmstepd/req.c), and slurmd
 /// stops answering while it waits. An unanswered question keeps waiting
 /// (the wait is bounded anyway).
-fn job_alive(job: u32) -> bool {
+fn job_alive(bin_dir: Option<&std::path::Path>, job: u32) -> bool {
     let job = job.to_string();
     let args = ["-h", "-j", &job, "-o", "%T"];
-    match carma_placement::command::run("squeue", &args, std::time::Duration::from_secs(1)) {
+    let squeue = carma_placement::command::slurm_program(bin_dir, "squeue");
+    match carma_placement::command::run(&squeue, &args, std::time::Duration::from_secs(1)) {
         Ok(state) => {
             let state = state.trim();
             state.is_empty() || ["RUNNING", "CONFIGURING"].contains(&state)
