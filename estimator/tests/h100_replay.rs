@@ -9,7 +9,8 @@
 //! headroom. Twice: on the stack the table was measured on (held to both),
 //! and on one whose fixed part is 900 MiB larger (the ~1.9 GB of the A100
 //! stack in the docs): its first jobs are held to the headroom, its later
-//! shortfalls printed (the upper quartile learns 1554 of 1924 MiB). Also
+//! jobs to less than 5 % short (the largest of a user's latest jobs learns
+//! 1881 of 1924 MiB; a job beyond every earlier one is short). Also
 //! prints, per file kind and precision, what every case gets as a first job
 //! (the estimate alone; each held to less than the headroom short). Prints
 //! the figures docs/estimator.md quotes.
@@ -67,6 +68,8 @@ struct Replay {
     /// (kind, precision) → estimate / peak of the jobs after learning.
     after: BTreeMap<(&'static str, &'static str), Vec<f64>>,
     under_after: Vec<String>,
+    /// The lowest estimate / peak after learning.
+    worst_after: f64,
     /// The largest shortfall of a first job (MiB, 0 if none).
     first_short: u64,
     first: usize,
@@ -100,6 +103,7 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
         as_first_short: 0,
         after: BTreeMap::new(),
         under_after: vec![],
+        worst_after: f64::MAX,
         first_short: 0,
         first: 0,
         learned: None,
@@ -133,6 +137,7 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
             out.first_short = out.first_short.max(peak.saturating_sub(d.reserve_mib));
         } else {
             let ratio = d.reserve_mib as f64 / peak as f64;
+            out.worst_after = out.worst_after.min(ratio);
             if ratio < 1.0 {
                 out.under_after.push(format!("{}: {} MiB for {peak} ({ratio:.3}x)", c.label, d.reserve_mib));
             }
@@ -191,13 +196,20 @@ fn learned_on_a_node_never_short_and_first_jobs_within_the_headroom() {
         if r.first_short >= headroom {
             failures.push(format!("{stack}: a first job short by {} MiB, not less than the headroom", r.first_short));
         }
-        // The larger stack is learned at the upper quartile of the user's
-        // observations, which leaves the jobs above it short (printed, not
-        // yet held: docs/estimator.md); the measured stack is held.
+        // The measured stack is held to never short. On the larger one a
+        // later job is short where its observation (peak less model part)
+        // is more than all the user's earlier ones: no statistic of past
+        // jobs covers such a new record, so it is held to 5 % (the largest
+        // of the user's latest jobs, the default, keeps them within 4 %;
+        // the upper quartile left 19 of 76 short, by up to 10 %).
+        println!("  under after learning: {} of {after} (lowest {:.3}x)", r.under_after.len(), r.worst_after);
+        for u in &r.under_after {
+            println!("    {u}");
+        }
         if extra == 0 {
             failures.extend(r.under_after.iter().map(|u| format!("{stack}: under after learning: {u}")));
-        } else {
-            println!("  under after learning: {} of {after}", r.under_after.len());
+        } else if r.worst_after < 0.95 {
+            failures.push(format!("{stack}: a later job at {:.3}x its peak, short by 5 % or more", r.worst_after));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
