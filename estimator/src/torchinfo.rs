@@ -39,8 +39,9 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     // First dimension of each output shape -> rows that have it.
     let mut batches: std::collections::BTreeMap<u64, usize> = Default::default();
     let in_col = col("Input Shape");
-    // Each row's depth (`Kind: depth-idx`).
+    // Each row's depth (`Kind: depth-idx`) and its output's last dimension.
     let mut depths: Vec<u32> = Vec::new();
+    let mut last_dims: Vec<u64> = Vec::new();
     for (i, line) in lines.iter().enumerate().skip(header + 2) {
         let n = i + 1;
         let t = line.trim();
@@ -82,6 +83,7 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
         }
         net.layers.push(Layer { kind, out_elems, params, channels, folded_elems });
         depths.push(depth);
+        last_dims.push(last_dim(&field(out_col)));
         rows += 1;
         if rows > 100_000 {
             return Err(err(n, "more than 100000 rows".into()));
@@ -95,6 +97,21 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     }
     if rows == 0 {
         return Err(err(header + 1, "the table has no rows".into()));
+    }
+    // Windowed attention with no child rows (torchvision's Swin calls its
+    // projections as functions) runs what `windowed_attention` lists; its
+    // parameters are already in the row and the footer's total. A window
+    // attention whose projections are modules (timm's) has child rows.
+    let layers = std::mem::take(&mut net.layers);
+    for (i, layer) in layers.into_iter().enumerate() {
+        let leaf = depths.get(i + 1).is_none_or(|d| *d <= depths[i]);
+        match crate::torchsummary::windowed_attention(&layer, last_dims[i]).filter(|_| leaf) {
+            Some(rows) => {
+                net.attention_blocks += 1;
+                net.layers.extend(rows);
+            }
+            None => net.layers.push(layer),
+        }
     }
     let mut pass_mb = None;
     for (i, line) in lines.iter().enumerate() {
@@ -161,6 +178,11 @@ fn shape(s: &str) -> (Option<u64>, u64, u64) {
     }
 }
 
+/// The last dimension of `[8, 56, 56, 96]` (channels-last maps: Swin's).
+fn last_dim(s: &str) -> u64 {
+    s.strip_suffix(']').and_then(|r| r.rsplit(',').next()).and_then(|d| d.trim().parse().ok()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +242,50 @@ mod tests {
         }
         println!("highest retained / parametrised-leaf ratio: {:.3} ({})", worst.0, worst.1);
         assert!(worst.0 > 1.0 && PARAM_LEAF_RETENTION >= worst.0, "{worst:?}");
+    }
+
+    /// torchvision's Swin-T in torchinfo: the attention row carries its
+    /// parameters (QKV and output projections, 4C² + 4C, and the 13² × 3
+    /// bias table) but no child rows, since it calls its projections as
+    /// functions. Its QKV output and window scores are counted; the same
+    /// row with child rows (timm's modules) is left to them.
+    #[test]
+    fn windowed_attention_without_child_rows_counts_its_scores() {
+        let row = |label: &str, shape: &str, params: &str| format!("{label:<46}{shape:<26}{params}\n");
+        let attn = 4 * 96 * 96 + 4 * 96 + 13 * 13 * 3;
+        let mut t = "=".repeat(80) + "\n";
+        t += &row("Layer (type:depth-idx)", "Output Shape", "Param #");
+        t += &("=".repeat(80) + "\n");
+        t += &row("SwinTransformer", "[8, 1000]", "--");
+        t += &row("├─Sequential: 1-1", "--", "--");
+        t += &row("│    └─Sequential: 2-1", "[8, 56, 56, 96]", "--");
+        t += &row("│    │    └─Conv2d: 3-1", "[8, 96, 56, 56]", "4,704");
+        t += &row("│    │    └─Permute: 3-2", "[8, 56, 56, 96]", "--");
+        t += &row("│    │    └─LayerNorm: 3-3", "[8, 56, 56, 96]", "192");
+        t += &row("│    └─SwinTransformerBlock: 2-2", "[8, 56, 56, 96]", "--");
+        t += &row("│    │    └─LayerNorm: 3-4", "[8, 56, 56, 96]", "192");
+        t += &row("│    │    └─ShiftedWindowAttention: 3-5", "[8, 56, 56, 96]", &attn.to_string());
+        let child = row("│    │    │    └─Linear: 4-1", "[8, 3136, 288]", "27,936");
+        t += "CHILD";
+        t += &row("│    │    └─StochasticDepth: 3-6", "[8, 56, 56, 96]", "--");
+        t += &("=".repeat(80) + "\n");
+        t += &format!("Total params: {}\n", 4704 + 192 + 192 + attn);
+        t += "Forward/backward pass size (MB): 77.07\n";
+        let n = parse(&t.replace("CHILD", ""), "swin.model").unwrap();
+        let tokens = 56 * 56;
+        assert_eq!(n.attention_blocks, 1);
+        assert_eq!(n.params(), 4704 + 192 + 192 + attn, "the footer's total, not counted twice");
+        let kinds: Vec<&str> = n.layers.iter().map(|l| l.kind.as_str()).collect();
+        assert_eq!(kinds[8..13], ["Linear", "MatMul", "Softmax", "MatMul", "Linear"], "{kinds:?}");
+        assert_eq!(n.layers[10].out_elems, 3 * 49 * tokens, "3 heads x a 7x7 window per token");
+        let kept = |text: &str| crate::kept::kept(&parse(text, "t").unwrap(), carma_config::Precision::Fp32);
+        let without = kept(&t.replace("CHILD", "").replace("ShiftedWindowAttention", "Identity"));
+        let more = (3 * 96 + 3 * 49) as f64 * tokens as f64 * 4.0;
+        assert!(kept(&t.replace("CHILD", "")).saved_bytes - without.saved_bytes >= more);
+        // With its projections as child rows, the rows are the count.
+        let with_child = parse(&t.replace("CHILD", &child), "t").unwrap();
+        assert_eq!(with_child.attention_blocks, 0);
+        assert!(with_child.layers.iter().any(|l| l.kind == "ShiftedWindowAttention"));
     }
 
     #[test]

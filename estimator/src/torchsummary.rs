@@ -40,7 +40,8 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
             // -1 means "any batch size".
             net.batch_in_file = u64::try_from(batch).ok().filter(|b| *b > 0);
         }
-        match windowed_attention(&layer, last_dim) {
+        // Its row shows 0 parameters: torchsummary sees no `weight` or `bias`.
+        match windowed_attention(&layer, last_dim).filter(|_| layer.params == 0) {
             Some(rows) => {
                 hidden_params += rows.iter().map(|l| l.params).sum::<u64>();
                 net.attention_blocks += 1;
@@ -85,10 +86,11 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
 /// table's parameters, the softmax over the window (kept: its result,
 /// fp32 under autocast), attention·V (saves the probabilities, with a bf16
 /// copy under autocast) and the output projection. Swin's heads are 32
-/// channels wide; a window is 7×7 (8×8 for V2).
-fn windowed_attention(row: &Layer, channels_last: u64) -> Option<Vec<Layer>> {
+/// channels wide; a window is 7×7 (8×8 for V2). torchinfo's tables show
+/// the same row with no child rows (`torchinfo.rs`).
+pub(crate) fn windowed_attention(row: &Layer, channels_last: u64) -> Option<Vec<Layer>> {
     let kind = row.kind.to_ascii_lowercase();
-    if !(kind.ends_with("windowattention") || kind.ends_with("windowattentionv2")) || row.params != 0 {
+    if !(kind.ends_with("windowattention") || kind.ends_with("windowattentionv2")) {
         return None;
     }
     let c = channels_last;

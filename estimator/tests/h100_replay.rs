@@ -9,8 +9,11 @@
 //! headroom. Twice: on the stack the table was measured on (held to both),
 //! and on one whose fixed part is 900 MiB larger (the ~1.9 GB of the A100
 //! stack in the docs): its first jobs are held to the headroom, its later
-//! shortfalls printed (the upper quartile learns 1554 of 1924 MiB). Prints the figures docs/estimator.md
-//! quotes.
+//! jobs to less than 5 % short (the largest of a user's latest jobs learns
+//! 1881 of 1924 MiB; a job beyond every earlier one is short). Also
+//! prints, per file kind and precision, what every case gets as a first job
+//! (the estimate alone; each held to less than the headroom short). Prints
+//! the figures docs/estimator.md quotes.
 
 mod common;
 use carma_config::{Config, Precision};
@@ -57,9 +60,16 @@ fn cases() -> Vec<Case> {
 }
 
 struct Replay {
+    /// (kind, precision) → estimate / peak of every job as a user's first
+    /// job on a fresh node would get it (the estimate alone, nothing learned).
+    as_first: BTreeMap<(&'static str, &'static str), Vec<f64>>,
+    /// The largest shortfall of any job as a first job (MiB, 0 if none).
+    as_first_short: u64,
     /// (kind, precision) → estimate / peak of the jobs after learning.
     after: BTreeMap<(&'static str, &'static str), Vec<f64>>,
     under_after: Vec<String>,
+    /// The lowest estimate / peak after learning.
+    worst_after: f64,
     /// The largest shortfall of a first job (MiB, 0 if none).
     first_short: u64,
     first: usize,
@@ -88,7 +98,16 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
     };
     let dir = data().join("h100/models");
     let mut st = NodeState::default();
-    let mut out = Replay { after: BTreeMap::new(), under_after: vec![], first_short: 0, first: 0, learned: None };
+    let mut out = Replay {
+        as_first: BTreeMap::new(),
+        as_first_short: 0,
+        after: BTreeMap::new(),
+        under_after: vec![],
+        worst_after: f64::MAX,
+        first_short: 0,
+        first: 0,
+        learned: None,
+    };
     for (i, c) in cases.iter().enumerate() {
         let job = 1000 + i as u32;
         let mut s = Settings { seq_len: c.seq, ..Settings::from_config(&cfg.estimator) };
@@ -110,12 +129,15 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
             })
             .unwrap_or_else(|e| panic!("{}: no fit {e:?}", c.label));
         let peak = c.peak + extra_mib;
+        out.as_first.entry((c.kind, c.precision)).or_default().push(e.mib as f64 / peak as f64);
+        out.as_first_short = out.as_first_short.max(peak.saturating_sub(e.mib));
         let first = i < learn.min_jobs as usize;
         if first {
             out.first += 1;
             out.first_short = out.first_short.max(peak.saturating_sub(d.reserve_mib));
         } else {
             let ratio = d.reserve_mib as f64 / peak as f64;
+            out.worst_after = out.worst_after.min(ratio);
             if ratio < 1.0 {
                 out.under_after.push(format!("{}: {} MiB for {peak} ({ratio:.3}x)", c.label, d.reserve_mib));
             }
@@ -148,10 +170,25 @@ fn learned_on_a_node_never_short_and_first_jobs_within_the_headroom() {
             r.first, r.first_short, r.learned
         );
         assert_eq!(r.first + after, EXPECTED_CASES);
+        println!("  as a first job: largest shortfall {} MiB", r.as_first_short);
+        if r.as_first_short >= headroom {
+            failures.push(format!("{stack}: a job short by {} MiB as a first job", r.as_first_short));
+        }
+        for ((kind, precision), v) in &mut r.as_first {
+            let under = v.iter().filter(|&&x| x < 1.0).count();
+            let (n, m) = (v.len(), median(v));
+            let (lo, hi) = (v[0], v[n - 1]);
+            println!(
+                "  as a first job: {kind:<12} {precision:<6} jobs {n:>2}: under {under:>2}, median {m:.2}x, min {lo:.2}x, max {hi:.2}x"
+            );
+        }
         for ((kind, precision), v) in &mut r.after {
-            let (n, lo, m) = (v.len(), v.iter().copied().fold(f64::MAX, f64::min), median(v));
-            let hi = v.last().copied().unwrap_or(0.0);
-            println!("  {kind:<12} {precision:<6} jobs {n:>2}: median {m:.2}x, min {lo:.2}x, max {hi:.2}x");
+            let under = v.iter().filter(|&&x| x < 1.0).count();
+            let (n, m) = (v.len(), median(v));
+            let (lo, hi) = (v[0], v[n - 1]);
+            println!(
+                "  after learning: {kind:<12} {precision:<6} jobs {n:>2}: under {under:>2}, median {m:.2}x, min {lo:.2}x, max {hi:.2}x"
+            );
             if m > 1.15 {
                 failures.push(format!("{stack}: {kind} {precision} median {m:.2}x above 1.15x"));
             }
@@ -159,13 +196,20 @@ fn learned_on_a_node_never_short_and_first_jobs_within_the_headroom() {
         if r.first_short >= headroom {
             failures.push(format!("{stack}: a first job short by {} MiB, not less than the headroom", r.first_short));
         }
-        // The larger stack is learned at the upper quartile of the user's
-        // observations, which leaves the jobs above it short (printed, not
-        // yet held: docs/estimator.md); the measured stack is held.
+        // The measured stack is held to never short. On the larger one a
+        // later job is short where its observation (peak less model part)
+        // is more than all the user's earlier ones: no statistic of past
+        // jobs covers such a new record, so it is held to 5 % (the largest
+        // of the user's latest jobs, the default, keeps them within 4 %;
+        // the upper quartile left 19 of 76 short, by up to 10 %).
+        println!("  under after learning: {} of {after} (lowest {:.3}x)", r.under_after.len(), r.worst_after);
+        for u in &r.under_after {
+            println!("    {u}");
+        }
         if extra == 0 {
             failures.extend(r.under_after.iter().map(|u| format!("{stack}: under after learning: {u}")));
-        } else {
-            println!("  under after learning: {} of {after}", r.under_after.len());
+        } else if r.worst_after < 0.95 {
+            failures.push(format!("{stack}: a later job at {:.3}x its peak, short by 5 % or more", r.worst_after));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -4,8 +4,8 @@
 //! for PyTorch 2.11 on an H100, ~1.9 GB in other published sets) and no
 //! estimator can know it. Each finished job whose estimate came from its
 //! model says how far its observed peak went past the model part; a high
-//! quantile of a user's latest such observations is that user's learned
-//! value.
+//! quantile of a user's latest such observations (by default their
+//! largest) is that user's learned value.
 //!
 //! Whose jobs move what: the model part comes from `CARMA_ESTIMATE`, which
 //! srun/sbatch set as the user, so a user can forge it. A user's
@@ -17,9 +17,10 @@
 //! Why it cannot drift low: it is used only where it is larger than the
 //! fixed part a job's estimate already carries (carma.yaml's
 //! `estimator.runtime`), so learning only ever raises an estimate. Why it
-//! cannot run away: one job that leaked or was mis-estimated is one
-//! observation below the quantile, the value is capped by
-//! `learn_runtime.max`, and only the latest `window` jobs count.
+//! cannot run away: the value is capped by `learn_runtime.max`, and only
+//! the user's latest `window` jobs count, so a job that leaked raises only
+//! its own user's estimates, and only until `window` more of their jobs
+//! ended (below the quantile, with a quantile under 1, it moves nothing).
 
 use carma_config::LearnRuntime;
 use serde::{Deserialize, Serialize};
@@ -125,8 +126,36 @@ pub fn raise(by_user: &ByUser, uid: Option<u32>, learn: &LearnRuntime, runtime_m
 mod tests {
     use super::*;
 
+    /// The upper quartile: the quantile's own rules.
     fn learn(min_jobs: u32, window: u32) -> LearnRuntime {
-        LearnRuntime { min_jobs, window, ..LearnRuntime::default() }
+        LearnRuntime { min_jobs, window, quantile: 0.75, ..LearnRuntime::default() }
+    }
+
+    /// The default is the largest of the user's latest 32: a later job
+    /// is short only where its fixed part is more than any of theirs
+    /// showed. A leaking job raises that user's value (to the cap) until
+    /// 32 more of their jobs ended, and nobody else's.
+    #[test]
+    fn the_default_is_the_largest_of_the_users_latest_jobs() {
+        let d = LearnRuntime::default();
+        let mut m = ByUser::new();
+        for (peak, model) in [(2900, 2000), (3500, 2000), (2100, 1000), (1500, 1000)] {
+            observe(&mut m, 7, peak, model);
+        }
+        assert_eq!(for_user(&m, Some(7), &d), Some((1500, Whose::User)), "the largest of 900, 1500, 1100, 500");
+        for uid in [1, 2] {
+            for _ in 0..3 {
+                observe(&mut m, uid, 2000, 1000);
+            }
+        }
+        observe(&mut m, 7, 40_000, 1000);
+        assert_eq!(for_user(&m, Some(7), &d), Some((d.max_mib, Whose::User)), "capped");
+        assert_eq!(for_user(&m, Some(1), &d), Some((1000, Whose::User)));
+        assert_eq!(for_user(&m, Some(3), &d), Some((1000, Whose::Node)), "the other users' value");
+        for _ in 0..d.window {
+            observe(&mut m, 7, 2000, 1000);
+        }
+        assert_eq!(for_user(&m, Some(7), &d), Some((1000, Whose::User)), "the leak forgotten");
     }
 
     fn samples(by_user: &ByUser, uid: u32) -> Vec<u64> {
