@@ -200,7 +200,10 @@ impl Placer {
             sm_activity_cap: cfg.sm_activity_cap,
             busy_cap: cfg.busy_cap,
             headroom_mib: cfg.headroom_mib,
-            window_secs: cfg.monitor_window.as_secs().max(1),
+            // The monitor's readings average over its window, so a job
+            // placed within it shows only part of its activity yet; direct
+            // reads (NVML, the simulated GPUs) show a job once it runs.
+            window_secs: if cfg.monitor.published { cfg.monitor_window.as_secs().max(1) } else { 0 },
             now_secs: 0,
         };
         Ok(Placer {
