@@ -25,7 +25,7 @@ fn user2(args: &[&str], secs: u32) -> Run {
     let out = Command::new("timeout")
         .arg(secs.to_string())
         .args(["runuser", "-u", USER2, "--"])
-        .args(args)
+        .args(common::with_shard(&[], args))
         .current_dir("/tmp")
         .env_remove("SLURM_JOB_ID")
         .output()

@@ -111,7 +111,7 @@ fn text_the_user_chose_never_reaches_admin_comment_and_the_sites_bytes_stay() {
     let out = work_dir().join(format!("{name}.out"));
     let job_name = OsString::from_vec([name.as_bytes(), b"\xff\nAdminComment=forged-by-user"].concat());
     let run = std::process::Command::new("runuser")
-        .args(["-u", USER, "--", "sbatch", "--parsable", "--carma-mem=1G", "-J"])
+        .args(["-u", USER, "--", "sbatch", "--parsable", "--gres=shard:1", "--carma-mem=1G", "-J"])
         .arg(&job_name)
         .arg("-D")
         .arg(&dir)

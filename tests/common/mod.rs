@@ -59,7 +59,7 @@ pub fn user_env(env: &[(&str, &str)], args: &[&str], secs: u32) -> Run {
 
 /// `args` with `--gres=shard:N` after the command where it submits a CARMA
 /// job (a `--carma-*` option or `CARMA_*` in `env`) that names no GPUs.
-fn with_shard(env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
+pub fn with_shard(env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let submits = args.first().is_some_and(|c| ["sbatch", "srun", "salloc"].contains(c));
     let opts = &args[1.min(args.len())..];
