@@ -23,7 +23,9 @@ pub struct User {
 pub fn run_self_as(user: User, args: &[OsString], limit: usize, timeout: Duration) -> Result<Vec<u8>, String> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
-    let groups = groups_of(user)?;
+    // Where the user database cannot list them (NSS down), the user's own
+    // gid alone: files readable by the user or that group are still read.
+    let groups = groups_of(user).unwrap_or_else(|_| vec![user.gid]);
     let mut cmd = Command::new(exe);
     // SAFETY: the closure runs in the forked child before exec and makes
     // only async-signal-safe system calls (setgroups, setgid, setuid) on
