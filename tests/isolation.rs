@@ -77,8 +77,11 @@ fn two_jobs_collocated_on_one_gpu_each_open_only_it() {
         let args = ["sbatch", "--parsable", "-p", "debug", "--carma-mem=4G", "--carma-policy=ff", "-o", &out, &path];
         ids.push(user(&args, 30).ok().stdout.trim().to_string());
         outs.push(out);
+        // One at a time: a shard job's prolog records its shard's GPU as
+        // held until its first step shows it shares, and a placement in
+        // that moment passes the GPU over (docs/architecture.md).
+        wait_reservations(k + 1);
     }
-    wait_reservations(2);
     for id in &ids {
         wait_completed(id);
     }

@@ -135,8 +135,16 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     // The root-owned job files matter only to a CARMA step: a plain shard
     // step (its whole-GPU record dropped) opens none of them.
     let node = if *carma { NodeFacts::read(&cfg.state_dir, job) } else { NodeFacts::default() };
-    let resolution = resolve::resolve(&facts, &node, cfg).map_err(Error::msg)?;
+    // The state directory first: where it is unsafe or full, the job
+    // prolog could not record the job's Slurm GPUs either, and that, not
+    // a missing GPU, is the reason to give.
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
+    let resolution = resolve::resolve(&facts, &node, cfg).map_err(|e| {
+        match (e.as_str() == resolve::UNACCOUNTED).then(|| unwritable(&cfg.state_dir)).flatten() {
+            Some(why) => Error::msg(format!("the job prolog could not record the job's Slurm GPUs: {why}")),
+            None => Error::msg(e),
+        }
+    })?;
     let plan = match resolution {
         Resolution::Nothing => return Ok(()),
         Resolution::DropWhole => {
@@ -193,6 +201,14 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
     log::event(&format!("job {job} step {step_name}: {summary}"));
     let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
+}
+
+/// Why root cannot write a byte in `dir` now (a full disk), if it cannot.
+fn unwritable(dir: &std::path::Path) -> Option<String> {
+    let probe = dir.join(format!(".write-probe.{}", std::process::id()));
+    let r = carma_placement::fsutil::write_atomic(&probe, b"x");
+    let _ = std::fs::remove_file(&probe);
+    r.err().map(|e| format!("{}: {e}", dir.display()))
 }
 
 /// How often a waiting step asks slurmctld whether its job still runs.
