@@ -205,6 +205,10 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
         Resolution::Place(plan) => plan,
         _ => return Err("give --mem, --policy or --gpus: a job without CARMA options is not placed by CARMA".into()),
     };
+    // A job of no particular user: MPS's one-user-per-GPU rule, which
+    // depends on whose job it is, is left out of the answer.
+    let mut plan = plan;
+    plan.request.mps_uid = None;
     let r = &plan.request;
     let (policy, count) = (r.policy, r.count);
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
