@@ -18,35 +18,10 @@ use std::collections::BTreeMap;
 /// (cuBLAS and cuDNN workspaces, its first segments): 1 GiB in all.
 const RUNTIME_MIB: u64 = carma_config::DEFAULT_RUNTIME_MIB;
 
-struct Case {
-    model: String,
-    kind: &'static str,
-    file: String,
-    batch: u64,
-    seq: Option<u64>,
-    precision: &'static str,
-    measured: f64,
-}
+use common::H100Case as Case;
 
 fn cases() -> Vec<Case> {
-    let dir = data().join("h100/models");
-    let mut out = Vec::new();
-    for r in csv("h100/training-peaks.csv") {
-        let model = r["model"].clone();
-        let batch = num(&r, "batch_size") as u64;
-        let precision: &'static str = if r["precision"] == "mixed" { "mixed" } else { "fp32" };
-        let measured = num(&r, "nvml_process_peak_mib");
-        let seq = r["seq_len"].parse().ok();
-        let mut push = |kind: &'static str, name: String| {
-            if dir.join(&name).is_file() {
-                out.push(Case { model: model.clone(), kind, file: name, batch, seq, precision, measured });
-            }
-        };
-        push("torchsummary", format!("{model}_{batch}.model"));
-        push("onnx", format!("{model}.onnx"));
-        push("hf-config", format!("{model}.config.json"));
-    }
-    out
+    h100_cases()
 }
 
 /// Rows of data/h100/training-peaks.csv and the cases they give (a row

@@ -27,36 +27,10 @@ use std::collections::{BTreeMap, HashMap};
 /// ONNX exports, 9 + 9 config.json (fp32 + mixed).
 const EXPECTED_CASES: usize = 79;
 
-struct Case {
-    label: String,
-    kind: &'static str,
-    precision: &'static str,
-    file: String,
-    batch: u64,
-    seq: Option<u64>,
-    peak: u64,
-}
+use common::H100Case as Case;
 
 fn cases() -> Vec<Case> {
-    let dir = data().join("h100/models");
-    let mut out = Vec::new();
-    for r in csv("h100/training-peaks.csv") {
-        let model = r["model"].clone();
-        let batch = num(&r, "batch_size") as u64;
-        let precision: &'static str = if r["precision"] == "mixed" { "mixed" } else { "fp32" };
-        let peak = num(&r, "nvml_process_peak_mib") as u64;
-        for (kind, name) in [
-            ("torchsummary", format!("{model}_{batch}.model")),
-            ("onnx", format!("{model}.onnx")),
-            ("hf-config", format!("{model}.config.json")),
-        ] {
-            if dir.join(&name).is_file() {
-                let label = format!("{model} {kind} {precision} batch {batch}");
-                out.push(Case { label, kind, precision, file: name, batch, seq: r["seq_len"].parse().ok(), peak });
-            }
-        }
-    }
-    out
+    h100_cases()
 }
 
 struct Replay {
@@ -127,8 +101,8 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
             decide(&mut st, step, &req, std::slice::from_ref(&gpu), &HashMap::new(), &params, &learn, 0, &mut |_| {
                 false
             })
-            .unwrap_or_else(|e| panic!("{}: no fit {e:?}", c.label));
-        let peak = c.peak + extra_mib;
+            .unwrap_or_else(|e| panic!("{}: no fit {e:?}", c.label()));
+        let peak = c.measured as u64 + extra_mib;
         out.as_first.entry((c.kind, c.precision)).or_default().push(e.mib as f64 / peak as f64);
         out.as_first_short = out.as_first_short.max(peak.saturating_sub(e.mib));
         let first = i < learn.min_jobs as usize;
@@ -139,7 +113,7 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
             let ratio = d.reserve_mib as f64 / peak as f64;
             out.worst_after = out.worst_after.min(ratio);
             if ratio < 1.0 {
-                out.under_after.push(format!("{}: {} MiB for {peak} ({ratio:.3}x)", c.label, d.reserve_mib));
+                out.under_after.push(format!("{}: {} MiB for {peak} ({ratio:.3}x)", c.label(), d.reserve_mib));
             }
             out.after.entry((c.kind, c.precision)).or_default().push(ratio);
         }
