@@ -49,14 +49,15 @@ submit() { # name, carma options..., -- fakejob args
         --wrap "echo \"\$CARMA_DECISION\"; carma-fakejob ${fake[*]}"
 }
 
+# A CARMA job holds a GPU Slurm accounts for: a shard of one, here.
 echo "== submitting 7 jobs as user $user"
-submit resnet50-a --carma-policy=magm --carma-mem=14G -- --mem 12G --sm 0.4 --seconds 12 --ramp 2
-submit resnet50-b --carma-policy=magm --carma-mem=14G -- --mem 12G --sm 0.4 --seconds 12 --ramp 2
-submit bert-base  --carma-policy=magm --carma-mem=20G -- --mem 18G --sm 0.5 --seconds 12 --ramp 2
-submit vgg16      --carma-policy=bf   --carma-mem=10G -- --mem 9G  --sm 0.3 --seconds 12 --ramp 2
-submit mobilenet  --carma-policy=ff   --carma-mem=4G  -- --mem 3G  --sm 0.2 --seconds 12 --ramp 2
-submit big-model  --carma-policy=exclusive --carma-mem=36G -- --mem 34G --sm 0.7 --seconds 12 --ramp 2
-submit two-gpus   --carma-policy=lug  --carma-mem=8G --carma-gpus=2 -- --mem 7G --sm 0.3 --seconds 12 --ramp 2
+submit resnet50-a --gres=shard:1 --carma-policy=magm --carma-mem=14G -- --mem 12G --sm 0.4 --seconds 12 --ramp 2
+submit resnet50-b --gres=shard:1 --carma-policy=magm --carma-mem=14G -- --mem 12G --sm 0.4 --seconds 12 --ramp 2
+submit bert-base  --gres=shard:1 --carma-policy=magm --carma-mem=20G -- --mem 18G --sm 0.5 --seconds 12 --ramp 2
+submit vgg16      --gres=shard:1 --carma-policy=bf   --carma-mem=10G -- --mem 9G  --sm 0.3 --seconds 12 --ramp 2
+submit mobilenet  --gres=shard:1 --carma-policy=ff   --carma-mem=4G  -- --mem 3G  --sm 0.2 --seconds 12 --ramp 2
+submit big-model  --gres=shard:1 --carma-policy=exclusive --carma-mem=36G -- --mem 34G --sm 0.7 --seconds 12 --ramp 2
+submit two-gpus   --gres=shard:2 --carma-policy=lug  --carma-mem=8G --carma-gpus=2 -- --mem 7G --sm 0.3 --seconds 12 --ramp 2
 # Jobs of a user who never heard of CARMA, in partition `shared`, which
 # carma.yaml makes a transparent-collocation scope: slurmctld's
 # job_submit.lua turns their --gres=gpu:1 into a shard, CARMA places them.
