@@ -957,19 +957,28 @@ mod tests {
             std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
             d
         };
-        let (good, open) = (dir("/run"), dir("/tmp"));
+        let (good, tmp) = (dir("/run"), dir("/tmp"));
+        // A world-writable directory without the sticky bit (unlike /tmp,
+        // where root's own directory is judged on its own).
+        let open = tmp.join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let bad = format!("{} is writable by every user", open.display());
         let write = |p: &Path, text: &str| std::fs::write(p, text).unwrap();
-        // Under /tmp (sticky, world-writable), even a root-owned 0644 file.
+        // Even a root-owned 0644 file there.
         write(&open.join("carma.yaml"), "");
         let e = Config::load(&open.join("carma.yaml")).unwrap_err().to_string();
-        assert!(e.contains("/tmp is writable by every user") && e.contains("chmod go-w") && !e.contains('\n'), "{e}");
+        assert!(e.contains(&bad) && e.contains("chmod go-w") && !e.contains('\n'), "{e}");
+        // Root's own 0755 directory under /tmp is trusted.
+        write(&tmp.join("carma.yaml"), "");
+        assert!(Config::load(&tmp.join("carma.yaml")).is_ok());
         let f = good.join("carma.yaml");
         write(&f, &format!("log_file: {}/carma.log\n", open.display()));
         let e = Config::load(&f).unwrap_err().to_string();
-        assert!(e.contains("log_file: /tmp is writable by every user"), "{e}");
+        assert!(e.contains(&format!("log_file: {bad}")), "{e}");
         write(&f, &format!("gpu_source: {{nvml: {{library: {}/libnvidia-ml.so.1}}}}\n", open.display()));
         let e = Config::load(&f).unwrap_err().to_string();
-        assert!(e.contains("gpu_source.nvml.library: /tmp is writable by every user"), "{e}");
+        assert!(e.contains(&format!("gpu_source.nvml.library: {bad}")), "{e}");
         // The file itself, writable by its group.
         write(&f, "");
         std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o664)).unwrap();
@@ -987,7 +996,7 @@ mod tests {
         let (_, note) = Config::load_noted(&good.join("missing.yaml")).unwrap();
         assert!(note.contains("not found, built-in defaults in force") && note.contains("configless"), "{note}");
         let _ = std::fs::remove_dir_all(&good);
-        let _ = std::fs::remove_dir_all(&open);
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

@@ -26,10 +26,25 @@ pub fn writable_by_others(path: &Path) -> Option<String> {
         }
         // Every existing component from / down, without following links.
         let mut at = PathBuf::new();
+        // The last component was a root-owned sticky directory (/tmp): users
+        // may add names there but not replace root's, so what exists below
+        // it is judged on its own; what does not exist yet, a user could
+        // create first.
+        let mut below_sticky = false;
         for c in p.components() {
             at.push(c);
-            let Ok(m) = std::fs::symlink_metadata(&at) else { break };
+            let Ok(m) = std::fs::symlink_metadata(&at) else {
+                if below_sticky {
+                    return Some(format!(
+                        "{} does not exist, and its directory is writable by every user: a user could create it first (create it as root, or move the file)",
+                        at.display()
+                    ));
+                }
+                break;
+            };
             let mode = m.mode();
+            let sticky_dir = m.is_dir() && mode & 0o1000 != 0 && at != p;
+            below_sticky = false;
             let bad = if m.uid() != 0 {
                 Some(format!("owned by uid {}", m.uid()))
             } else if m.file_type().is_symlink() {
@@ -41,6 +56,9 @@ pub fn writable_by_others(path: &Path) -> Option<String> {
                 let base = at.parent().unwrap_or(Path::new("/"));
                 todo.push(base.join(target).join(rest));
                 break;
+            } else if sticky_dir {
+                below_sticky = true;
+                None
             } else if mode & 0o002 != 0 {
                 Some(format!("writable by every user (mode {:o})", mode & 0o7777))
             } else if mode & 0o020 != 0 && m.gid() != 0 {
@@ -83,21 +101,32 @@ mod tests {
         std::fs::write(&f, "").unwrap();
         set(&f, 0o644);
         let root = running_as_root();
-        // /tmp is world-writable (sticky): a file under it is refused.
-        let why = writable_by_others(&f).expect("a file under /tmp");
-        assert!(why.contains("writable by every user"), "{why}");
         if root {
+            // /tmp is world-writable but sticky: root's directory below it
+            // cannot be replaced, so what is inside is judged on its own.
+            assert_eq!(writable_by_others(&f), None);
             assert_eq!(writable_by_others(Path::new("/etc/passwd")), None);
             assert_eq!(writable_by_others(Path::new("/etc/no-such-carma-file")), None, "missing under root-only dirs");
-            let w = writable_by_others(&d.join("no/such/file")).unwrap();
-            assert!(w.starts_with(&format!("{} ", std::env::temp_dir().display())), "{w}");
+            // A name not yet taken in /tmp itself: a user could take it first.
+            let w = writable_by_others(&std::env::temp_dir().join("no-such-carma-file")).unwrap();
+            assert!(w.contains("a user could create it first"), "{w}");
+            // A group- or world-writable directory without the sticky bit is refused.
+            set(&d.join("sub"), 0o777);
+            let w = writable_by_others(&f).unwrap();
+            assert!(w.contains("writable by every user"), "{w}");
+            set(&d.join("sub"), 0o755);
+        } else {
+            let why = writable_by_others(&f).expect("a file in a user's directory");
+            assert!(why.contains("owned by uid"), "{why}");
         }
         // A link from a root-only place to a user-writable file is followed.
         if root {
             let link = PathBuf::from(format!("/run/carma-own-link-{}", std::process::id()));
             let _ = std::fs::remove_file(&link);
             std::os::unix::fs::symlink(&f, &link).unwrap();
+            set(&d.join("sub"), 0o777);
             let w = writable_by_others(&link);
+            set(&d.join("sub"), 0o755);
             let _ = std::fs::remove_file(&link);
             assert!(w.is_some_and(|w| w.contains("writable by every user")));
         }
