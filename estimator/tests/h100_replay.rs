@@ -57,19 +57,7 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
     let learn = cfg.estimator.learn_runtime;
     let params = Params::default();
     assert_eq!(params.headroom_mib, cfg.headroom_mib, "the placer's defaults are carma.yaml's");
-    let gpu = GpuReading {
-        index: 0,
-        uuid: "GPU-h100".into(),
-        total_mib: 81559,
-        used_mib: 0,
-        sm_activity: 0.0,
-        busy: 0.0,
-        processes: vec![],
-        power_w: None,
-        mps_uid: None,
-        sm_occupancy: None,
-        minor: None,
-    };
+    let gpu = GpuReading::idle(0, "GPU-h100", 81559);
     let dir = data().join("h100/models");
     let mut st = NodeState::default();
     let mut out = Replay {

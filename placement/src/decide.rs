@@ -171,21 +171,7 @@ mod tests {
     use carma_config::Policy;
 
     fn gpus(used: u64) -> Vec<GpuReading> {
-        (0..2)
-            .map(|i| GpuReading {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                total_mib: 40960,
-                used_mib: used,
-                sm_activity: 0.0,
-                busy: 0.0,
-                processes: vec![],
-                power_w: None,
-                mps_uid: None,
-                sm_occupancy: None,
-                minor: None,
-            })
-            .collect()
+        (0..2).map(|i| GpuReading { used_mib: used, ..GpuReading::idle(i, format!("GPU-{i}"), 40960) }).collect()
     }
 
     fn step(st: &mut NodeState, holder: u32, req: &Request, readings: &[GpuReading]) -> Result<Decision, NoFit> {

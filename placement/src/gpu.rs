@@ -38,6 +38,25 @@ pub struct GpuReading {
 }
 
 impl GpuReading {
+    /// An idle GPU of `total_mib` as a source with no more to say reads it:
+    /// nothing used, no activity, no processes (tests and simulations build
+    /// on it, so that a new field is set in one place).
+    pub fn idle(index: u32, uuid: impl Into<String>, total_mib: u64) -> GpuReading {
+        GpuReading {
+            index,
+            uuid: uuid.into(),
+            total_mib,
+            used_mib: 0,
+            sm_activity: 0.0,
+            busy: 0.0,
+            processes: vec![],
+            power_w: None,
+            mps_uid: None,
+            sm_occupancy: None,
+            minor: None,
+        }
+    }
+
     /// The device minor number, the index where the source does not know
     /// it (GPUs numbered in PCI order have minor = index).
     pub fn device_minor(&self) -> u32 {

@@ -201,19 +201,7 @@ mod tests {
     use carma_placement::GpuProcess;
 
     fn reading(index: u32, used_mib: u64) -> GpuReading {
-        GpuReading {
-            index,
-            uuid: format!("GPU-{index}"),
-            total_mib: 40960,
-            used_mib,
-            sm_activity: 0.1,
-            busy: 0.1,
-            processes: vec![],
-            power_w: None,
-            mps_uid: None,
-            sm_occupancy: None,
-            minor: None,
-        }
+        GpuReading { used_mib, sm_activity: 0.1, busy: 0.1, ..GpuReading::idle(index, format!("GPU-{index}"), 40960) }
     }
 
     #[test]
