@@ -37,6 +37,21 @@ fn user2(args: &[&str], secs: u32) -> Run {
     }
 }
 
+/// What the second node's placement read last, for a failure's message:
+/// its published readings, its state, and its log's last lines.
+fn node2_now() -> String {
+    let tail = |p: &str| {
+        let t = std::fs::read_to_string(p).unwrap_or_default();
+        t.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+    };
+    format!(
+        "readings: {}\nstate: {}\nlog:\n{}",
+        std::fs::read_to_string("/run/carma2/readings.json").unwrap_or_default(),
+        std::fs::read_to_string("/run/carma2/state.json").unwrap_or_default(),
+        tail(&format!("/var/log/carma/carma-{}.log", node2()))
+    )
+}
+
 fn decision_of(text: &str) -> String {
     text.lines().find(|l| l.contains("policy=")).unwrap_or_default().trim().to_string()
 }
@@ -105,10 +120,10 @@ fn a_gpu_serving_one_users_mps_jobs_takes_no_other_users_job() {
     let ff = on_node2(&node, &["--carma-policy=ff", "--carma-mem=2G", "printenv", "CARMA_DECISION"]);
     let other = user2(&ff, 60);
     assert_eq!(other.code, 0, "{}", other.stderr);
-    assert!(other.stdout.contains("gpu_indices=1 "), "{}", other.stdout);
+    assert!(other.stdout.contains("gpu_indices=1 "), "{}\n{}", other.stdout, node2_now());
     // The same user joins its own server.
     let same = user(&ff, 60).ok();
-    assert!(same.stdout.contains("gpu_indices=0 "), "{}", same.stdout);
+    assert!(same.stdout.contains("gpu_indices=0 "), "{}\n{}", same.stdout, node2_now());
     wait_completed(&a);
     // Once carmatest's jobs are gone, and the monitor's readings (up to one
     // interval old) show no MPS user on GPU0, it serves whoever comes.

@@ -367,3 +367,67 @@ fn a_preempted_and_requeued_job_reruns_as_it_asked_not_as_a_recovery() {
         "a CARMA job preempted and requeued (PreemptMode=REQUEUE): the rerun is placed as asked, no recovery used",
     );
 }
+
+/// Drains a node while alive (its running jobs go on; none start there);
+/// resumes it when dropped, also when the test fails.
+struct Drained(String);
+
+impl Drained {
+    fn new(node: &str) -> Drained {
+        let r = root(&["scontrol", "update", &format!("NodeName={node}"), "State=DRAIN", "Reason=carma-test"], 20);
+        assert_eq!(r.code, 0, "cannot drain {node}: {}", r.stderr);
+        Drained(node.to_string())
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        let _ = root(&["scontrol", "update", &format!("NodeName={}", self.0), "State=RESUME"], 20);
+    }
+}
+
+/// slurmctld, not CARMA, picks the node of a requeued job's rerun: run 0
+/// runs out of GPU memory on the first node, which is drained meanwhile,
+/// so the rerun can only start on the second. It is still a recovery there
+/// (carma-epilog's verdict travels in AdminComment and the second node's
+/// job prolog reads it), with the first node's local verdict of no use.
+#[test]
+fn a_rerun_that_slurm_starts_on_another_node_is_still_a_recovery() {
+    require_cluster();
+    let node1 = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let node2 = node2();
+    let flag = work_dir().join(format!("{}.go", unique("flag")));
+    let body = format!(
+        "echo \"RUN ${{SLURM_RESTART_COUNT:-0}} $SLURMD_NODENAME $CARMA_DECISION\"\n\
+         case ${{SLURM_RESTART_COUNT:-0}} in\n\
+         0) while [ ! -e {} ]; do sleep 0.2; done\n\
+         echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; exit 1 ;;\n\
+         *) echo finished ;;\n\
+         esac",
+        flag.display()
+    );
+    let away = Drained::new(&node2);
+    let (job, out) = submit(&["-p", "multi", "--carma-policy=ff", "--carma-mem=2G"], &body);
+    let _cancel = Cancel(vec![job.clone()]);
+    assert!(wait_text(&out, "RUN 0", 60), "run 0 did not start");
+    drop(away);
+    let _here = Drained::new(&node1);
+    std::fs::write(&flag, "").unwrap();
+    assert_eq!(wait_done(&job, 120), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let runs: Vec<&str> = text.lines().filter(|l| l.starts_with("RUN ")).collect();
+    assert_eq!(runs.len(), 2, "{text}");
+    assert!(runs[0].starts_with(&format!("RUN 0 {node1} ")) && runs[0].contains("exclusive=false"), "{text}");
+    assert!(
+        runs[1].starts_with(&format!("RUN 1 {node2} "))
+            && runs[1].contains("recovery=exclusive")
+            && runs[1].contains("exclusive=true"),
+        "the rerun on the other node was not placed as a recovery: {text}"
+    );
+    assert!(text.contains("finished"), "{text}");
+    let comment = job_field(&job, "AdminComment");
+    assert!(comment.contains("carma-recovery: exclusive n=1 restart=1"), "{comment}");
+    let log2 = std::fs::read_to_string(format!("/var/log/carma/carma-{node2}.log")).unwrap_or_default();
+    assert!(log2.contains(&format!("job {job}: run 1 recovers from an OOM (exclusive, recovery 1)")), "{log2}");
+    report("fault", "a recovered job's rerun that slurmctld starts on another node is placed there as a recovery");
+}

@@ -34,8 +34,28 @@ for name in "${names[@]}"; do
     [ -n "$exe" ] || { echo "suites.sh: no suite '$name' in $list" >&2; failed+=("$name"); continue; }
     echo "== suite $name on Slurm $series"
     start=$SECONDS
-    "$exe" --test-threads=1 || failed+=("$name")
+    if ! "$exe" --test-threads=1; then
+        failed+=("$name")
+        # What CARMA and slurmd said meanwhile: CI keeps nothing else.
+        for f in /var/log/carma/carma*.log /var/log/carma-cluster/slurmd*.log; do
+            [ -f "$f" ] || continue
+            echo "== last lines of $f"
+            tail -n 40 "$f"
+        done
+    fi
     echo "== suite $name on Slurm $series: $((SECONDS - start)) s"
+    # No suite leaves a node drained, down or not responding (a '*' after
+    # the state): CARMA must never cost a site a node.
+    # A slurmd a suite restarted may take a few seconds to register again.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        bad=$(sinfo -h -N -o '%N %T' 2>&1 | sort -u | grep -Ei 'drain|down|fail|\*|error' || true)
+        [ -n "$bad" ] || break
+        sleep 1
+    done
+    if [ -n "$bad" ]; then
+        echo "suites.sh: after suite $name, nodes not up: $bad" >&2
+        failed+=("$name(nodes)")
+    fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "suites.sh: failed on Slurm $series: ${failed[*]}" >&2

@@ -56,25 +56,74 @@ fn read_small(path: &Path) -> Option<String> {
     String::from_utf8(crate::fsutil::read_bounded(path, 256).ok()??).ok()
 }
 
-/// `MODE [NEED] n=COUNT`; a file without `n=` (an older epilog's) counts
-/// one recovery.
-pub fn write_recovery(dir: &Path, job: u32, r: Recovery) -> std::io::Result<()> {
-    let need = r.need_mib.map(|m| format!(" {m}")).unwrap_or_default();
-    write_atomic(&recovery_path(dir, job), &format!("{}{need} n={}\n", r.mode.name(), r.count))
+impl Recovery {
+    /// `MODE [NEED] n=COUNT`.
+    fn words(&self) -> String {
+        let need = self.need_mib.map(|m| format!(" {m}")).unwrap_or_default();
+        format!("{}{need} n={}", self.mode.name(), self.count)
+    }
+
+    /// [`Recovery::words`]' form; without `n=` (an older epilog's file) it
+    /// counts one recovery. Other `key=value` words are left to the caller.
+    fn parse(text: &str) -> Option<Recovery> {
+        let mut words = text.split_whitespace();
+        let mode = RecoveryMode::parse(words.next()?)?;
+        let mut r = Recovery { mode, need_mib: None, count: 1 };
+        for w in words {
+            match w.strip_prefix("n=") {
+                Some(n) => r.count = n.parse().unwrap_or(1),
+                None if !w.contains('=') => r.need_mib = r.need_mib.or_else(|| w.parse().ok()),
+                None => {}
+            }
+        }
+        Some(r)
+    }
+}
+
+/// The verdict for the job's run with Slurm restart count `restart`.
+pub fn write_recovery(dir: &Path, job: u32, r: Recovery, restart: u32) -> std::io::Result<()> {
+    write_atomic(&recovery_path(dir, job), &format!("{} restart={restart}\n", r.words()))
 }
 
 pub fn read_recovery(dir: &Path, job: u32) -> Option<Recovery> {
-    let text = read_small(&recovery_path(dir, job))?;
-    let mut words = text.split_whitespace();
-    let mode = RecoveryMode::parse(words.next()?)?;
-    let mut r = Recovery { mode, need_mib: None, count: 1 };
-    for w in words {
-        match w.strip_prefix("n=") {
-            Some(n) => r.count = n.parse().unwrap_or(1),
-            None => r.need_mib = r.need_mib.or_else(|| w.parse().ok()),
-        }
+    Recovery::parse(&read_small(&recovery_path(dir, job))?)
+}
+
+/// Which run the verdict here is for (`None`: an older epilog's file, which
+/// does not say).
+fn recovery_run(dir: &Path, job: u32) -> Option<u32> {
+    read_small(&recovery_path(dir, job))?.split_whitespace().find_map(|w| w.strip_prefix("restart="))?.parse().ok()
+}
+
+/// Forgets the job's verdict here if it is for another run than the one
+/// with restart count `restart` (a verdict from a run before an admin's
+/// requeue, say, when this run is no recovery).
+pub fn forget_recovery_unless_for(dir: &Path, job: u32, restart: u32) -> bool {
+    match recovery_run(dir, job) {
+        Some(run) if run != restart => std::fs::remove_file(recovery_path(dir, job)).is_ok(),
+        _ => false,
     }
-    Some(r)
+}
+
+/// The key of carma-epilog's verdict in the job's AdminComment
+/// ([`crate::admin_comment`]), where the job's next run finds it on
+/// whichever node slurmctld starts it: the local file only reaches a rerun
+/// on the node that crashed.
+pub const RECOVERY_KEY: &str = "carma-recovery:";
+
+/// The verdict as an AdminComment entry, for the run whose Slurm restart
+/// count is `restart` (the crashed run's plus one): an admin's later
+/// requeue starts a run with another count, which the verdict is not for.
+pub fn recovery_entry(r: Recovery, restart: u32) -> String {
+    format!("{RECOVERY_KEY} {} restart={restart}", r.words())
+}
+
+/// The verdict in an AdminComment for the run with Slurm restart count
+/// `restart`, if it is that run's.
+pub fn recovery_in_comment(comment: &[u8], restart: u32) -> Option<Recovery> {
+    let text = std::str::from_utf8(crate::admin_comment::entry(comment, RECOVERY_KEY)?).ok()?;
+    let for_run = text.split_whitespace().find_map(|w| w.strip_prefix("restart="))?.parse::<u32>().ok()?;
+    (for_run == restart).then(|| Recovery::parse(text)).flatten()
 }
 
 /// Where one of a job's output files ended when a run of it ended.
@@ -205,7 +254,7 @@ mod tests {
         let d = TempDir::new();
         assert_eq!(read_recovery(&d.0, 7), None);
         let r = Recovery { mode: RecoveryMode::Looser, need_mib: Some(30000), count: 2 };
-        write_recovery(&d.0, 7, r).unwrap();
+        write_recovery(&d.0, 7, r, 1).unwrap();
         let t = Transparent { scope: "partition:gpu".into(), signature: Some("1000:job:00ff".into()) };
         write_transparent(&d.0, 7, &t).unwrap();
         let ends = vec![
@@ -216,7 +265,7 @@ mod tests {
         assert_eq!(read_output_ends(&d.0, 7), ends);
         assert_eq!(read_transparent(&d.0, 7), Some(t));
         assert_eq!(read_recovery(&d.0, 7), Some(r));
-        write_recovery(&d.0, 8, Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }).unwrap();
+        write_recovery(&d.0, 8, Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }, 1).unwrap();
         assert_eq!(read_recovery(&d.0, 8).unwrap().mode, RecoveryMode::Exclusive);
         // An older epilog's marker: one recovery.
         std::fs::write(d.0.join("recovery-10"), "looser 9000\n").unwrap();
@@ -231,6 +280,35 @@ mod tests {
         assert_eq!(read_recovery(&d.0, 9), None);
     }
 
+    /// The verdict travels in AdminComment to the run it is for, and to no
+    /// other (an admin's later requeue starts a run with another count).
+    #[test]
+    fn a_verdict_in_admin_comment_is_for_one_run() {
+        let r = Recovery { mode: RecoveryMode::Looser, need_mib: Some(30000), count: 2 };
+        let e = recovery_entry(r, 3);
+        assert_eq!(e, "carma-recovery: looser 30000 n=2 restart=3");
+        let comment = crate::admin_comment::merge(b"site | carma@n1: policy=ff", RECOVERY_KEY, &e);
+        assert_eq!(recovery_in_comment(&comment, 3), Some(r));
+        assert_eq!(recovery_in_comment(&comment, 4), None, "a later run (an admin's requeue)");
+        assert_eq!(recovery_in_comment(&comment, 2), None);
+        let ex = Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 };
+        assert_eq!(recovery_in_comment(recovery_entry(ex, 1).as_bytes(), 1), Some(ex));
+        assert_eq!(recovery_in_comment(b"carma-recovery: exclusive n=1", 1), None, "no run named");
+        assert_eq!(recovery_in_comment(b"carma-recovery: bogus restart=1", 1), None);
+        assert_eq!(recovery_in_comment(b"", 1), None);
+        // The local file names its run too: a stale one goes, the
+        // current one and an older epilog's (which names none) stay.
+        let d = TempDir::new();
+        write_recovery(&d.0, 5, r, 3).unwrap();
+        assert!(!forget_recovery_unless_for(&d.0, 5, 3));
+        assert_eq!(read_recovery(&d.0, 5), Some(r));
+        assert!(forget_recovery_unless_for(&d.0, 5, 4));
+        assert_eq!(read_recovery(&d.0, 5), None);
+        std::fs::write(d.0.join("recovery-6"), "exclusive n=1\n").unwrap();
+        assert!(!forget_recovery_unless_for(&d.0, 6, 4));
+        assert!(read_recovery(&d.0, 6).is_some());
+    }
+
     /// A link planted where a job file or its temp file goes is replaced,
     /// never written through.
     #[test]
@@ -242,7 +320,7 @@ mod tests {
             std::os::unix::fs::symlink(&victim, d.0.join(name)).unwrap();
         }
         std::os::unix::fs::symlink(&victim, d.0.join("output-7")).unwrap();
-        write_recovery(&d.0, 7, Recovery { mode: RecoveryMode::Looser, need_mib: None, count: 1 }).unwrap();
+        write_recovery(&d.0, 7, Recovery { mode: RecoveryMode::Looser, need_mib: None, count: 1 }, 1).unwrap();
         let end = OutputEnd { dev: 1, ino: 2, size: 3, path: "/o".into() };
         write_output_ends(&d.0, 7, std::slice::from_ref(&end)).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "written through a planted link");

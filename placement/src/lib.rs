@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod admin_comment;
 #[allow(unsafe_code)] // bpf(2): the one system call (its module doc)
 pub mod bpf;
 pub mod clock;

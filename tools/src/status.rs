@@ -28,11 +28,82 @@ pub fn settle(mut gpus: Vec<GpuReading>, state: &NodeState) -> Vec<GpuReading> {
     gpus
 }
 
+/// Who owns a GPU now (docs/architecture.md, "Who owns a GPU"): nobody;
+/// one job whole (Slurm's allocation, or a CARMA exclusive placement); CARMA
+/// jobs sharing it; or processes CARMA ties to no job. `Conflict` is what
+/// must never be: a job Slurm gave the GPU whole beside any other holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    Free,
+    SlurmWhole(u32),
+    Exclusive(u32),
+    Shared(Vec<u32>),
+    Unclaimed(usize),
+    Conflict(Vec<u32>),
+}
+
+impl Owner {
+    pub fn of(g: &GpuReading, state: &NodeState, owners: &HashMap<u32, u32>) -> Owner {
+        use carma_placement::Holding;
+        let on: Vec<_> = state.reservations.iter().filter(|r| r.gpus.contains(&g.index)).collect();
+        let jobs: Vec<u32> = on.iter().map(|r| r.job).collect();
+        let whole = on.iter().find(|r| r.holding == Holding::SlurmWhole || r.exclusive);
+        match (whole, on.len()) {
+            (Some(_), n) if n > 1 => Owner::Conflict(jobs),
+            (Some(r), _) if r.holding == Holding::SlurmWhole => Owner::SlurmWhole(r.job),
+            (Some(r), _) => Owner::Exclusive(r.job),
+            (None, 0) => {
+                let stray = g.processes.iter().filter(|p| !owners.contains_key(&p.pid)).count();
+                if stray > 0 { Owner::Unclaimed(stray) } else { Owner::Free }
+            }
+            (None, _) => Owner::Shared(jobs),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Owner::Free => "free",
+            Owner::SlurmWhole(_) => "slurm_whole",
+            Owner::Exclusive(_) => "exclusive",
+            Owner::Shared(_) => "shared",
+            Owner::Unclaimed(_) => "unclaimed",
+            Owner::Conflict(_) => "conflict",
+        }
+    }
+
+    fn jobs(&self) -> Vec<u32> {
+        match self {
+            Owner::SlurmWhole(j) | Owner::Exclusive(j) => vec![*j],
+            Owner::Shared(j) | Owner::Conflict(j) => j.clone(),
+            Owner::Free | Owner::Unclaimed(_) => vec![],
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let procs = if let Owner::Unclaimed(n) = self { Some(*n) } else { None };
+        json!({"kind": self.kind(), "jobs": self.jobs(), "unclaimed_processes": procs})
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |j: &[u32]| j.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        match self {
+            Owner::Free => write!(f, "free"),
+            Owner::SlurmWhole(j) => write!(f, "slurm:{j}"),
+            Owner::Exclusive(j) => write!(f, "carma:{j}"),
+            Owner::Shared(j) => write!(f, "shared:{}", list(j)),
+            Owner::Unclaimed(n) => write!(f, "unclaimed:{n}proc"),
+            Owner::Conflict(j) => write!(f, "CONFLICT:{}", list(j)),
+        }
+    }
+}
+
 pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
     let owners = owners(gpus, state);
     let mut out = format!(
-        "{:<4} {:<14} {:>8} {:>8} {:>9} {:>9} {:>5} {:>5}  {}\n",
-        "GPU", "UUID", "USED", "TOTAL", "PROMISED", "EFF.FREE", "SM", "BUSY", "JOBS (id:policy:reserve)"
+        "{:<4} {:<14} {:>8} {:>8} {:>9} {:>9} {:>5} {:>5}  {:<16} {}\n",
+        "GPU", "UUID", "USED", "TOTAL", "PROMISED", "EFF.FREE", "SM", "BUSY", "OWNER", "JOBS (id:policy:reserve)"
     );
     for g in gpus {
         let jobs: Vec<String> = state
@@ -46,7 +117,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             })
             .collect();
         out.push_str(&format!(
-            "{:<4} {:<14} {:>7}M {:>7}M {:>8}M {:>8}M {:>5.2} {:>5.2}  {}\n",
+            "{:<4} {:<14} {:>7}M {:>7}M {:>8}M {:>8}M {:>5.2} {:>5.2}  {:<16} {}\n",
             g.index,
             g.uuid.chars().take(14).collect::<String>(),
             g.used_mib,
@@ -55,6 +126,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             effective_free_mib(g, state, &owners),
             g.sm_activity,
             g.busy,
+            Owner::of(g, state, &owners).to_string(),
             if jobs.is_empty() { "-".into() } else { jobs.join(" ") }
         ));
     }
@@ -79,6 +151,7 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
             "power_w": g.power_w,
             "processes": g.processes,
             "jobs": state.reservations.iter().filter(|r| r.gpus.contains(&g.index)).map(|r| r.job).collect::<Vec<_>>(),
+            "owner": Owner::of(g, state, &owners).json(),
         })).collect::<Vec<_>>(),
         "reservations": state.reservations,
         "rr_cursor": state.rr_cursor,
@@ -255,6 +328,47 @@ mod tests {
         assert_eq!(dry.estimate_mib, Some(33000));
         assert!(dry.verdicts.contains("GPU0: no: effective free"), "{}", dry.verdicts);
         assert!(state.reservations.is_empty(), "the dry run reserved nothing");
+    }
+
+    /// Each GPU's owner, the conflict that must never be included.
+    #[test]
+    fn each_gpu_has_one_owner_and_a_conflict_is_named() {
+        use carma_placement::{Holding, Reservation};
+        let me = std::process::id();
+        let mut gpus: Vec<GpuReading> = (0..6).map(|i| GpuReading::idle(i, format!("GPU-{i}"), 40960)).collect();
+        gpus[5].processes = vec![GpuProcess { pid: me, used_mib: 100 }];
+        let res = |job: u32, gpus: Vec<u32>, holding: Holding, exclusive: bool| Reservation {
+            job,
+            gpus,
+            estimate_mib: 1024,
+            estimate_source: "declared".into(),
+            exclusive,
+            holding,
+            policy: None,
+            since: 0,
+            holders: vec![],
+            signature: None,
+            observed_mib: 0,
+            mps_uid: None,
+            model_mib: None,
+            uid: None,
+        };
+        let mut state = NodeState::default();
+        state.reservations = vec![
+            res(10, vec![1], Holding::SlurmWhole, true),
+            res(11, vec![2], Holding::Carma, true),
+            res(12, vec![3], Holding::Carma, false),
+            res(13, vec![3], Holding::Carma, false),
+            res(14, vec![4], Holding::SlurmWhole, true),
+            res(15, vec![4], Holding::Carma, false),
+        ];
+        let owners = HashMap::new();
+        let of: Vec<String> = gpus.iter().map(|g| Owner::of(g, &state, &owners).to_string()).collect();
+        assert_eq!(of, ["free", "slurm:10", "carma:11", "shared:12,13", "CONFLICT:14,15", "unclaimed:1proc"]);
+        let v = to_json(&gpus, &state);
+        assert_eq!(v["gpus"][4]["owner"]["kind"], "conflict");
+        assert_eq!(v["gpus"][3]["owner"]["jobs"], json!([12, 13]));
+        assert!(table(&gpus, &state).contains("CONFLICT:14,15"));
     }
 
     #[test]

@@ -70,8 +70,44 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
         // What slurmstepd checks before it places a CARMA step: the job
         // holds a GPU Slurm accounts for (resolve::UNACCOUNTED).
         jobfiles::write_gpus(&cfg.state_dir, job, &gpus).context("recording the job's Slurm GPUs")?;
-        placer.record_whole(job, &gpus).context("placement")
+        placer.record_whole(job, &gpus).context("placement")?;
+        recovery_from_admin_comment(cfg, job)
     })
+}
+
+/// A rerun of a requeued job: carma-epilog's verdict on the run before it
+/// (an OOM, so this run is a recovery) is in the job's AdminComment, for
+/// the node slurmctld picked, which need not be the one that crashed. The
+/// verdict there names the run it is for; where it names another (an
+/// admin's requeue, a preemption, a node failure since), a verdict left
+/// here by an older run is stale and goes. Slurm's restart count comes from
+/// slurmd's environment. One bounded squeue call, for reruns only.
+fn recovery_from_admin_comment(cfg: &carma_config::Config, job: u32) -> Result<(), Error> {
+    let restart: u32 = std::env::var("SLURM_JOB_RESTART_COUNT").ok().and_then(|c| c.parse().ok()).unwrap_or(0);
+    if restart == 0 {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let comment = carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job, deadline)
+        .map_err(|e| Error::msg(format!("job {job}: recovery verdict not read from AdminComment: {e}")))?;
+    match jobfiles::recovery_in_comment(&comment, restart) {
+        Some(r) => {
+            jobfiles::write_recovery(&cfg.state_dir, job, r, restart).context("recording the job's recovery")?;
+            log::event(&format!(
+                "job {job}: run {restart} recovers from an OOM ({}, recovery {})",
+                r.mode.name(),
+                r.count
+            ));
+        }
+        None => {
+            if jobfiles::forget_recovery_unless_for(&cfg.state_dir, job, restart) {
+                log::event(&format!(
+                    "job {job}: run {restart} is no recovery: an earlier run's verdict here was forgotten"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Releases whatever the job still holds on this node.

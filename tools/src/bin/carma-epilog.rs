@@ -134,8 +134,26 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             let need_mib = if facts.mode == RecoveryMode::Looser { needed } else { None };
             // Before the requeue: the next run may start on this node at once.
             let verdict = jobfiles::Recovery { mode: facts.mode, need_mib, count: recoveries + 1 };
-            if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict) {
+            // For the next run: Slurm's restart count (slurmd's environment) plus one.
+            let restart = env("SLURM_JOB_RESTART_COUNT").parse::<u32>().unwrap_or(0).saturating_add(1);
+            if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict, restart) {
                 log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
+            }
+            // And in the job's AdminComment, for a rerun that slurmctld
+            // starts on another node (its job prolog reads it there).
+            let entry = jobfiles::recovery_entry(verdict, restart);
+            let written = carma_placement::admin_comment::write_entry(
+                cfg.slurm_bin_dir.as_deref(),
+                job_no,
+                jobfiles::RECOVERY_KEY,
+                &entry,
+                false,
+                SCONTROL_TIMEOUT,
+            );
+            if let Err(e) = written {
+                log(&format!(
+                    "job {job}: recovery not recorded in AdminComment (a rerun on another node is placed as a first run): {e}"
+                ));
             }
             match requeue(cfg.slurm_bin_dir.as_deref(), &job) {
                 Ok(()) => {
