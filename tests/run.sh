@@ -90,7 +90,9 @@ failed=()
 for r in $RELEASES; do
     if [ "$r" = host ]; then
         echo "== real-Slurm suites on the host's Slurm ($SLURM_22_05)"
+        since=$(date -u +%Y-%m-%dT%H:%M:%S)
         tests/suites.sh "$suites" $SLURM_22_05 || failed+=(host)
+        tests/hook-times.sh "$since"
         tests/cluster.sh stop
         trap - EXIT
         continue
@@ -100,7 +102,9 @@ for r in $RELEASES; do
     tests/cluster.sh stop
     trap "tests/releases.sh enter $r tests/cluster.sh stop; tests/releases.sh umount $r" EXIT
     tests/releases.sh enter "$r" tests/cluster.sh start
+    since=$(date -u +%Y-%m-%dT%H:%M:%S)
     tests/releases.sh enter "$r" tests/suites.sh "$suites" $chosen || failed+=("$r")
+    tests/releases.sh enter "$r" tests/hook-times.sh "$since"
     tests/releases.sh enter "$r" tests/cluster.sh stop
     tests/releases.sh umount "$r"
     trap - EXIT

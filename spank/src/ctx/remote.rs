@@ -79,7 +79,8 @@ fn read_facts(sp: &Spank) -> Result<StepFacts, Error> {
 /// here drains the node) nor leave a CARMA step without a decision.
 pub fn place(sp: &Spank) -> Result<(), Error> {
     let mut carma = false;
-    let placed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| try_place(sp, &mut carma)))
+    let started = std::time::Instant::now();
+    let placed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| try_place(sp, &mut carma, started)))
         .unwrap_or_else(|p| Err(Error::msg(crate::guard::internal_error(p.as_ref()))));
     if let Err(e) = placed {
         let msg = format!("{}: {e}", step_label(sp));
@@ -90,7 +91,9 @@ pub fn place(sp: &Spank) -> Result<(), Error> {
             if let Ok(cfg) = options::config() {
                 log::set_log_file(cfg.log_file.clone());
             }
-            log::record_failure(&format!("not placed: {msg}"));
+            // How long the step was held here: tests/hook-times.sh prints
+            // the longest over a run.
+            log::record_failure(&format!("not placed: {msg} in_hook={}ms", started.elapsed().as_millis()));
             let _ = DECISION.set(Err(msg));
         }
     }
@@ -115,7 +118,7 @@ fn is_carma_step(sp: &Spank) -> bool {
 
 /// Slurm's facts → a plan (`carma_placement::resolve`) → the placer's
 /// decision → what the task will be given.
-fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
+fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Result<(), Error> {
     let facts = read_facts(sp);
     *carma = facts.as_ref().map_or(true, |f| !f.request.is_empty());
     let mut facts = facts?;
@@ -198,7 +201,7 @@ fn try_place(sp: &Spank, carma: &mut bool) -> Result<(), Error> {
         }
     };
     let summary = plan.summary(&decision, &sharing);
-    log::event(&format!("job {job} step {step_name}: {summary}"));
+    log::event(&format!("job {job} step {step_name}: {summary} in_hook={}ms", started.elapsed().as_millis()));
     let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
 }
