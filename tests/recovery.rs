@@ -417,6 +417,7 @@ fn a_rerun_that_slurm_starts_on_another_node_is_still_a_recovery() {
     let text = std::fs::read_to_string(&out).unwrap();
     let runs: Vec<&str> = text.lines().filter(|l| l.starts_with("RUN ")).collect();
     assert_eq!(runs.len(), 2, "{text}");
+    // The test cluster's first node is named after this host (tests/cluster.sh).
     assert!(runs[0].starts_with(&format!("RUN 0 {node1} ")) && runs[0].contains("exclusive=false"), "{text}");
     assert!(
         runs[1].starts_with(&format!("RUN 1 {node2} "))

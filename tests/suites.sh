@@ -28,6 +28,22 @@ if [ "${names[0]:-}" = all ]; then
     skip=" ${names[*]:1} "
     mapfile -t names < <(awk '{print $1}' "$list" | while read -r n; do case "$skip" in *" -$n "*) ;; *) echo "$n" ;; esac; done)
 fi
+# Each node whose state is not up, one line each: `NODE STATE`, matched on
+# the state alone; sinfo failing or naming no node is a line too.
+nodes_not_up() {
+    local out
+    if ! out=$(sinfo -h -N -o '%N %T' 2>&1) || [ -z "$out" ]; then
+        echo "sinfo: ${out:-no nodes}"
+        return
+    fi
+    echo "$out" | sort -u | awk '$2 ~ /^(drain|down|fail|inval|unk|maint|reboot|planned|power)/ || $2 ~ /[*~#!%@^]$/'
+}
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+    before=$(nodes_not_up)
+    [ -n "$before" ] || break
+    sleep 1
+done
+[ -z "$before" ] || { echo "suites.sh: nodes not up before the first suite: $before" >&2; exit 1; }
 failed=()
 for name in "${names[@]}"; do
     exe=$(awk -v n="$name" '$1 == n {print $2}' "$list")
@@ -45,16 +61,20 @@ for name in "${names[@]}"; do
     fi
     echo "== suite $name on Slurm $series: $((SECONDS - start)) s"
     # No suite leaves a node drained, down or not responding (a '*' after
-    # the state): CARMA must never cost a site a node.
-    # A slurmd a suite restarted may take a few seconds to register again.
+    # the state): CARMA must never cost a site a node. A slurmd a suite
+    # restarted may take a few seconds to register again.
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-        bad=$(sinfo -h -N -o '%N %T' 2>&1 | sort -u | grep -Ei 'drain|down|fail|\*|error' || true)
+        bad=$(nodes_not_up)
         [ -n "$bad" ] || break
         sleep 1
     done
     if [ -n "$bad" ]; then
         echo "suites.sh: after suite $name, nodes not up: $bad" >&2
         failed+=("$name(nodes)")
+        # A test drains with Reason=carma-test and resumes when done; one
+        # killed before that would fail every later suite.
+        sinfo -h -N -o '%N %E' | awk '$2 == "carma-test" {print $1}' | sort -u |
+            while read -r n; do scontrol update NodeName="$n" State=RESUME || true; done
     fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

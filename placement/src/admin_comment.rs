@@ -3,7 +3,8 @@
 //! node's record, `carma-recovery:` for carma-epilog's OOM verdict). Only
 //! Slurm's administrators (and root) can set AdminComment, so what CARMA
 //! reads back from it is what CARMA wrote. Other text is the site's and is
-//! kept byte for byte. Slurm's commands run through [`crate::command`]:
+//! kept byte for byte (but for a comment that is the text `(null)`, which
+//! squeue prints for an unset one). Slurm's commands run through [`crate::command`]:
 //! fixed arguments, no shell, bounded in time.
 
 use std::ffi::{OsStr, OsString};
@@ -21,6 +22,40 @@ const TRIES: u32 = 4;
 
 fn trim(b: &[u8]) -> &[u8] {
     b.trim_ascii()
+}
+
+/// A job as Slurm's commands must name it to reach it alone: a task of a
+/// job array by `ARRAY_TASK` (`squeue -j` and `scontrol update jobid=` given
+/// the id of an array's first task, which equals the array's id, take every
+/// task). Built from what users cannot set: slurmd's environment, SPANK's
+/// job items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobRef {
+    pub id: u32,
+    /// The array's id and this task's, for a task of a job array.
+    pub array: Option<(u32, u32)>,
+}
+
+impl JobRef {
+    /// `array_id` 0 (SPANK's "no array") or `None`: not an array task.
+    pub fn new(id: u32, array_id: Option<u32>, task_id: Option<u32>) -> JobRef {
+        JobRef { id, array: array_id.filter(|a| *a != 0).zip(task_id) }
+    }
+
+    /// Job `id` as slurmd's prolog and epilog environment describes it
+    /// (`SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID`: Slurm's, not the user's).
+    pub fn from_slurmd_env(id: u32) -> JobRef {
+        let var = |n: &str| std::env::var(n).ok().and_then(|v| v.trim().parse().ok());
+        JobRef::new(id, var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID"))
+    }
+
+    /// How squeue's `-j` and scontrol's `jobid=` must name it.
+    pub fn selector(&self) -> String {
+        match self.array {
+            Some((a, t)) => format!("{a}_{t}"),
+            None => self.id.to_string(),
+        }
+    }
 }
 
 /// The entries of an AdminComment, as written (untrimmed).
@@ -45,11 +80,15 @@ pub fn entry<'a>(comment: &'a [u8], key: &str) -> Option<&'a [u8]> {
 /// (`carma@`) dropped past MAX_LEN). Bytes, not text: the site's part may
 /// hold any byte, and none of it may be lost.
 pub fn merge(existing: &[u8], key: &str, entry: &str) -> Vec<u8> {
-    let mut parts: Vec<&[u8]> =
-        split(existing).into_iter().map(trim).filter(|p| !p.is_empty() && !p.starts_with(key.as_bytes())).collect();
+    // Parts are compared trimmed and kept as they are.
+    let mut parts: Vec<&[u8]> = if existing.is_empty() {
+        Vec::new()
+    } else {
+        split(existing).into_iter().filter(|p| !trim(p).starts_with(key.as_bytes())).collect()
+    };
     parts.push(entry.as_bytes());
     while parts.join(SEP).len() > MAX_LEN {
-        match parts.iter().position(|p| p.starts_with(b"carma@") && *p != entry.as_bytes()) {
+        match parts.iter().position(|p| trim(p).starts_with(b"carma@") && *p != entry.as_bytes()) {
             Some(i) => {
                 parts.remove(i);
             }
@@ -72,8 +111,9 @@ fn slurm(bin_dir: Option<&Path>, prog: &str, args: &[&OsStr], deadline: Instant)
 /// not read: the job's name, command and working directory come before
 /// AdminComment there, are the user's, and may hold a newline followed by
 /// a forged `AdminComment=` line. An unset AdminComment prints `(null)`.
-pub fn read(bin_dir: Option<&Path>, job: u32, deadline: Instant) -> Result<Vec<u8>, String> {
-    let job = job.to_string();
+/// An AdminComment that is the text `(null)` reads as unset.
+pub fn read(bin_dir: Option<&Path>, job: JobRef, deadline: Instant) -> Result<Vec<u8>, String> {
+    let job = job.selector();
     let args = ["-h", "-t", "all", "-j", &job, "-O", "admin_comment:0"].map(OsStr::new);
     let mut out = slurm(bin_dir, "squeue", &args, deadline)?;
     if out.last() == Some(&b'\n') {
@@ -85,11 +125,11 @@ pub fn read(bin_dir: Option<&Path>, job: u32, deadline: Instant) -> Result<Vec<u
     Ok(if out == b"(null)" { Vec::new() } else { out })
 }
 
-fn update(bin_dir: Option<&Path>, job: u32, comment: &[u8], deadline: Instant) -> Result<(), String> {
+fn update(bin_dir: Option<&Path>, job: JobRef, comment: &[u8], deadline: Instant) -> Result<(), String> {
     let mut arg = OsString::from("admincomment=").into_vec();
     arg.extend_from_slice(comment);
     let arg = OsString::from_vec(arg);
-    let jobid = OsString::from(format!("jobid={job}"));
+    let jobid = OsString::from(format!("jobid={}", job.selector()));
     slurm(bin_dir, "scontrol", &[OsStr::new("update"), &jobid, &arg], deadline).map(drop)
 }
 
@@ -101,7 +141,7 @@ fn update(bin_dir: Option<&Path>, job: u32, comment: &[u8], deadline: Instant) -
 /// is missing. A lone writer (`verify` false) writes once.
 pub fn write_entry(
     bin_dir: Option<&Path>,
-    job: u32,
+    job: JobRef,
     key: &str,
     entry: &str,
     verify: bool,
@@ -117,7 +157,7 @@ pub fn write_entry(
         }
         std::thread::sleep(pause * attempt);
         existing = read(bin_dir, job, deadline)?;
-        if split(&existing).into_iter().any(|p| trim(p) == entry.as_bytes()) {
+        if split(&existing).into_iter().any(|p| p == entry.as_bytes()) {
             return Ok(());
         }
     }
@@ -138,8 +178,12 @@ mod tests {
         assert_eq!(merge("", "carma@n1:", "carma@n1: a"), "carma@n1: a");
         assert_eq!(merge("site note", "carma@n1:", "carma@n1: a"), "site note | carma@n1: a");
         assert_eq!(merge("carma@n1: old | carma@n2: b", "carma@n1:", "carma@n1: new"), "carma@n2: b | carma@n1: new");
-        // The site's bytes, UTF-8 or not, newlines included, are kept as they are.
+        // The site's bytes, UTF-8 or not, newlines, blanks and empty parts
+        // included, are kept as they are.
         assert_eq!(super::merge(b"jobstats \xff\nx", "carma@n1:", "carma@n1: a"), b"jobstats \xff\nx | carma@n1: a");
+        assert_eq!(merge("a  |  b\n", "carma@n1:", "carma@n1: a"), "a  |  b\n | carma@n1: a");
+        assert_eq!(merge("x |  | y | carma@n1: old", "carma@n1:", "carma@n1: a"), "x |  | y | carma@n1: a");
+        assert_eq!(merge(" ", "carma@n1:", "carma@n1: a"), "  | carma@n1: a");
         // Past the bound the oldest node records go, never other text.
         let long = (0..100).map(|i| format!("carma@node{i}: {}", "x".repeat(30))).collect::<Vec<_>>().join(SEP);
         let m = merge(
@@ -152,6 +196,15 @@ mod tests {
             "{m}"
         );
         assert!(!m.contains("carma@node0:") && m.contains("carma@node99:"));
+    }
+
+    #[test]
+    fn an_array_task_is_named_alone() {
+        assert_eq!(JobRef::new(7, None, None).selector(), "7");
+        assert_eq!(JobRef::new(7, Some(0), Some(0)).selector(), "7", "SPANK's 0: no array");
+        assert_eq!(JobRef::new(7, Some(7), Some(0)).selector(), "7_0");
+        assert_eq!(JobRef::new(9, Some(7), Some(2)).selector(), "7_2");
+        assert_eq!(JobRef::new(9, Some(7), None).selector(), "9");
     }
 
     #[test]

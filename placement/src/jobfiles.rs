@@ -91,7 +91,7 @@ pub fn read_recovery(dir: &Path, job: u32) -> Option<Recovery> {
 
 /// Which run the verdict here is for (`None`: an older epilog's file, which
 /// does not say).
-fn recovery_run(dir: &Path, job: u32) -> Option<u32> {
+pub fn recovery_run(dir: &Path, job: u32) -> Option<u32> {
     read_small(&recovery_path(dir, job))?.split_whitespace().find_map(|w| w.strip_prefix("restart="))?.parse().ok()
 }
 

@@ -52,12 +52,17 @@ impl Owner {
             (Some(_), n) if n > 1 => Owner::Conflict(jobs),
             (Some(r), _) if r.holding == Holding::SlurmWhole => Owner::SlurmWhole(r.job),
             (Some(r), _) => Owner::Exclusive(r.job),
-            (None, 0) => {
-                let stray = g.processes.iter().filter(|p| !owners.contains_key(&p.pid)).count();
-                if stray > 0 { Owner::Unclaimed(stray) } else { Owner::Free }
-            }
+            (None, 0) if Owner::stray(g, owners) > 0 => Owner::Unclaimed(Owner::stray(g, owners)),
+            (None, 0) => Owner::Free,
             (None, _) => Owner::Shared(jobs),
         }
+    }
+
+    /// Processes on the GPU that CARMA ties to no job's slurmstepd (on a
+    /// GPU Slurm gave whole, the job's own tasks are among them: its steps
+    /// are no CARMA holders).
+    fn stray(g: &GpuReading, owners: &HashMap<u32, u32>) -> usize {
+        g.processes.iter().filter(|p| !owners.contains_key(&p.pid)).count()
     }
 
     fn kind(&self) -> &'static str {
@@ -79,9 +84,17 @@ impl Owner {
         }
     }
 
-    fn json(&self) -> serde_json::Value {
-        let procs = if let Owner::Unclaimed(n) = self { Some(*n) } else { None };
-        json!({"kind": self.kind(), "jobs": self.jobs(), "unclaimed_processes": procs})
+    /// With the count of processes on a CARMA GPU that no CARMA job holds
+    /// (`+Nproc`): something outside Slurm's and CARMA's view shares it.
+    fn shown(&self, g: &GpuReading, owners: &HashMap<u32, u32>) -> String {
+        match (self, Owner::stray(g, owners)) {
+            (Owner::Exclusive(_) | Owner::Shared(_), n) if n > 0 => format!("{self}+{n}proc"),
+            _ => self.to_string(),
+        }
+    }
+
+    fn json(&self, g: &GpuReading, owners: &HashMap<u32, u32>) -> serde_json::Value {
+        json!({"kind": self.kind(), "jobs": self.jobs(), "unclaimed_processes": Owner::stray(g, owners)})
     }
 }
 
@@ -126,7 +139,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             effective_free_mib(g, state, &owners),
             g.sm_activity,
             g.busy,
-            Owner::of(g, state, &owners).to_string(),
+            Owner::of(g, state, &owners).shown(g, &owners),
             if jobs.is_empty() { "-".into() } else { jobs.join(" ") }
         ));
     }
@@ -151,7 +164,7 @@ pub fn to_json(gpus: &[GpuReading], state: &NodeState) -> serde_json::Value {
             "power_w": g.power_w,
             "processes": g.processes,
             "jobs": state.reservations.iter().filter(|r| r.gpus.contains(&g.index)).map(|r| r.job).collect::<Vec<_>>(),
-            "owner": Owner::of(g, state, &owners).json(),
+            "owner": Owner::of(g, state, &owners).json(g, &owners),
         })).collect::<Vec<_>>(),
         "reservations": state.reservations,
         "rr_cursor": state.rr_cursor,
@@ -363,8 +376,11 @@ mod tests {
             res(15, vec![4], Holding::Carma, false),
         ];
         let owners = HashMap::new();
-        let of: Vec<String> = gpus.iter().map(|g| Owner::of(g, &state, &owners).to_string()).collect();
+        let of: Vec<String> = gpus.iter().map(|g| Owner::of(g, &state, &owners).shown(g, &owners)).collect();
         assert_eq!(of, ["free", "slurm:10", "carma:11", "shared:12,13", "CONFLICT:14,15", "unclaimed:1proc"]);
+        // A process no CARMA job holds, on a GPU CARMA jobs share.
+        gpus[3].processes = vec![GpuProcess { pid: me, used_mib: 100 }];
+        assert_eq!(Owner::of(&gpus[3], &state, &owners).shown(&gpus[3], &owners), "shared:12,13+1proc");
         let v = to_json(&gpus, &state);
         assert_eq!(v["gpus"][4]["owner"]["kind"], "conflict");
         assert_eq!(v["gpus"][3]["owner"]["jobs"], json!([12, 13]));

@@ -87,25 +87,18 @@ fn recovery_from_admin_comment(cfg: &carma_config::Config, job: u32) -> Result<(
     if restart == 0 {
         return Ok(());
     }
+    // Whatever AdminComment says (or if it cannot be read), a verdict here
+    // for another run is stale.
+    if jobfiles::forget_recovery_unless_for(&cfg.state_dir, job, restart) {
+        log::event(&format!("job {job}: an earlier run's recovery verdict here was forgotten (this is run {restart})"));
+    }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let comment = carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job, deadline)
+    let job_ref = carma_placement::admin_comment::JobRef::from_slurmd_env(job);
+    let comment = carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job_ref, deadline)
         .map_err(|e| Error::msg(format!("job {job}: recovery verdict not read from AdminComment: {e}")))?;
-    match jobfiles::recovery_in_comment(&comment, restart) {
-        Some(r) => {
-            jobfiles::write_recovery(&cfg.state_dir, job, r, restart).context("recording the job's recovery")?;
-            log::event(&format!(
-                "job {job}: run {restart} recovers from an OOM ({}, recovery {})",
-                r.mode.name(),
-                r.count
-            ));
-        }
-        None => {
-            if jobfiles::forget_recovery_unless_for(&cfg.state_dir, job, restart) {
-                log::event(&format!(
-                    "job {job}: run {restart} is no recovery: an earlier run's verdict here was forgotten"
-                ));
-            }
-        }
+    if let Some(r) = jobfiles::recovery_in_comment(&comment, restart) {
+        jobfiles::write_recovery(&cfg.state_dir, job, r, restart).context("recording the job's recovery")?;
+        log::event(&format!("job {job}: run {restart} recovers from an OOM ({}, recovery {})", r.mode.name(), r.count));
     }
     Ok(())
 }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 use carma_config::{Config, JobRequest, OptionName, RecoveryMode};
+use carma_placement::admin_comment::JobRef;
 use carma_placement::{eventlog, jobfiles};
 use carma_tools::recovery::asuser::{User, run_self_as};
 use carma_tools::recovery::paths::{JobFields, Resolved, resolve};
@@ -73,8 +74,11 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
     let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
-    // Recoveries so far: this epilog's own verdicts on this node.
-    let recoveries = jobfiles::read_recovery(&cfg.state_dir, job_no).map_or(0, |r| r.count);
+    let job_ref = JobRef::from_slurmd_env(job_no);
+    // Slurm's restart count of this run (slurmd's environment; `None` where
+    // Slurm did not say).
+    let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
+    let recoveries = recoveries_so_far(cfg, job_ref, restart, carma && status != 0, log);
     let mut facts = Facts {
         carma,
         status,
@@ -134,29 +138,18 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             let need_mib = if facts.mode == RecoveryMode::Looser { needed } else { None };
             // Before the requeue: the next run may start on this node at once.
             let verdict = jobfiles::Recovery { mode: facts.mode, need_mib, count: recoveries + 1 };
-            // For the next run: Slurm's restart count (slurmd's environment) plus one.
-            let restart = env("SLURM_JOB_RESTART_COUNT").parse::<u32>().unwrap_or(0).saturating_add(1);
-            if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict, restart) {
+            // For the next run: this run's restart count plus one.
+            let next = restart.unwrap_or(0).saturating_add(1);
+            if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict, next) {
                 log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
             }
-            // And in the job's AdminComment, for a rerun that slurmctld
-            // starts on another node (its job prolog reads it there).
-            let entry = jobfiles::recovery_entry(verdict, restart);
-            let written = carma_placement::admin_comment::write_entry(
-                cfg.slurm_bin_dir.as_deref(),
-                job_no,
-                jobfiles::RECOVERY_KEY,
-                &entry,
-                false,
-                SCONTROL_TIMEOUT,
-            );
-            if let Err(e) = written {
-                log(&format!(
-                    "job {job}: recovery not recorded in AdminComment (a rerun on another node is placed as a first run): {e}"
-                ));
-            }
-            match requeue(cfg.slurm_bin_dir.as_deref(), &job) {
+            match requeue(cfg.slurm_bin_dir.as_deref(), &job_ref.selector()) {
                 Ok(()) => {
+                    // Requeued, the job is pending and takes updates again
+                    // (slurmctld refuses them for a finished job): the
+                    // verdict into its AdminComment, for a rerun slurmctld
+                    // starts on another node (whose job prolog reads it).
+                    record_verdict(cfg, job_ref, restart.map(|_| next), verdict, log);
                     log(&format!(
                         "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
                         recoveries + 1,
@@ -176,6 +169,54 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     }
     sweep_stale_jobfiles(cfg, log);
     Ok(())
+}
+
+/// OOM recoveries the job had before this run: the verdict left here, if it
+/// is for this run (an older epilog's names none and counts); else, for a
+/// failed CARMA run only (one squeue call), the one in AdminComment for
+/// this run, wherever its node was. A verdict here for another run is from
+/// a run before the last (slurmd skips the prolog, which would forget it,
+/// for a job whose credential it still keeps).
+fn recoveries_so_far(cfg: &Config, job: JobRef, restart: Option<u32>, failed: bool, log: &dyn Fn(&str)) -> u32 {
+    let here = jobfiles::read_recovery(&cfg.state_dir, job.id);
+    let for_run = jobfiles::recovery_run(&cfg.state_dir, job.id);
+    if let Some(r) = here.filter(|_| for_run.is_none() || for_run == restart) {
+        return r.count;
+    }
+    let Some(run) = restart.filter(|r| *r > 0 && failed) else { return 0 };
+    let deadline = Instant::now() + SCONTROL_TIMEOUT;
+    match carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job, deadline) {
+        Ok(comment) => jobfiles::recovery_in_comment(&comment, run).map_or(0, |r| r.count),
+        Err(e) => {
+            log(&format!("job {}: earlier recoveries not read from AdminComment: {e}", job.id));
+            here.map_or(0, |r| r.count)
+        }
+    }
+}
+
+/// The verdict in the job's AdminComment for the run with restart count
+/// `next` (`None`: Slurm did not give this run's count, so which run the
+/// verdict is for is unknown, and nothing is written).
+fn record_verdict(cfg: &Config, job: JobRef, next: Option<u32>, verdict: jobfiles::Recovery, log: &dyn Fn(&str)) {
+    let Some(next) = next else {
+        log(&format!("job {}: no SLURM_JOB_RESTART_COUNT: recovery not recorded in AdminComment", job.id));
+        return;
+    };
+    let entry = jobfiles::recovery_entry(verdict, next);
+    let written = carma_placement::admin_comment::write_entry(
+        cfg.slurm_bin_dir.as_deref(),
+        job,
+        jobfiles::RECOVERY_KEY,
+        &entry,
+        true,
+        SCONTROL_TIMEOUT,
+    );
+    if let Err(e) = written {
+        log(&format!(
+            "job {}: recovery not recorded in AdminComment (a rerun on another node is placed as a first run): {e}",
+            job.id
+        ));
+    }
 }
 
 fn remember_peak(cfg: &Config, sig: &str, mib: u64, log: &dyn Fn(&str)) {
@@ -452,7 +493,13 @@ fn requeue(bin_dir: Option<&Path>, job: &str) -> Result<(), String> {
 /// `--prompt-restart JOB [SLURM_BIN_DIR]`: waits (at most a minute) until the
 /// requeued job is PENDING, then sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
-    let Some(job) = args.first().and_then(|j| j.to_str()).filter(|j| j.bytes().all(|b| b.is_ascii_digit())) else {
+    // A job id, or an array task's `ARRAY_TASK`.
+    let id = |j: &str| {
+        !j.is_empty()
+            && j.split('_').count() <= 2
+            && j.split('_').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let Some(job) = args.first().and_then(|j| j.to_str()).filter(|j| id(j)) else {
         return 2;
     };
     let bin_dir = args.get(1).map(Path::new).filter(|d| !d.as_os_str().is_empty());
