@@ -119,3 +119,69 @@ fn scancel_of_a_waiting_step_ends_it_at_once_and_the_node_keeps_answering() {
         &format!("scancel of a waiting step: ended {:.2} s later, nodes kept answering", took.as_secs_f64()),
     );
 }
+
+/// Each GPU of the first node and its owner in `carma status --json`, as
+/// (index, kind, jobs).
+fn owners() -> Vec<(u64, String, Vec<u64>)> {
+    let r = root(&["carma", "status", "--json"], 20).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let jobs = g["owner"]["jobs"].as_array().unwrap().iter().map(|j| j.as_u64().unwrap()).collect();
+            (g["index"].as_u64().unwrap(), g["owner"]["kind"].as_str().unwrap().to_string(), jobs)
+        })
+        .collect()
+}
+
+/// An salloc without PrologFlags=Contain has no slurmstepd between its
+/// sruns: the GPU Slurm gave it whole stays its own then (its prolog's
+/// record is kept until the job's epilog), and a CARMA job that would take
+/// the first free GPU (ff) is placed beside it, never on it.
+#[test]
+fn an_sallocs_whole_gpu_stays_its_own_between_its_sruns() {
+    require_cluster();
+    let r = user(&["salloc", "--no-shell", "-p", "debug", "--gres=gpu:1"], 60);
+    let job = r
+        .stderr
+        .lines()
+        .find_map(|l| l.split("Granted job allocation ").nth(1))
+        .unwrap_or_else(|| panic!("no allocation: {r:?}"))
+        .trim()
+        .to_string();
+    let _cancel = Cancel(vec![job.clone()]);
+    user(&["srun", "--jobid", &job, "true"], 60).ok();
+    let id: u64 = job.parse().unwrap();
+    let held = |o: &[(u64, String, Vec<u64>)]| o.iter().find(|(_, k, j)| k == "slurm_whole" && j == &[id]).map(|g| g.0);
+    let gpu = held(&owners()).unwrap_or_else(|| panic!("job {job}'s GPU is not shown as its own: {:?}", owners()));
+    // No step of it runs now; garbage collection runs at least every second.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let r =
+        user(&["srun", "-p", "debug", "--carma-policy=ff", "--carma-mem=2G", "printenv", "CARMA_DECISION"], 60).ok();
+    let placed: Vec<u64> = r
+        .stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("gpu_indices="))
+        .unwrap_or_else(|| panic!("not placed: {r:?}"))
+        .split(',')
+        .map(|g| g.parse().unwrap())
+        .collect();
+    assert!(!placed.contains(&gpu), "a CARMA job was placed on the salloc's GPU {gpu} between its sruns: {}", r.stdout);
+    assert_eq!(held(&owners()), Some(gpu), "{:?}", owners());
+    // The salloc's next srun still has its GPU.
+    user(&["srun", "--jobid", &job, "true"], 60).ok();
+    root(&["scancel", &job], 20).ok();
+    wait_completed(&job);
+    let start = std::time::Instant::now();
+    while held(&owners()).is_some() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the ended job still holds its GPU: {:?}",
+            owners()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    report("privilege", "an salloc's whole GPU is not collocated on between its sruns (no PrologFlags=Contain)");
+}

@@ -348,9 +348,13 @@ impl NodeState {
             let parts = self.step_parts.get_mut(&job);
             take_back_parts(r, parts, |pid| holds(job, pid));
         }
+        // Slurm's whole GPUs stay the job's while Slurm says so, not while
+        // a slurmstepd of it runs: an salloc without PrologFlags=Contain has
+        // none between its sruns. The job epilog releases them, or the
+        // epilog's sweep once Slurm says the job ended.
         let (keep, gone) = std::mem::take(&mut self.reservations)
             .into_iter()
-            .partition(|r| !r.holders.is_empty() || job_running(r.job));
+            .partition(|r| r.holding == Holding::SlurmWhole || !r.holders.is_empty() || job_running(r.job));
         self.reservations = keep;
         for r in &gone {
             self.unknown_per_job.remove(&r.job);
@@ -1053,8 +1057,11 @@ mod tests {
         };
         st.reservations.push(Reservation { holders: vec![], ..res(4, 0) });
         st.reservations.push(Reservation { holders: vec![], ..res(5, 0) });
+        // The prolog's record of Slurm's whole GPUs, no step running.
+        st.reservations.push(Reservation { holders: vec![], holding: Holding::SlurmWhole, ..res(6, 0) });
         let gone = st.collect_garbage(|_, pid| pid != 20 && pid != 30, |job| job == 4);
-        assert_eq!(gone.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2, 5], "job 4 still runs");
+        assert_eq!(gone.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2, 5], "jobs 4 and 6 still hold theirs");
+        assert!(st.drop_whole(6), "the epilog (or its sweep) releases it");
         assert_eq!(st.job(3).unwrap().holders, vec![31]);
         assert!(st.release_holder(1, 99).is_none(), "unknown holder must not release");
         assert_eq!(st.release_holder(1, 10).map(|r| r.job), Some(1));

@@ -463,6 +463,13 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
                 "removed the recovery files of job {job}: {}",
                 state.map_or("Slurm no longer knows it".to_string(), |s| format!("it is {s}"))
             ));
+            // And the prolog's record of its whole GPUs, which only the
+            // job's epilog releases otherwise (slurmd may have lost it).
+            let dropped = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
+                .and_then(|p| p.drop_whole(job));
+            if let Ok(true) = dropped {
+                log(&format!("released job {job}'s whole GPUs: Slurm says it ended"));
+            }
         }
     }
 }
