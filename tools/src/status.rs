@@ -366,15 +366,17 @@ mod tests {
             model_mib: None,
             uid: None,
         };
-        let mut state = NodeState::default();
-        state.reservations = vec![
-            res(10, vec![1], Holding::SlurmWhole, true),
-            res(11, vec![2], Holding::Carma, true),
-            res(12, vec![3], Holding::Carma, false),
-            res(13, vec![3], Holding::Carma, false),
-            res(14, vec![4], Holding::SlurmWhole, true),
-            res(15, vec![4], Holding::Carma, false),
-        ];
+        let state = NodeState {
+            reservations: vec![
+                res(10, vec![1], Holding::SlurmWhole, true),
+                res(11, vec![2], Holding::Carma, true),
+                res(12, vec![3], Holding::Carma, false),
+                res(13, vec![3], Holding::Carma, false),
+                res(14, vec![4], Holding::SlurmWhole, true),
+                res(15, vec![4], Holding::Carma, false),
+            ],
+            ..NodeState::default()
+        };
         let owners = HashMap::new();
         let of: Vec<String> = gpus.iter().map(|g| Owner::of(g, &state, &owners).shown(g, &owners)).collect();
         assert_eq!(of, ["free", "slurm:10", "carma:11", "shared:12,13", "CONFLICT:14,15", "unclaimed:1proc"]);
