@@ -85,7 +85,7 @@ fn a_gpu_serving_one_users_mps_jobs_takes_no_other_users_job() {
     wait_gpus_idle();
     // carmatest's MPS job holds GPU0 (first fit) for a while.
     let body =
-        "echo \"DECISION $CARMA_DECISION\"\ncarma-fakejob --config /etc/slurm/node2/carma.yaml --mem 2G --seconds 8";
+        "echo \"DECISION $CARMA_DECISION\"\ncarma-fakejob --config /etc/slurm/node2/carma.yaml --mem 2G --seconds 12";
     let name = unique("mpsA");
     let path = script(&name, body);
     let out = work_dir().join(format!("{name}.out")).to_string_lossy().into_owned();
@@ -116,6 +116,11 @@ fn a_gpu_serving_one_users_mps_jobs_takes_no_other_users_job() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(decision_of(&std::fs::read_to_string(&out).unwrap()).contains("gpu_indices=0 "));
+    // Past the monitor's 2 s window, the job's activity is in the readings
+    // and no longer also counted as a recent placement (policy.rs,
+    // expected_activity): what is tested below is MPS's one-user rule
+    // alone, not the burst rule.
+    std::thread::sleep(Duration::from_secs(3));
     // Another user, first fit too: not GPU0 while carmatest's server runs there.
     let ff = on_node2(&node, &["--carma-policy=ff", "--carma-mem=2G", "printenv", "CARMA_DECISION"]);
     let other = user2(&ff, 60);
