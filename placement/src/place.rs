@@ -8,7 +8,7 @@ use crate::procs;
 use crate::request::{Decision, Request, StepRef};
 use crate::slots::{SlotRef, Slots};
 use crate::source::{GpuSource, SourceError, open_source};
-use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore};
+use crate::state::{Locked, Logger, NodeState, Reservation, StateError, StateStore};
 use carma_config::{Config, LearnRuntime};
 use std::collections::HashMap;
 use std::fmt;
@@ -463,22 +463,7 @@ impl Placer {
             if st.job(job).is_some() {
                 return;
             }
-            st.reservations.push(Reservation {
-                job,
-                gpus: gpus.to_vec(),
-                estimate_mib: 0,
-                estimate_source: "slurm".into(),
-                exclusive: true,
-                holding: Holding::SlurmWhole,
-                policy: None,
-                since: now_secs(),
-                holders: vec![],
-                signature: None,
-                observed_mib: 0,
-                mps_uid: None,
-                model_mib: None,
-                uid: None,
-            });
+            st.reservations.push(Reservation::slurm_whole(job, gpus.to_vec(), now_secs()));
         })?;
         Ok(())
     }

@@ -85,6 +85,28 @@ pub struct Reservation {
     pub uid: Option<u32>,
 }
 
+impl Reservation {
+    /// The job prolog's record of GPUs Slurm allocated to `job` whole.
+    pub fn slurm_whole(job: u32, gpus: Vec<u32>, since: u64) -> Reservation {
+        Reservation {
+            job,
+            gpus,
+            estimate_mib: 0,
+            estimate_source: "slurm".into(),
+            exclusive: true,
+            holding: Holding::SlurmWhole,
+            policy: None,
+            since,
+            holders: vec![],
+            signature: None,
+            observed_mib: 0,
+            mps_uid: None,
+            model_mib: None,
+            uid: None,
+        }
+    }
+}
+
 /// The node's state. Read and written through [`wire`], which keeps the
 /// fields a newer build wrote.
 #[derive(Debug, Clone, PartialEq)]

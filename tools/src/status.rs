@@ -351,20 +351,10 @@ mod tests {
         let mut gpus: Vec<GpuReading> = (0..6).map(|i| GpuReading::idle(i, format!("GPU-{i}"), 40960)).collect();
         gpus[5].processes = vec![GpuProcess { pid: me, used_mib: 100 }];
         let res = |job: u32, gpus: Vec<u32>, holding: Holding, exclusive: bool| Reservation {
-            job,
-            gpus,
-            estimate_mib: 1024,
-            estimate_source: "declared".into(),
-            exclusive,
             holding,
-            policy: None,
-            since: 0,
-            holders: vec![],
-            signature: None,
-            observed_mib: 0,
-            mps_uid: None,
-            model_mib: None,
-            uid: None,
+            exclusive,
+            estimate_mib: 1024,
+            ..Reservation::slurm_whole(job, gpus, 0)
         };
         let state = NodeState {
             reservations: vec![
