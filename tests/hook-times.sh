@@ -15,13 +15,13 @@ logs=(/var/log/carma/carma*.log)
 [ -e "${logs[0]}" ] || { echo "hook-times.sh: no carma.log here"; exit 0; }
 series=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || echo unknown)
 cat "${logs[@]}" | awk -v series="$series" -v since="$since" '
-    $1 >= since && /in_hook=[0-9]+ms/ {
-        match($0, /in_hook=[0-9]+ms/)
-        ms = substr($0, RSTART + 8, RLENGTH - 10) + 0
+    $1 >= since && / in_hook=[0-9]+ms$/ {
+        match($0, / in_hook=[0-9]+ms$/)
+        ms = substr($0, RSTART + 9, RLENGTH - 11) + 0
         placed = index($0, "not placed:") == 0
         all[n++] = ms
         if (placed) { p[np++] = ms } else { r[nr++] = ms }
-        if (ms > max) { max = ms; line = $0 }
+        if (ms >= max) { max = ms; line = $0 }
     }
     function pct(a, k, q,   i, j, t) {
         for (i = 0; i < k; i++) for (j = i + 1; j < k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }

@@ -156,7 +156,8 @@ fn an_sallocs_whole_gpu_stays_its_own_between_its_sruns() {
     let id: u64 = job.parse().unwrap();
     let held = |o: &[(u64, String, Vec<u64>)]| o.iter().find(|(_, k, j)| k == "slurm_whole" && j == &[id]).map(|g| g.0);
     let gpu = held(&owners()).unwrap_or_else(|| panic!("job {job}'s GPU is not shown as its own: {:?}", owners()));
-    // No step of it runs now; garbage collection runs at least every second.
+    // No step of it runs now; the next placement collects garbage (at most
+    // once a second, and always before it refuses).
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let r =
         user(&["srun", "-p", "debug", "--carma-policy=ff", "--carma-mem=2G", "printenv", "CARMA_DECISION"], 60).ok();

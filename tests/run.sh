@@ -92,7 +92,7 @@ for r in $RELEASES; do
         echo "== real-Slurm suites on the host's Slurm ($SLURM_22_05)"
         since=$(date -u +%Y-%m-%dT%H:%M:%S)
         tests/suites.sh "$suites" $SLURM_22_05 || failed+=(host)
-        tests/hook-times.sh "$since"
+        tests/hook-times.sh "$since" || true
         tests/cluster.sh stop
         trap - EXIT
         continue
@@ -104,7 +104,7 @@ for r in $RELEASES; do
     tests/releases.sh enter "$r" tests/cluster.sh start
     since=$(date -u +%Y-%m-%dT%H:%M:%S)
     tests/releases.sh enter "$r" tests/suites.sh "$suites" $chosen || failed+=("$r")
-    tests/releases.sh enter "$r" tests/hook-times.sh "$since"
+    tests/releases.sh enter "$r" tests/hook-times.sh "$since" || true
     tests/releases.sh enter "$r" tests/cluster.sh stop
     tests/releases.sh umount "$r"
     trap - EXIT

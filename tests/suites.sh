@@ -32,11 +32,11 @@ fi
 # the state alone; sinfo failing or naming no node is a line too.
 nodes_not_up() {
     local out
-    if ! out=$(sinfo -h -N -o '%N %T' 2>&1) || [ -z "$out" ]; then
+    if ! out=$(sinfo -h -N -o '%N %T' 2>/dev/null) || [ -z "$out" ]; then
         echo "sinfo: ${out:-no nodes}"
         return
     fi
-    echo "$out" | sort -u | awk '$2 ~ /^(drain|down|fail|inval|unk|maint|reboot|planned|power)/ || $2 ~ /[*~#!%@^]$/'
+    echo "$out" | sort -u | awk '$2 ~ /^(drain|down|fail|inval|unk|maint|reboot|power)/ || $2 ~ /[*~#!%@^]$/'
 }
 for _ in 1 2 3 4 5 6 7 8 9 10; do
     before=$(nodes_not_up)

@@ -26,9 +26,11 @@ fn trim(b: &[u8]) -> &[u8] {
 
 /// A job as Slurm's commands must name it to reach it alone: a task of a
 /// job array by `ARRAY_TASK` (`squeue -j` and `scontrol update jobid=` given
-/// the id of an array's first task, which equals the array's id, take every
-/// task). Built from what users cannot set: slurmd's environment, SPANK's
-/// job items.
+/// the id of the array task whose id is the array's, take every task).
+/// Found by [`JobRef::resolve`], from slurmctld: neither the job's
+/// environment (which the user sets, and which slurmstepd copies into its
+/// SPANK array items for srun steps) nor slurmd's prolog and epilog
+/// environment (which has no array ids) can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobRef {
     pub id: u32,
@@ -37,16 +39,8 @@ pub struct JobRef {
 }
 
 impl JobRef {
-    /// `array_id` 0 (SPANK's "no array") or `None`: not an array task.
-    pub fn new(id: u32, array_id: Option<u32>, task_id: Option<u32>) -> JobRef {
-        JobRef { id, array: array_id.filter(|a| *a != 0).zip(task_id) }
-    }
-
-    /// Job `id` as slurmd's prolog and epilog environment describes it
-    /// (`SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID`: Slurm's, not the user's).
-    pub fn from_slurmd_env(id: u32) -> JobRef {
-        let var = |n: &str| std::env::var(n).ok().and_then(|v| v.trim().parse().ok());
-        JobRef::new(id, var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID"))
+    pub fn plain(id: u32) -> JobRef {
+        JobRef { id, array: None }
     }
 
     /// How squeue's `-j` and scontrol's `jobid=` must name it.
@@ -55,6 +49,27 @@ impl JobRef {
             Some((a, t)) => format!("{a}_{t}"),
             None => self.id.to_string(),
         }
+    }
+
+    /// Job `id` as slurmctld knows it: one bounded `squeue` of numbers
+    /// only (`%A %F %K`: job id, array id, array task id), the line whose
+    /// job id is `id`.
+    pub fn resolve(bin_dir: Option<&Path>, id: u32, deadline: Instant) -> Result<JobRef, String> {
+        let job = id.to_string();
+        let args = ["-h", "-t", "all", "-j", &job, "-o", "%A %F %K"].map(OsStr::new);
+        let out = slurm(bin_dir, "squeue", &args, deadline)?;
+        let text = String::from_utf8_lossy(&out);
+        JobRef::from_squeue(id, &text).ok_or_else(|| format!("squeue does not know job {id}"))
+    }
+
+    fn from_squeue(id: u32, text: &str) -> Option<JobRef> {
+        text.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next()?.parse::<u32>().ok()? == id).then_some(())?;
+            let array = w.next().and_then(|a| a.parse::<u32>().ok());
+            let task = w.next().and_then(|t| t.parse::<u32>().ok());
+            Some(JobRef { id, array: array.zip(task) })
+        })
     }
 }
 
@@ -112,7 +127,11 @@ fn slurm(bin_dir: Option<&Path>, prog: &str, args: &[&OsStr], deadline: Instant)
 /// AdminComment there, are the user's, and may hold a newline followed by
 /// a forged `AdminComment=` line. An unset AdminComment prints `(null)`.
 /// An AdminComment that is the text `(null)` reads as unset.
-pub fn read(bin_dir: Option<&Path>, job: JobRef, deadline: Instant) -> Result<Vec<u8>, String> {
+pub fn read(bin_dir: Option<&Path>, job: u32, deadline: Instant) -> Result<Vec<u8>, String> {
+    read_ref(bin_dir, JobRef::resolve(bin_dir, job, deadline)?, deadline)
+}
+
+fn read_ref(bin_dir: Option<&Path>, job: JobRef, deadline: Instant) -> Result<Vec<u8>, String> {
     let job = job.selector();
     let args = ["-h", "-t", "all", "-j", &job, "-O", "admin_comment:0"].map(OsStr::new);
     let mut out = slurm(bin_dir, "squeue", &args, deadline)?;
@@ -141,7 +160,7 @@ fn update(bin_dir: Option<&Path>, job: JobRef, comment: &[u8], deadline: Instant
 /// is missing. A lone writer (`verify` false) writes once.
 pub fn write_entry(
     bin_dir: Option<&Path>,
-    job: JobRef,
+    job: u32,
     key: &str,
     entry: &str,
     verify: bool,
@@ -149,14 +168,15 @@ pub fn write_entry(
 ) -> Result<(), String> {
     let deadline = Instant::now() + total;
     let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
-    let mut existing = read(bin_dir, job, deadline)?;
+    let job = JobRef::resolve(bin_dir, job, deadline)?;
+    let mut existing = read_ref(bin_dir, job, deadline)?;
     for attempt in 1..=TRIES {
         update(bin_dir, job, &merge(&existing, key, entry), deadline)?;
         if !verify {
             return Ok(());
         }
         std::thread::sleep(pause * attempt);
-        existing = read(bin_dir, job, deadline)?;
+        existing = read_ref(bin_dir, job, deadline)?;
         if split(&existing).into_iter().any(|p| p == entry.as_bytes()) {
             return Ok(());
         }
@@ -200,11 +220,14 @@ mod tests {
 
     #[test]
     fn an_array_task_is_named_alone() {
-        assert_eq!(JobRef::new(7, None, None).selector(), "7");
-        assert_eq!(JobRef::new(7, Some(0), Some(0)).selector(), "7", "SPANK's 0: no array");
-        assert_eq!(JobRef::new(7, Some(7), Some(0)).selector(), "7_0");
-        assert_eq!(JobRef::new(9, Some(7), Some(2)).selector(), "7_2");
-        assert_eq!(JobRef::new(9, Some(7), None).selector(), "9");
+        // squeue -j 7 of an array's task 7 lists every task; non-arrays print N/A.
+        let all = "9 7 2\n7 7 0\n8 7 1\n";
+        assert_eq!(JobRef::from_squeue(7, all).unwrap().selector(), "7_0");
+        assert_eq!(JobRef::from_squeue(9, all).unwrap().selector(), "7_2");
+        assert_eq!(JobRef::from_squeue(5, "5 5 N/A\n").unwrap().selector(), "5");
+        assert_eq!(JobRef::from_squeue(5, "6 6 N/A\n"), None);
+        assert_eq!(JobRef::from_squeue(5, ""), None);
+        assert_eq!(JobRef::plain(5).selector(), "5");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::procs;
 use crate::request::{Decision, Request, StepRef};
 use crate::slots::{SlotRef, Slots};
 use crate::source::{GpuSource, SourceError, open_source};
-use crate::state::{Locked, Logger, NodeState, Reservation, StateError, StateStore};
+use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore};
 use carma_config::{Config, LearnRuntime};
 use std::collections::HashMap;
 use std::fmt;
@@ -460,10 +460,13 @@ impl Placer {
     pub fn record_whole(&self, job: u32, gpus: &[u32]) -> Result<(), PlaceError> {
         self.store.update(|st| {
             self.collect(st, false);
-            if st.job(job).is_some() {
-                return;
+            match st.job_mut(job) {
+                // A record an earlier run of the job left (its epilog did
+                // not run): this allocation's GPUs replace its own.
+                Some(r) if r.holding == Holding::SlurmWhole && r.holders.is_empty() => r.gpus = gpus.to_vec(),
+                Some(_) => {}
+                None => st.reservations.push(Reservation::slurm_whole(job, gpus.to_vec(), now_secs())),
             }
-            st.reservations.push(Reservation::slurm_whole(job, gpus.to_vec(), now_secs()));
         })?;
         Ok(())
     }

@@ -395,7 +395,9 @@ impl NodeState {
             return None;
         }
         take_back_parts(r, parts, |p| p != holder);
-        if r.holders.is_empty() { self.release_job(job) } else { None }
+        // A CARMA step inside a job Slurm gave whole GPUs ran on them: the
+        // GPUs stay the job's until its epilog (an salloc's next srun).
+        if r.holders.is_empty() && r.holding != Holding::SlurmWhole { self.release_job(job) } else { None }
     }
 
     /// Forgets the job's whole-GPU record (the prolog's), if it has one.
@@ -1084,6 +1086,10 @@ mod tests {
         let gone = st.collect_garbage(|_, pid| pid != 20 && pid != 30, |job| job == 4);
         assert_eq!(gone.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2, 5], "jobs 4 and 6 still hold theirs");
         assert!(st.drop_whole(6), "the epilog (or its sweep) releases it");
+        // A CARMA step in a job Slurm gave whole GPUs: its end leaves them the job's.
+        st.reservations.push(Reservation { holders: vec![70], holding: Holding::SlurmWhole, ..res(7, 0) });
+        assert!(st.release_holder(7, 70).is_none());
+        assert_eq!(st.job(7).map(|r| (r.holding, r.holders.len())), Some((Holding::SlurmWhole, 0)));
         assert_eq!(st.job(3).unwrap().holders, vec![31]);
         assert!(st.release_holder(1, 99).is_none(), "unknown holder must not release");
         assert_eq!(st.release_holder(1, 10).map(|r| r.job), Some(1));

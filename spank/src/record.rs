@@ -8,7 +8,7 @@
 //! each node's entry (`carma@NODE: ...`) replaces that node's earlier one
 //! (carma_placement::admin_comment).
 
-use carma_placement::admin_comment::{self, JobRef};
+use carma_placement::admin_comment;
 use std::path::Path;
 use std::time::Duration;
 
@@ -21,6 +21,6 @@ const TOTAL_TIME: Duration = Duration::from_secs(10);
 /// again while the entry is missing; a job on one node has no other writer
 /// but the site's and writes once. `bin_dir`: where scontrol is
 /// (carma.yaml's `slurm_bin_dir`).
-pub fn write(bin_dir: Option<&Path>, job: JobRef, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
+pub fn write(bin_dir: Option<&Path>, job: u32, node: &str, entry: &str, one_node: bool) -> Result<(), String> {
     admin_comment::write_entry(bin_dir, job, &format!("carma@{node}:"), entry, !one_node, TOTAL_TIME)
 }

@@ -87,9 +87,6 @@ pub enum Item {
     TaskPid,
     /// How many tasks of the step run on this node (`uint32_t*`).
     LocalTaskCount,
-    /// The job array's id (0: not an array task) and this task's.
-    ArrayId,
-    ArrayTaskId,
 }
 
 /// The handle Slurm passes to each hook.
@@ -114,8 +111,6 @@ impl Spank {
             Item::JobUid => S_JOB_UID,
             Item::TaskPid => S_TASK_PID,
             Item::LocalTaskCount => S_JOB_LOCAL_TASK_COUNT,
-            Item::ArrayId => S_JOB_ARRAY_ID,
-            Item::ArrayTaskId => S_JOB_ARRAY_TASK_ID,
         };
         let mut value: u32 = 0;
         // SAFETY: each of these items writes one 32-bit value through the pointer.

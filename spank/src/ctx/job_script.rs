@@ -70,8 +70,9 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
         // What slurmstepd checks before it places a CARMA step: the job
         // holds a GPU Slurm accounts for (resolve::UNACCOUNTED).
         jobfiles::write_gpus(&cfg.state_dir, job, &gpus).context("recording the job's Slurm GPUs")?;
-        placer.record_whole(job, &gpus).context("placement")?;
-        recovery_from_admin_comment(cfg, job)
+        let recorded = placer.record_whole(job, &gpus).context("placement");
+        // The rerun's verdict whatever became of the record.
+        recovery_from_admin_comment(cfg, job).and(recorded)
     })
 }
 
@@ -93,8 +94,7 @@ fn recovery_from_admin_comment(cfg: &carma_config::Config, job: u32) -> Result<(
         log::event(&format!("job {job}: an earlier run's recovery verdict here was forgotten (this is run {restart})"));
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let job_ref = carma_placement::admin_comment::JobRef::from_slurmd_env(job);
-    let comment = carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job_ref, deadline)
+    let comment = carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job, deadline)
         .map_err(|e| Error::msg(format!("job {job}: recovery verdict not read from AdminComment: {e}")))?;
     if let Some(r) = jobfiles::recovery_in_comment(&comment, restart) {
         jobfiles::write_recovery(&cfg.state_dir, job, r, restart).context("recording the job's recovery")?;

@@ -399,11 +399,7 @@ fn record_job(sp: &Spank, cfg: &carma_config::Config, d: &Decision, r: &carma_pl
         .collect();
     let peak = if r.observed_mib > 0 { format!("{}M", r.observed_mib) } else { "unseen".into() };
     let entry = format!("carma@{node}: {} peak={peak}", kept.join(" "));
-    // A task of a job array is named alone (SPANK's items, not the job's
-    // environment, which the user sets).
-    let array = sp.item_u32(Item::ArrayId).ok();
-    let job = carma_placement::admin_comment::JobRef::new(r.job, array, sp.item_u32(Item::ArrayTaskId).ok());
-    match crate::record::write(cfg.slurm_bin_dir.as_deref(), job, &node, &entry, one_node) {
+    match crate::record::write(cfg.slurm_bin_dir.as_deref(), r.job, &node, &entry, one_node) {
         Ok(()) => true,
         Err(e) => {
             log::error(&format!("job {}: record not written to AdminComment: {e}", r.job));

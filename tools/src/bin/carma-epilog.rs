@@ -74,11 +74,10 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
     let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
-    let job_ref = JobRef::from_slurmd_env(job_no);
     // Slurm's restart count of this run (slurmd's environment; `None` where
     // Slurm did not say).
     let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
-    let recoveries = recoveries_so_far(cfg, job_ref, restart, carma && status != 0, log);
+    let recoveries = recoveries_so_far(cfg, job_no, restart, carma && status != 0, log);
     let mut facts = Facts {
         carma,
         status,
@@ -143,13 +142,18 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             if let Err(e) = jobfiles::write_recovery(&cfg.state_dir, job_no, verdict, next) {
                 log(&format!("job {job}: cannot record its recovery mode in {}: {e}", cfg.state_dir.display()));
             }
-            match requeue(cfg.slurm_bin_dir.as_deref(), &job_ref.selector()) {
+            // A task of a job array is named ARRAY_TASK: the id of the
+            // task whose id is the array's would requeue every task.
+            let deadline = Instant::now() + SCONTROL_TIMEOUT;
+            let named = JobRef::resolve(cfg.slurm_bin_dir.as_deref(), job_no, deadline)
+                .map_or_else(|_| job.clone(), |r| r.selector());
+            match requeue(cfg.slurm_bin_dir.as_deref(), &named) {
                 Ok(()) => {
                     // Requeued, the job is pending and takes updates again
                     // (slurmctld refuses them for a finished job): the
                     // verdict into its AdminComment, for a rerun slurmctld
                     // starts on another node (whose job prolog reads it).
-                    record_verdict(cfg, job_ref, restart.map(|_| next), verdict, log);
+                    record_verdict(cfg, job_no, restart.map(|_| next), verdict, log);
                     log(&format!(
                         "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
                         recoveries + 1,
@@ -177,10 +181,12 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
 /// this run, wherever its node was. A verdict here for another run is from
 /// a run before the last (slurmd skips the prolog, which would forget it,
 /// for a job whose credential it still keeps).
-fn recoveries_so_far(cfg: &Config, job: JobRef, restart: Option<u32>, failed: bool, log: &dyn Fn(&str)) -> u32 {
-    let here = jobfiles::read_recovery(&cfg.state_dir, job.id);
-    let for_run = jobfiles::recovery_run(&cfg.state_dir, job.id);
-    if let Some(r) = here.filter(|_| for_run.is_none() || for_run == restart) {
+fn recoveries_so_far(cfg: &Config, job: u32, restart: Option<u32>, failed: bool, log: &dyn Fn(&str)) -> u32 {
+    let here = jobfiles::read_recovery(&cfg.state_dir, job);
+    let for_run = jobfiles::recovery_run(&cfg.state_dir, job);
+    // Without Slurm's restart count the verdict here is taken as this
+    // run's, as before verdicts named their run (max_recoveries still holds).
+    if let Some(r) = here.filter(|_| for_run.is_none() || restart.is_none() || for_run == restart) {
         return r.count;
     }
     let Some(run) = restart.filter(|r| *r > 0 && failed) else { return 0 };
@@ -188,7 +194,7 @@ fn recoveries_so_far(cfg: &Config, job: JobRef, restart: Option<u32>, failed: bo
     match carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job, deadline) {
         Ok(comment) => jobfiles::recovery_in_comment(&comment, run).map_or(0, |r| r.count),
         Err(e) => {
-            log(&format!("job {}: earlier recoveries not read from AdminComment: {e}", job.id));
+            log(&format!("job {job}: earlier recoveries not read from AdminComment: {e}"));
             here.map_or(0, |r| r.count)
         }
     }
@@ -197,9 +203,9 @@ fn recoveries_so_far(cfg: &Config, job: JobRef, restart: Option<u32>, failed: bo
 /// The verdict in the job's AdminComment for the run with restart count
 /// `next` (`None`: Slurm did not give this run's count, so which run the
 /// verdict is for is unknown, and nothing is written).
-fn record_verdict(cfg: &Config, job: JobRef, next: Option<u32>, verdict: jobfiles::Recovery, log: &dyn Fn(&str)) {
+fn record_verdict(cfg: &Config, job: u32, next: Option<u32>, verdict: jobfiles::Recovery, log: &dyn Fn(&str)) {
     let Some(next) = next else {
-        log(&format!("job {}: no SLURM_JOB_RESTART_COUNT: recovery not recorded in AdminComment", job.id));
+        log(&format!("job {job}: no SLURM_JOB_RESTART_COUNT: recovery not recorded in AdminComment"));
         return;
     };
     let entry = jobfiles::recovery_entry(verdict, next);
@@ -213,8 +219,7 @@ fn record_verdict(cfg: &Config, job: JobRef, next: Option<u32>, verdict: jobfile
     );
     if let Err(e) = written {
         log(&format!(
-            "job {}: recovery not recorded in AdminComment (a rerun on another node is placed as a first run): {e}",
-            job.id
+            "job {job}: recovery not recorded in AdminComment (a rerun on another node is placed as a first run): {e}"
         ));
     }
 }
@@ -439,6 +444,7 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
     let state_of = |job: u32| {
         known.lines().find_map(|l| l.split_once(' ').filter(|(id, _)| id.parse() == Ok(job)).map(|(_, s)| s.trim()))
     };
+    let placer = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"));
     for job in jobs {
         let state = state_of(job);
         let ended = match state {
@@ -458,18 +464,24 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
             .contains(&s),
         };
         if ended {
+            // First the prolog's record of its whole GPUs, which only the
+            // job's epilog releases otherwise (slurmd may have lost that):
+            // its files go only once that is done, or the next sweep would
+            // no longer find the job.
+            match placer.as_ref().map_err(|e| e.to_string()).and_then(|p| p.drop_whole(job).map_err(|e| e.to_string()))
+            {
+                Ok(true) => log(&format!("released job {job}'s whole GPUs: Slurm says it ended")),
+                Ok(false) => {}
+                Err(e) => {
+                    log(&format!("job {job} ended, but its whole-GPU record stays until the next sweep: {e}"));
+                    continue;
+                }
+            }
             jobfiles::forget(&cfg.state_dir, job);
             log(&format!(
                 "removed the recovery files of job {job}: {}",
                 state.map_or("Slurm no longer knows it".to_string(), |s| format!("it is {s}"))
             ));
-            // And the prolog's record of its whole GPUs, which only the
-            // job's epilog releases otherwise (slurmd may have lost it).
-            let dropped = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
-                .and_then(|p| p.drop_whole(job));
-            if let Ok(true) = dropped {
-                log(&format!("released job {job}'s whole GPUs: Slurm says it ended"));
-            }
         }
     }
 }
