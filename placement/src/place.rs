@@ -222,6 +222,12 @@ impl Placer {
         Params { now_secs: now_secs(), ..self.params }
     }
 
+    /// Who holds reservations (Linux's slurmstepds unless set: the latency
+    /// bench stands in its own process).
+    pub fn set_processes(&mut self, processes: Box<dyn Processes>) {
+        self.processes = processes;
+    }
+
     /// How this node learns its fixed memory (carma.yaml's defaults unless
     /// set).
     pub fn set_learn_runtime(&mut self, learn: LearnRuntime) {
