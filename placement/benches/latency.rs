@@ -29,7 +29,7 @@
 use carma_config::Policy;
 use carma_placement::source::published::{self, Published};
 use carma_placement::source::{GpuSource, SimulatedGpus};
-use carma_placement::{LinuxProcesses, Params, Placer, Processes, Request, StateStore, StepRef};
+use carma_placement::{LiveHolders, Params, Placer, Request, StateStore, StepRef};
 use fs2::FileExt;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -75,7 +75,7 @@ fn published_placer(dir: &Path) -> Placer {
     cfg.monitor.published = true;
     cfg.monitor.stale_after = Duration::from_secs(24 * 3600);
     let mut p = Placer::from_config(&cfg, |_| {}).unwrap();
-    p.set_processes(Box::new(BenchHolder));
+    p.set_processes(Box::new(LiveHolders));
     p
 }
 
@@ -95,7 +95,7 @@ fn nvml_placer(dir: &Path) -> Placer {
         ..Default::default()
     };
     let mut p = Placer::from_config(&cfg, |_| {}).unwrap();
-    p.set_processes(Box::new(BenchHolder));
+    p.set_processes(Box::new(LiveHolders));
     p
 }
 
@@ -103,27 +103,7 @@ fn placer(dir: &Path) -> Placer {
     let store = StateStore::open(&dir.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap();
     let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
     let params = Params::default();
-    Placer::new(store, source, params, Box::new(BenchHolder), Box::new(|_| {}))
-}
-
-/// Linux's processes, but the bench's own process holds the reservations
-/// while it lives, as a job's slurmstepd does in production (only a root
-/// process titled `slurmstepd: [JOB.` holds there: `procs::stepd_of`).
-/// With Linux's rule as it is, every garbage collection found the bench's
-/// holder no slurmstepd, dropped it and scanned /proc for each job's
-/// slurmstepd: 4 ms of CPU per launch at 4 GPUs, which no node pays.
-struct BenchHolder;
-
-impl Processes for BenchHolder {
-    fn alive(&self, pid: u32) -> bool {
-        LinuxProcesses.alive(pid)
-    }
-    fn job_running(&self, _job: u32) -> bool {
-        false
-    }
-    fn owners(&self, pids: &[u32], holders: &[u32]) -> std::collections::HashMap<u32, u32> {
-        LinuxProcesses.owners(pids, holders)
-    }
+    Placer::new(store, source, params, Box::new(LiveHolders), Box::new(|_| {}))
 }
 
 /// This process's (CPU ns, minor page faults, voluntary context switches)

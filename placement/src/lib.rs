@@ -37,7 +37,7 @@ pub mod state;
 mod test_support;
 
 pub use gpu::{GpuProcess, GpuReading, index_list};
-pub use place::{LinuxProcesses, PlaceError, Placer, Processes};
+pub use place::{LinuxProcesses, LiveHolders, PlaceError, Placer, Processes};
 pub use policy::{Demand, NoFit, Params, Reject, choose};
 pub use request::{Decision, Request, StepRef};
 pub use source::{GpuSource, SourceError, open_direct, open_monitored, open_sampling, open_source};

@@ -103,6 +103,24 @@ impl Processes for LinuxProcesses {
     }
 }
 
+/// Linux's processes, where any live process holds the reservations it
+/// is recorded for: a stand-in for slurmstepd (in production only a root
+/// slurmstepd of the job holds: `procs::stepd_of`) for the latency bench
+/// and the tests, whose own process holds what it places.
+pub struct LiveHolders;
+
+impl Processes for LiveHolders {
+    fn alive(&self, pid: u32) -> bool {
+        procs::alive(pid)
+    }
+    fn job_running(&self, _job: u32) -> bool {
+        false
+    }
+    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32> {
+        procs::owners(pids.iter().copied(), holders)
+    }
+}
+
 const GC_INTERVAL_MS: u64 = 1000;
 
 /// What a GPU source is opened with: carma.yaml and the log sink.
@@ -223,7 +241,7 @@ impl Placer {
     }
 
     /// Who holds reservations (Linux's slurmstepds unless set: the latency
-    /// bench stands in its own process).
+    /// bench stands in its own process: [`LiveHolders`]).
     pub fn set_processes(&mut self, processes: Box<dyn Processes>) {
         self.processes = processes;
     }

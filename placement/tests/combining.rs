@@ -6,8 +6,7 @@
 use carma_config::Policy;
 use carma_placement::slots::Slots;
 use carma_placement::source::SimulatedGpus;
-use carma_placement::{LinuxProcesses, Params, Placer, Processes, Request, StateStore, StepRef};
-use std::collections::HashMap;
+use carma_placement::{LinuxProcesses, LiveHolders, Params, Placer, Request, StateStore, StepRef};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -34,27 +33,12 @@ fn node(name: &str, gpus: usize, mib: u64) -> Dir {
     Dir(d)
 }
 
-/// Linux's processes, but this test process holds its reservations while
-/// it lives (in production only a root slurmstepd of the job does; see
-/// `procs::stepd_of`): what is tested here is the queue, not who holds.
-struct ThisProcessHolds;
-
-impl Processes for ThisProcessHolds {
-    fn alive(&self, pid: u32) -> bool {
-        LinuxProcesses.alive(pid)
-    }
-    fn job_running(&self, _job: u32) -> bool {
-        false
-    }
-    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32> {
-        LinuxProcesses.owners(pids, holders)
-    }
-}
-
+// This test process holds its reservations while it lives (LiveHolders):
+// what is tested here is the queue, not who holds.
 fn placer(dir: &Path) -> Placer {
     let store = StateStore::open(&dir.join("state"), Duration::from_secs(10), Box::new(|_| {})).unwrap();
     let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
-    Placer::new(store, source, Params::default(), Box::new(ThisProcessHolds), Box::new(|_| {}))
+    Placer::new(store, source, Params::default(), Box::new(LiveHolders), Box::new(|_| {}))
 }
 
 fn request(policy: Policy, mib: u64) -> Request {
