@@ -167,8 +167,20 @@ pub fn write_entry(
     total: Duration,
 ) -> Result<(), String> {
     let deadline = Instant::now() + total;
-    let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
     let job = JobRef::resolve(bin_dir, job, deadline)?;
+    write_entry_ref(bin_dir, job, key, entry, verify, deadline)
+}
+
+/// [`write_entry`] for a job already resolved, by `deadline`.
+pub fn write_entry_ref(
+    bin_dir: Option<&Path>,
+    job: JobRef,
+    key: &str,
+    entry: &str,
+    verify: bool,
+    deadline: Instant,
+) -> Result<(), String> {
+    let pause = Duration::from_millis(10 + u64::from(std::process::id() % 8) * 5);
     let mut existing = read_ref(bin_dir, job, deadline)?;
     for attempt in 1..=TRIES {
         update(bin_dir, job, &merge(&existing, key, entry), deadline)?;

@@ -501,6 +501,12 @@ impl Placer {
         Ok(self.store.update(|st| st.drop_whole(job))?)
     }
 
+    /// [`Placer::drop_whole`] for each of `jobs`, in one state update;
+    /// returns the jobs that had a record.
+    pub fn drop_whole_of(&self, jobs: &[u32]) -> Result<Vec<u32>, PlaceError> {
+        Ok(self.store.update(|st| jobs.iter().copied().filter(|j| st.drop_whole(*j)).collect())?)
+    }
+
     /// A step ended: the job's GPUs are released when no step holds them.
     pub fn release(&self, step: StepRef) -> Result<Option<Reservation>, PlaceError> {
         Ok(self.store.update(|st| st.release_holder(step.job, step.holder))?)

@@ -77,11 +77,10 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     // Slurm's restart count of this run (slurmd's environment; `None` where
     // Slurm did not say).
     let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
-    let recoveries = recoveries_so_far(cfg, job_no, restart, carma && status != 0, log);
     let mut facts = Facts {
         carma,
         status,
-        recoveries,
+        recoveries: 0,
         mode: req.recovery.unwrap_or(cfg.recovery_mode),
         max_recoveries: cfg.max_recoveries,
         oom_line: None,
@@ -101,6 +100,10 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         ends = Some(scan_output(cfg, &job, &earlier, 0).ends);
     }
     let from = scanned.map(|f| format!(" in {}", f.display())).unwrap_or_default();
+    // Earlier recoveries matter only to a run that ran out of GPU memory
+    // (and may ask slurmctld): counted only for one.
+    let recoveries = recoveries_so_far(cfg, job_no, restart, facts.oom_line.is_some(), log);
+    facts.recoveries = recoveries;
     let verdict = decide(&facts);
     // The job's per-run files are done with, unless it is requeued below.
     jobfiles::remove(&cfg.state_dir, job_no);
@@ -145,15 +148,16 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             // A task of a job array is named ARRAY_TASK: the id of the
             // task whose id is the array's would requeue every task.
             let deadline = Instant::now() + SCONTROL_TIMEOUT;
-            let named = JobRef::resolve(cfg.slurm_bin_dir.as_deref(), job_no, deadline)
-                .map_or_else(|_| job.clone(), |r| r.selector());
-            match requeue(cfg.slurm_bin_dir.as_deref(), &named) {
-                Ok(()) => {
+            // Unresolved, the bare id could name a whole array: no requeue.
+            let resolved = JobRef::resolve(cfg.slurm_bin_dir.as_deref(), job_no, deadline)
+                .map_err(|e| format!("slurmctld did not say which job it is ({e})"));
+            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector()).map(|()| r)) {
+                Ok(job_ref) => {
                     // Requeued, the job is pending and takes updates again
                     // (slurmctld refuses them for a finished job): the
                     // verdict into its AdminComment, for a rerun slurmctld
                     // starts on another node (whose job prolog reads it).
-                    record_verdict(cfg, job_no, restart.map(|_| next), verdict, log);
+                    record_verdict(cfg, job_ref, restart.map(|_| next), verdict, log);
                     log(&format!(
                         "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
                         recoveries + 1,
@@ -177,11 +181,11 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
 
 /// OOM recoveries the job had before this run: the verdict left here, if it
 /// is for this run (an older epilog's names none and counts); else, for a
-/// failed CARMA run only (one squeue call), the one in AdminComment for
+/// run that ran out of GPU memory (two squeue calls), the one in AdminComment for
 /// this run, wherever its node was. A verdict here for another run is from
 /// a run before the last (slurmd skips the prolog, which would forget it,
 /// for a job whose credential it still keeps).
-fn recoveries_so_far(cfg: &Config, job: u32, restart: Option<u32>, failed: bool, log: &dyn Fn(&str)) -> u32 {
+fn recoveries_so_far(cfg: &Config, job: u32, restart: Option<u32>, oom: bool, log: &dyn Fn(&str)) -> u32 {
     let here = jobfiles::read_recovery(&cfg.state_dir, job);
     let for_run = jobfiles::recovery_run(&cfg.state_dir, job);
     // Without Slurm's restart count the verdict here is taken as this
@@ -189,7 +193,7 @@ fn recoveries_so_far(cfg: &Config, job: u32, restart: Option<u32>, failed: bool,
     if let Some(r) = here.filter(|_| for_run.is_none() || restart.is_none() || for_run == restart) {
         return r.count;
     }
-    let Some(run) = restart.filter(|r| *r > 0 && failed) else { return 0 };
+    let Some(run) = restart.filter(|r| *r > 0 && oom) else { return 0 };
     let deadline = Instant::now() + SCONTROL_TIMEOUT;
     match carma_placement::admin_comment::read(cfg.slurm_bin_dir.as_deref(), job, deadline) {
         Ok(comment) => jobfiles::recovery_in_comment(&comment, run).map_or(0, |r| r.count),
@@ -203,19 +207,20 @@ fn recoveries_so_far(cfg: &Config, job: u32, restart: Option<u32>, failed: bool,
 /// The verdict in the job's AdminComment for the run with restart count
 /// `next` (`None`: Slurm did not give this run's count, so which run the
 /// verdict is for is unknown, and nothing is written).
-fn record_verdict(cfg: &Config, job: u32, next: Option<u32>, verdict: jobfiles::Recovery, log: &dyn Fn(&str)) {
+fn record_verdict(cfg: &Config, job_ref: JobRef, next: Option<u32>, verdict: jobfiles::Recovery, log: &dyn Fn(&str)) {
+    let job = job_ref.id;
     let Some(next) = next else {
         log(&format!("job {job}: no SLURM_JOB_RESTART_COUNT: recovery not recorded in AdminComment"));
         return;
     };
     let entry = jobfiles::recovery_entry(verdict, next);
-    let written = carma_placement::admin_comment::write_entry(
+    let written = carma_placement::admin_comment::write_entry_ref(
         cfg.slurm_bin_dir.as_deref(),
-        job,
+        job_ref,
         jobfiles::RECOVERY_KEY,
         &entry,
         true,
-        SCONTROL_TIMEOUT,
+        Instant::now() + SCONTROL_TIMEOUT,
     );
     if let Err(e) = written {
         log(&format!(
@@ -444,7 +449,7 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
     let state_of = |job: u32| {
         known.lines().find_map(|l| l.split_once(' ').filter(|(id, _)| id.parse() == Ok(job)).map(|(_, s)| s.trim()))
     };
-    let placer = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"));
+    let mut ended_jobs = Vec::new();
     for job in jobs {
         let state = state_of(job);
         let ended = match state {
@@ -464,25 +469,32 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
             .contains(&s),
         };
         if ended {
-            // First the prolog's record of its whole GPUs, which only the
-            // job's epilog releases otherwise (slurmd may have lost that):
-            // its files go only once that is done, or the next sweep would
-            // no longer find the job.
-            match placer.as_ref().map_err(|e| e.to_string()).and_then(|p| p.drop_whole(job).map_err(|e| e.to_string()))
-            {
-                Ok(true) => log(&format!("released job {job}'s whole GPUs: Slurm says it ended")),
-                Ok(false) => {}
-                Err(e) => {
-                    log(&format!("job {job} ended, but its whole-GPU record stays until the next sweep: {e}"));
-                    continue;
-                }
-            }
-            jobfiles::forget(&cfg.state_dir, job);
-            log(&format!(
-                "removed the recovery files of job {job}: {}",
-                state.map_or("Slurm no longer knows it".to_string(), |s| format!("it is {s}"))
-            ));
+            ended_jobs.push((job, state));
         }
+    }
+    // First the prolog's records of their whole GPUs, which only a job's
+    // epilog releases otherwise (slurmd may have lost that), in one pass
+    // under the state lock: the files go only once that is done, or the
+    // next sweep would no longer find the jobs.
+    let ids: Vec<u32> = ended_jobs.iter().map(|(j, _)| *j).collect();
+    match carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
+        .and_then(|p| p.drop_whole_of(&ids))
+    {
+        Ok(dropped) => {
+            for job in dropped {
+                log(&format!("released job {job}'s whole GPUs: Slurm says it ended"));
+            }
+        }
+        Err(e) => {
+            return log(&format!("stale job files: whole-GPU records not released ({e}); kept for the next sweep"));
+        }
+    }
+    for (job, state) in ended_jobs {
+        jobfiles::forget(&cfg.state_dir, job);
+        log(&format!(
+            "removed the recovery files of job {job}: {}",
+            state.map_or("Slurm no longer knows it".to_string(), |s| format!("it is {s}"))
+        ));
     }
 }
 
