@@ -184,5 +184,5 @@ fn an_sallocs_whole_gpu_stays_its_own_between_its_sruns() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    report("privilege", "an salloc's whole GPU is not collocated on between its sruns (no PrologFlags=Contain)");
+    report("fault", "an salloc's whole GPU is not collocated on between its sruns (no PrologFlags=Contain)");
 }

@@ -82,7 +82,7 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
 /// verdict there names the run it is for; where it names another (an
 /// admin's requeue, a preemption, a node failure since), a verdict left
 /// here by an older run is stale and goes. Slurm's restart count comes from
-/// slurmd's environment. One bounded squeue call, for reruns only.
+/// slurmd's environment. Two bounded squeue calls, for reruns only.
 fn recovery_from_admin_comment(cfg: &carma_config::Config, job: u32) -> Result<(), Error> {
     let restart: u32 = std::env::var("SLURM_JOB_RESTART_COUNT").ok().and_then(|c| c.parse().ok()).unwrap_or(0);
     if restart == 0 {
