@@ -2,9 +2,9 @@
 # layout: include/slurm/, lib/slurm/libslurmfull.so, bin/scontrol; slurm-devel
 # installs under /usr), else this machine's /usr/include/slurm (libslurm-dev):
 #
-#   make deb                            target/debian/carma-slurm_*+slurmSERIES_*.deb
+#   make deb [SLURM_PREFIX=/opt/slurm]  target/debian/carma-slurm_*+slurmSERIES_*.deb
 #   make rpm [SLURM_PREFIX=/opt/slurm]  target/rpm/carma-slurm-*.slurmSERIES.*.rpm
-#            [SLURM_REQUIRES=0]         (no slurm-plugins requirement: tarball installs)
+#            [SLURM_REQUIRES=0]         (no Slurm package requirement: tarball installs)
 #
 # With SLURM_PREFIX, CARMA runs Slurm's commands from SLURM_PREFIX/bin
 # (carma.yaml's slurm_bin_dir overrides it). Needs cargo, clang; rpm needs rpmbuild.
@@ -21,7 +21,7 @@ build:
 	packaging/build-plugin.sh $(INCLUDE)
 
 deb: build
-	CARMA_SLURM_SERIES=$(SERIES) packaging/build-deb.sh
+	CARMA_SLURM_SERIES=$(SERIES) CARMA_DEB_SLURM_REQUIRES=$(SLURM_REQUIRES) packaging/build-deb.sh
 
 rpm: build
 	CARMA_SLURM_SERIES=$(SERIES) CARMA_RPM_SLURM_REQUIRES=$(SLURM_REQUIRES) packaging/build-rpm.sh

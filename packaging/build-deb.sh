@@ -30,8 +30,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 install -d "$out"
 stage "$bin" "$work"
-# Debian's Slurm: libslurmfull is in slurm-wlm-basic-plugins.
-slurm_dep="slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
+# Debian's Slurm: libslurmfull is in slurm-wlm-basic-plugins. A Slurm built
+# from SchedMD's tarball is no package: CARMA_DEB_SLURM_REQUIRES=0 leaves the
+# requirement out (as the RPM's --without slurm_requires).
+slurm_dep=", slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
+[ "${CARMA_DEB_SLURM_REQUIRES:-1}" = 0 ] && slurm_dep=
 # The version names the series: one carma-slurm per Slurm series.
 version=${CARMA_DEB_VERSION:-$base+slurm$series}
 
@@ -47,7 +50,7 @@ Architecture: $arch
 Maintainer: CARMA for Slurm developers <carma-slurm@localhost>
 Section: admin
 Priority: optional
-Depends: libc6 (>= 2.36), $slurm_dep
+Depends: libc6 (>= 2.36)$slurm_dep
 Recommends: slurmd, slurm-client
 Installed-Size: $(du -sk "$p/usr" | cut -f1)
 Description: safe GPU collocation of training jobs on Slurm (SPANK plugin)

@@ -67,6 +67,9 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 
 deps() {
     local pkgs=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev clang libclang-dev)
+    # Slurm built from source under SLURM_PREFIX (tests/releases.sh src-*):
+    # Debian's Slurm must not come in beside it.
+    [ -z "${SLURM_PREFIX:-}" ] || pkgs=(munge)
     # The host also runs carma-monitor under valgrind (tests/leak.sh) and a
     # Prometheus server (tests/prometheus.rs), and builds and checks the RPMs
     # (rpm: rpmbuild); a release's chroot does not.
@@ -178,10 +181,17 @@ Name=shard Count=8 File=/dev/nvidia2
 Name=shard Count=8 File=/dev/nvidia3
 Name=carmamem Count=160
 CONF
-    # cgroup v1's devices controller (this machine's; docs/isolation.md).
+    # Device isolation through the kernel's cgroups: v1's devices controller
+    # on this hybrid host and its chroots; cgroup/v2 (a BPF device program
+    # per step) where the hierarchy is pure cgroup2, as in tests/vm.sh's VM,
+    # which has no systemd to ask for a scope (docs/isolation.md).
+    local cgroup="CgroupPlugin=cgroup/v1"
+    if ! grep -qv '^0::' /proc/self/cgroup; then
+        cgroup=$(printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes')
+    fi
     owned_write /etc/slurm/cgroup.conf <<CONF
 $MARK
-CgroupPlugin=cgroup/v1
+$cgroup
 ConstrainDevices=yes
 ConstrainCores=no
 ConstrainRAMSpace=no
@@ -216,6 +226,8 @@ admission:
 # tests/admission.rs for this node; always running for the second).
 monitor: {admission_interval: 1s, metrics: '127.0.0.1:9402'}
 CONF
+    # Slurm under its own prefix: CARMA runs that Slurm's commands, not PATH's.
+    [ -z "${SLURM_PREFIX:-}" ] || echo "slurm_bin_dir: $SLURM_PREFIX/bin" >>/etc/slurm/carma.yaml
     local lua
     for lua in job_submit cli_filter; do
         { echo "-- $MARK"; grep -v '^--' "$repo/slurm-conf-examples/$lua.lua"; } | owned_write "/etc/slurm/$lua.lua"
@@ -267,19 +279,21 @@ CONF
 }
 
 install_carma() {
-    local t=$TARGET/$PROFILE debs=$TARGET/debian series
-    series=$("$repo/packaging/slurm-series.sh")
+    local t=$TARGET/$PROFILE debs=$TARGET/debian series requires=1
+    series=$("$repo/packaging/slurm-series.sh" "${SLURM_PREFIX:-/usr}/include")
+    # A source build is no Debian package the .deb could require.
+    [ -z "${SLURM_PREFIX:-}" ] || requires=0
     [ -f "$t/carma" ] || die "$t/carma missing: run cargo build --profile $PROFILE --workspace first"
     # The plugin for this Slurm series (tests/releases.sh builds the other
     # releases' before entering their chroots, where there is no cargo).
     if [ ! -f "$t/slurm-$series/libcarma_spank.so" ]; then
         command -v cargo >/dev/null || die "$t/slurm-$series/libcarma_spank.so missing: run packaging/build-plugin.sh"
-        "$repo/packaging/build-plugin.sh" /usr/include >/dev/null
+        "$repo/packaging/build-plugin.sh" "${SLURM_PREFIX:-/usr}/include" >/dev/null
     fi
     # The target directory is shared by every release's cluster: only this
     # series' packages are replaced.
     rm -f "$debs"/carma-slurm*+slurm"$series"_*.deb
-    "$repo/packaging/build-deb.sh" "$t" "$debs"
+    CARMA_SLURM_SERIES=$series CARMA_DEB_SLURM_REQUIRES=$requires "$repo/packaging/build-deb.sh" "$t" "$debs"
     dpkg -i "$debs"/carma-slurm_*+slurm"$series"_*.deb "$debs"/carma-slurm-sim_*+slurm"$series"_*.deb >/dev/null
     # Copies an earlier version of this script installed by hand would
     # shadow the package's (/usr/local/bin comes first on PATH).
@@ -346,7 +360,7 @@ CONF
 stop_chroots() {
     [ -z "${CARMA_CHROOT:-}" ] || return 0
     local cache=${CARMA_RELEASES_CACHE:-/var/cache/carma-releases} r
-    for r in trixie sid; do
+    for r in trixie sid $(cd "$cache" 2>/dev/null && ls -d src-* 2>/dev/null); do
         [ -f "$cache/$r/.carma-ready" ] && mountpoint -q "$cache/$r/run" || continue
         echo "cluster.sh: stopping the cluster in $r's chroot ($cache/$r)"
         (cd "$repo" && tests/releases.sh enter "$r" tests/cluster.sh stop) || true

@@ -36,6 +36,11 @@ struct Decision {
 /// task_init, in the task: a failing init_post_opt would make slurmd drain
 /// the node for a batch step, and the user would never see the reason.
 static DECISION: OnceCell<Result<Decision, String>> = OnceCell::new();
+/// Whether a cgroup constrains this task's devices, read in the task while
+/// it is still root (task_init_privileged): on cgroup v2 only root may ask
+/// the kernel which device program is attached, and task_init runs as the
+/// user.
+static CONSTRAINED: OnceCell<bool> = OnceCell::new();
 
 /// Options given to this step win; then values resolved at submit time
 /// (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
@@ -269,6 +274,20 @@ fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> 
         .collect()
 }
 
+/// Runs in the forked task as root, after task_post_fork made the grant
+/// and before privileges are dropped.
+pub fn task_init_privileged() -> Result<(), Error> {
+    if let Some(Ok(_)) = DECISION.get() {
+        let _ = CONSTRAINED.set(constrained(std::process::id()));
+    }
+    Ok(())
+}
+
+fn constrained(pid: u32) -> bool {
+    use carma_placement::devices::{Cgroup, of_task};
+    matches!(of_task(pid), Ok(Cgroup::V1(_) | Cgroup::V2 { .. }))
+}
+
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
     // Runs in the forked task: no locks, no NVML, no logging on success.
     match DECISION.get() {
@@ -286,7 +305,8 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
             // CUDA's 0, as Slurm numbers CUDA_VISIBLE_DEVICES under
             // ConstrainDevices=yes. SLURM_STEP_GPUS keeps the node's indices.
             let node_indices = carma_placement::index_list(&d.gpus);
-            let (cuda, order) = cuda_devices(d.gpus.len(), &node_indices);
+            let constrained = *CONSTRAINED.get_or_init(|| constrained(std::process::id()));
+            let (cuda, order) = cuda_devices(d.gpus.len(), &node_indices, constrained);
             sp.setenv("CUDA_VISIBLE_DEVICES", &cuda)?;
             if let Some(order) = order {
                 sp.setenv("CUDA_DEVICE_ORDER", order)?;
@@ -376,13 +396,11 @@ fn isolate(minors: &[u32], pid: u32) -> Result<(), String> {
 /// `0,1,..` for a task whose devices a cgroup constrains (task_post_fork
 /// left it exactly its placement), else the node's indices, in the PCI
 /// order NVML numbers them by (CUDA's default order is fastest first).
-fn cuda_devices(count: usize, node_indices: &str) -> (String, Option<&'static str>) {
-    use carma_placement::devices::{Cgroup, of_task};
-    match of_task(std::process::id()) {
-        Ok(Cgroup::V1(_) | Cgroup::V2 { .. }) => {
-            ((0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","), None)
-        }
-        _ => (node_indices.to_string(), Some("PCI_BUS_ID")),
+fn cuda_devices(count: usize, node_indices: &str, constrained: bool) -> (String, Option<&'static str>) {
+    if constrained {
+        ((0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(","), None)
+    } else {
+        (node_indices.to_string(), Some("PCI_BUS_ID"))
     }
 }
 
