@@ -14,9 +14,9 @@ stage() {
         [ -f "$bin/$f" ] || die "$bin/$f missing: run cargo build --release --workspace first"
     done
     # The series to package for: CARMA_SLURM_SERIES (one build host packages
-    # every series), else that of this host's Slurm headers, which
-    # build-plugin.sh built against by default.
-    series=${CARMA_SLURM_SERIES:-$("$repo/packaging/slurm-series.sh" 2>/dev/null)} ||
+    # every series), else that of the Slurm headers under SLURM_PREFIX (else
+    # this host's /usr/include), which build-plugin.sh built against.
+    series=${CARMA_SLURM_SERIES:-$("$repo/packaging/slurm-series.sh" "${SLURM_PREFIX:-/usr}/include" 2>/dev/null)} ||
         die "no Slurm headers here: name the series to package for (CARMA_SLURM_SERIES=26.05)"
     echo "$series" | grep -qxE '[0-9]+\.[0-9]{2}' || die "'$series' is not a Slurm release series (like 26.05)"
     next=$(echo "$series" | awk -F. '{ printf "%d.%02d", $1, $2 + 1 }')

@@ -97,6 +97,19 @@ owned_write() {
     mv "$f.tmp.$$" "$f"
 }
 
+# gres.conf for a node whose GPU of NVML index i is /dev/nvidia(i+$1).
+# Slurm numbers GPUs by their File= names (sorted), so these stay in NVML's
+# order (docs/isolation.md).
+gres_conf() {
+    local off=$1 g
+    echo "$MARK"
+    echo "Name=nic File=/dev/carma-nic0"
+    echo "Name=migcap File=/dev/nvidia-caps/nvidia-cap1"
+    for g in 0 1 2 3; do echo "Name=gpu File=/dev/nvidia$((g + off))"; done
+    for g in 0 1 2 3; do echo "Name=shard Count=8 File=/dev/nvidia$((g + off))"; done
+    echo "Name=carmamem Count=160"
+}
+
 write_config() {
     grep -qE "^[0-9.]+\s.*\b$NODE\b" /etc/hosts || echo "127.0.0.1 $NODE" >>/etc/hosts
     install -d -m 0755 "$RUN" "$LOG"
@@ -139,11 +152,11 @@ DebugFlags=NO_CONF_HASH
 Epilog=$EPILOG
 JobRequeue=0
 # carmamem: GPU memory in GiB, a count-only GRES for admission (docs/admission.md).
-GresTypes=gpu,shard,carmamem
+GresTypes=gpu,shard,carmamem,nic,migcap
 # More CPUs than exist, so that many small jobs run at once.
 SlurmdParameters=config_overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=32 Gres=gpu:4,shard:32,carmamem:160 State=UNKNOWN
-NodeName=$NODE2 NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6819 CPUs=32 Gres=gpu:4,shard:32,carmamem:160 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=32 Gres=gpu:4,shard:32,carmamem:160,nic:1,migcap:1 State=UNKNOWN
+NodeName=$NODE2 NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6819 CPUs=32 Gres=gpu:4,shard:32,carmamem:160,nic:1,migcap:1 State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=shared Nodes=$NODE MaxTime=INFINITE State=UP
 PartitionName=multi Nodes=$NODE,$NODE2 MaxTime=INFINITE State=UP
@@ -162,25 +175,25 @@ CONF
     # split into 8 shards for collocated jobs: /dev/nvidiaN as the driver
     # makes them (c 195:N). Without a driver behind them an open that the
     # device cgroup allows fails with ENXIO, one it denies with EPERM.
+    # ${NODE2}'s GPUs are /dev/nvidia4..7 (minors 4-7 for NVML indices
+    # 0-3, as a driver may number them): grants must name minors, not indices.
     local g
-    for g in 0 1 2 3; do
+    for g in 0 1 2 3 4 5 6 7; do
         if [ ! -c /dev/nvidia$g ]; then
             rm -f /dev/nvidia$g
             mknod -m 0666 /dev/nvidia$g c 195 $g
         fi
     done
-    owned_write /etc/slurm/gres.conf <<CONF
-$MARK
-Name=gpu File=/dev/nvidia0
-Name=gpu File=/dev/nvidia1
-Name=gpu File=/dev/nvidia2
-Name=gpu File=/dev/nvidia3
-Name=shard Count=8 File=/dev/nvidia0
-Name=shard Count=8 File=/dev/nvidia1
-Name=shard Count=8 File=/dev/nvidia2
-Name=shard Count=8 File=/dev/nvidia3
-Name=carmamem Count=160
-CONF
+    # Devices of other kinds that Slurm hands out and denies as it does GPUs
+    # (tests/isolation.rs: a CARMA grant must keep those denials): a NIC and
+    # a MIG capability file, majors from the range for local use.
+    if [ ! -c /dev/carma-nic0 ]; then rm -f /dev/carma-nic0; mknod -m 0666 /dev/carma-nic0 c 240 0; fi
+    install -d -m 0755 /dev/nvidia-caps
+    if [ ! -c /dev/nvidia-caps/nvidia-cap1 ]; then
+        rm -f /dev/nvidia-caps/nvidia-cap1
+        mknod -m 0666 /dev/nvidia-caps/nvidia-cap1 c 241 1
+    fi
+    gres_conf 0 | owned_write /etc/slurm/gres.conf
     # Device isolation through the kernel's cgroups: v1's devices controller
     # on this hybrid host and its chroots; cgroup/v2 (a BPF device program
     # per step) where the hierarchy is pure cgroup2, as in tests/vm.sh's VM,
@@ -254,7 +267,7 @@ write_node2() {
         -e "s#^SlurmdLogFile=.*#SlurmdLogFile=$LOG/slurmd-$NODE2.log#" \
         -e "s#^PlugStackConfig=.*#PlugStackConfig=$N2/plugstack.conf#" \
         -e "s#^Epilog=.*#Epilog=$N2/epilog#" /etc/slurm/slurm.conf | owned_write "$N2/slurm.conf"
-    owned_write "$N2/gres.conf" </etc/slurm/gres.conf
+    gres_conf 4 | owned_write "$N2/gres.conf"
     owned_write "$N2/cgroup.conf" </etc/slurm/cgroup.conf
     sed "s#/etc/slurm/carma.yaml#$N2/carma.yaml#" /etc/slurm/plugstack.conf | owned_write "$N2/plugstack.conf"
     {
@@ -268,7 +281,10 @@ write_node2() {
         echo "sharing: mps"
         echo "mps: {pipe_dir: $MPS_PIPE, log_dir: /var/log/carma-mps}"
     } | owned_write "$N2/carma.yaml"
-    sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" | owned_write "$STANDIN2/sim-gpus.yaml"
+    # The same GPUs with their minors (gres_conf 4).
+    sed "s#/run/carma-sim#/run/carma-sim2#" "$SIM" |
+        awk 'match($0, /\{index: [0-9]+, /) { i = substr($0, RSTART + 8, RLENGTH - 10); sub(/\{index: [0-9]+, /, "{index: " i ", minor: " i + 4 ", ") } { print }' |
+        owned_write "$STANDIN2/sim-gpus.yaml"
     ln -sfn "$STANDIN" "$STANDIN2/libnvidia-ml.so.1"
     owned_write "$N2/epilog" <<CONF
 #!/bin/sh

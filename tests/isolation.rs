@@ -1,8 +1,9 @@
-//! A job reaches only its GPUs (ConstrainDevices=yes, cgroup v1): every
-//! job opens every GPU device file of the node (`/dev/nvidia0`..`3`, made
-//! by tests/cluster.sh as the driver makes them, with no driver behind
-//! them) and reports each open: ENXIO ("No such device or address") means
-//! the device cgroup let it through, EPERM that it denied it.
+//! A job reaches only its GPUs (ConstrainDevices=yes; cgroup v1 on this
+//! host and its chroots, Slurm's cgroup/v2 in tests/vm.sh's VM): every job
+//! opens every GPU device file of the node (`/dev/nvidia0`..`3`, made by
+//! tests/cluster.sh as the driver makes them, with no driver behind them)
+//! and reports each open: ENXIO ("No such device or address") means the
+//! device cgroup let it through, EPERM that it denied it.
 
 mod common;
 use common::*;
@@ -41,32 +42,45 @@ fn plain_whole_gpu_and_carma_steps_open_exactly_their_gpus() {
     wait_released();
 }
 
-#[test]
-fn a_carma_placement_away_from_slurms_shard_opens_its_gpu_and_not_the_shards() {
-    require_cluster();
-    // GPU 0 nearly full: 36G of 40G held by a CARMA job with a shard on it
-    // (first fit on the idle node puts it on GPU 0).
-    let holder = script(&unique("holder"), "sleep 120");
+/// The first node's GPU 0 nearly full: 36G of 40G held by a CARMA job with
+/// a shard on it (first fit on the idle node puts it on GPU 0). Slurm gives
+/// the next shard jobs GPU 0's shards (the first GPU with shards free);
+/// CARMA places them elsewhere, so a step opens its GPU only through
+/// CARMA's grant. Cancelled when dropped.
+fn hold_gpu0() -> Cancel {
+    let holder = script(&unique("holder"), "sleep 300");
     let args =
         ["sbatch", "--parsable", "-p", "debug", "--gres=shard:1", "--carma-mem=36G", "--carma-policy=ff", &holder];
     let id = user(&args, 30).ok().stdout.trim().to_string();
-    let _cancel = Cancel(vec![id.clone()]);
+    let cancel = Cancel(vec![id]);
     wait_reservations(1);
-    // Slurm gives the next shard job GPU 0's shard again (the first GPU
-    // with shards free); CARMA cannot fit 4G + headroom there.
-    let (told, opened) = srun_probe(&["-p", "debug", "--gres=shard:1", "--carma-mem=4G", "--carma-policy=magm"]);
-    assert_eq!(told.len(), 1);
-    assert!(!told.contains(&0), "placed on the full GPU 0: {told:?}");
-    assert_eq!(opened, told, "the shard's GPU 0 must stay closed, CARMA's GPU open");
-    root(&["scancel", &id], 20).ok();
+    cancel
+}
+
+fn release(holder: Cancel) {
+    let id = holder.0[0].clone();
+    drop(holder);
     wait_completed(&id);
     wait_released();
 }
 
 #[test]
+fn a_carma_placement_away_from_slurms_shard_opens_its_gpu_and_not_the_shards() {
+    require_cluster();
+    let holder = hold_gpu0();
+    let (told, opened) = srun_probe(&["-p", "debug", "--gres=shard:1", "--carma-mem=4G", "--carma-policy=magm"]);
+    assert_eq!(told.len(), 1);
+    assert!(!told.contains(&0), "placed on the full GPU 0: {told:?}");
+    assert_eq!(opened, told, "the shard's GPU 0 must stay closed, CARMA's GPU open");
+    release(holder);
+}
+
+#[test]
 fn two_jobs_collocated_on_one_gpu_each_open_only_it() {
     require_cluster();
-    // First fit puts both 4G jobs on GPU 0; each probes while the other runs.
+    // First fit puts both 4G jobs on GPU 1 (GPU 0 is full), where Slurm's
+    // shards are GPU 0's; each probes while the other runs.
+    let holder = hold_gpu0();
     let body = format!("{PROBE}\nsleep 8");
     let name = unique("pair");
     let mut outs = Vec::new();
@@ -80,7 +94,7 @@ fn two_jobs_collocated_on_one_gpu_each_open_only_it() {
         // One at a time: a shard job's prolog records its shard's GPU as
         // held until its first step shows it shares, and a placement in
         // that moment passes the GPU over (docs/architecture.md).
-        wait_reservations(k + 1);
+        wait_reservations(k + 2);
     }
     for id in &ids {
         wait_completed(id);
@@ -90,14 +104,16 @@ fn two_jobs_collocated_on_one_gpu_each_open_only_it() {
         assert_eq!(l.len(), 1, "{lines:?}");
         assert_eq!(l[0].1, l[0].0, "a collocated job opened other than its GPU: {lines:?}");
     }
-    assert_eq!(lines[0][0].0, set(&[0]));
-    assert_eq!(lines[1][0].0, set(&[0]), "both on GPU 0 (first fit)");
-    wait_released();
+    assert_eq!(lines[0][0].0, set(&[1]));
+    assert_eq!(lines[1][0].0, set(&[1]), "both on GPU 1 (first fit past the full GPU 0)");
+    release(holder);
 }
 
 #[test]
 fn transparent_and_two_node_jobs_open_exactly_their_placements() {
     require_cluster();
+    // On the first node CARMA's GPU is then never Slurm's shard's.
+    let holder = hold_gpu0();
     // A batch job that asks Slurm for a whole GPU in a transparent scope
     // runs as a CARMA shard job.
     let body = format!("echo DECISION=${{CARMA_DECISION:-none}}\n{PROBE}");
@@ -107,6 +123,7 @@ fn transparent_and_two_node_jobs_open_exactly_their_placements() {
     let lines = probe_lines(&text);
     assert_eq!(lines.len(), 1, "{text}");
     assert_eq!((lines[0].0.len(), &lines[0].1), (1, &lines[0].0));
+    assert!(!lines[0].0.contains(&0), "placed on the full GPU 0: {text}");
     // The same over two nodes: the step on each node opens its placement.
     let body = format!("srun bash -c '{PROBE}'");
     let (r, text) = sbatch_wait(&["-p", "multi", "-N", "2", "--gres=gpu:1"], &[], &body, 90);
@@ -125,7 +142,7 @@ fn transparent_and_two_node_jobs_open_exactly_their_placements() {
     for (told, opened) in &lines {
         assert_eq!((told.len(), opened), (1, told), "{}", r.stdout);
     }
-    wait_released();
+    release(holder);
 }
 
 /// Moves the node's GPU device files away while alive: no grant can be
@@ -174,5 +191,76 @@ fn a_grant_that_cannot_be_made_fails_the_step_with_the_reason_and_leaves_the_nod
         "isolation",
         "GPU device files missing at grant time: srun and batch steps failed with the reason; node not drained",
     );
+    wait_released();
+}
+
+/// Opens the node's devices of other kinds that Slurm hands out (gres.conf:
+/// `nic`, `migcap`) and prints `EXTRA nic=open|EPERM migcap=...`.
+const EXTRA: &str = r#"r=""
+for d in nic:/dev/carma-nic0 migcap:/dev/nvidia-caps/nvidia-cap1; do
+  e=$( (exec 3<${d#*:}) 2>&1 )
+  case "$e" in
+    *"not permitted"*) r="$r ${d%%:*}=EPERM" ;;
+    *"No such device"*) r="$r ${d%%:*}=open" ;;
+    *) r="$r ${d%%:*}=other($e)" ;;
+  esac
+done
+echo "EXTRA$r""#;
+
+fn extra_line(text: &str) -> &str {
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("EXTRA ")).collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    lines[0]
+}
+
+/// Slurm denies every gres device a step was not given, not only GPUs (a
+/// NIC, a MIG capability file): a CARMA grant adds the placement's GPUs to
+/// what Slurm allowed and keeps every other denial, on v1 and v2 alike.
+#[test]
+fn a_carma_grant_keeps_every_device_slurm_denied() {
+    require_cluster();
+    let both = format!("{PROBE}\n{EXTRA}");
+    for opts in [&["--carma-mem=4G"][..], &["--gres=shard:1", "--carma-mem=4G"], &["--carma-gpus=2", "--carma-mem=4G"]] {
+        let mut args = vec!["srun", "-p", "debug"];
+        args.extend_from_slice(opts);
+        args.extend_from_slice(&["bash", "-c", &both]);
+        let r = user(&args, 90).ok();
+        let lines = probe_lines(&r.stdout);
+        assert_eq!(lines.len(), 1, "srun {opts:?}: {}\n{}", r.stdout, r.stderr);
+        assert!(!lines[0].0.is_empty() && lines[0].0 == lines[0].1, "srun {opts:?}: {}", r.stdout);
+        assert_eq!(extra_line(&r.stdout), "EXTRA nic=EPERM migcap=EPERM", "srun {opts:?}: a CARMA step gained a device");
+    }
+    // What Slurm gave the step stays open under CARMA's grant; the rest not.
+    let r = user(&["srun", "-p", "debug", "--gres=shard:1,nic:1", "--carma-mem=4G", "bash", "-c", &both], 90).ok();
+    let lines = probe_lines(&r.stdout);
+    assert_eq!(lines.len(), 1, "{}\n{}", r.stdout, r.stderr);
+    assert!(!lines[0].0.is_empty() && lines[0].0 == lines[0].1, "{}", r.stdout);
+    assert_eq!(extra_line(&r.stdout), "EXTRA nic=open migcap=EPERM", "the NIC Slurm gave was lost, or the MIG file gained");
+    // And a plain job as Slurm alone constrains it, for comparison.
+    let r = user(&["srun", "-p", "debug", "--gres=gpu:1", "bash", "-c", EXTRA], 90).ok();
+    assert_eq!(extra_line(&r.stdout), "EXTRA nic=EPERM migcap=EPERM", "Slurm itself let a device through");
+    wait_released();
+}
+
+/// The second node's GPU of NVML index i is `/dev/nvidia(i+4)` (its
+/// minor number; tests/cluster.sh): Slurm's own steps and CARMA's open the
+/// files of the GPUs they were given, which a grant by index would miss.
+#[test]
+fn on_a_node_whose_minors_differ_from_its_indices_steps_open_their_gpus() {
+    require_cluster();
+    let n2 = node2();
+    for opts in [
+        &["--gres=gpu:1"][..],
+        &["--gres=gpu:2"],
+        &["--carma-mem=4G"],
+        &["--carma-gpus=2", "--carma-mem=4G", "--carma-policy=lug"],
+        &["--gres=shard:1", "--carma-mem=4G"],
+    ] {
+        let mut args = vec!["-p", "wide", "-w", &n2];
+        args.extend_from_slice(opts);
+        let (told, opened) = srun_probe(&args);
+        assert!(!told.is_empty(), "{opts:?}: no GPU given");
+        assert_eq!(opened, told, "{opts:?}: on {n2} the step opened other GPUs than its own (by NVML index)");
+    }
     wait_released();
 }

@@ -66,6 +66,15 @@ fn the_cluster_runs_the_packaged_plugin_built_for_its_slurm_series() {
     }
 }
 
+/// Cancels the jobs named so, when dropped.
+struct CancelByName(String);
+
+impl Drop for CancelByName {
+    fn drop(&mut self) {
+        let _ = root(&["scancel", "-n", &self.0], 20);
+    }
+}
+
 #[test]
 fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     require_cluster();
@@ -78,7 +87,11 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
         up = up.display(),
         go = go.display()
     );
-    let job = std::thread::spawn(move || sbatch_wait(&["--carma-mem=3G"], &[], &body, 120));
+    // A failed assertion below must not leave the job waiting for its go
+    // file: it would hold its GPU through every later suite.
+    let _cancel = CancelByName(name.clone());
+    let job_name = format!("--job-name={name}");
+    let job = std::thread::spawn(move || sbatch_wait(&["--carma-mem=3G", &job_name], &[], &body, 120));
     let start = std::time::Instant::now();
     while !up.exists() {
         assert!(start.elapsed().as_secs() < 60, "the job never started");

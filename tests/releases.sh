@@ -79,7 +79,11 @@ make_tarball() {
 }
 
 # Slurm from the tarball, configured as a site does (its own prefix, the
-# configuration in /etc/slurm where tests/cluster.sh writes it).
+# configuration in /etc/slurm where tests/cluster.sh writes it), with one
+# addition a site leaves out: several slurmds on one host (tests/cluster.sh
+# runs two, one host name; without it slurmctld logs "Duplicated
+# NodeHostName" and cannot reach the second, measured on 25.11.7). Debian's
+# packages accept two slurmds on one host.
 build_slurm() {
     local codename=$1 dir tarball name t=$SECONDS
     dir=$(root_of "$codename")
@@ -88,7 +92,7 @@ build_slurm() {
     echo "releases.sh: building $name under $SRC_PREFIX in $dir (log: $CACHE/$codename.build.log)"
     rm -rf "$dir/usr/src/$name"
     tar -xjf "$tarball" -C "$dir/usr/src"
-    chroot "$dir" sh -c "cd /usr/src/$name && ./configure --prefix=$SRC_PREFIX --sysconfdir=/etc/slurm --disable-debug && make -j$(($(nproc) + 1)) && make install" \
+    chroot "$dir" sh -c "cd /usr/src/$name && ./configure --prefix=$SRC_PREFIX --sysconfdir=/etc/slurm --disable-debug --enable-multiple-slurmd && make -j$(($(nproc) + 1)) && make install" \
         >"$CACHE/$codename.build.log" 2>&1 || { tail -30 "$CACHE/$codename.build.log" >&2; return 1; }
     rm -rf "$dir/usr/src/$name"
     { echo "tarball: $(basename "$tarball")"; echo "sha1: $(sha1sum "$tarball" | cut -d' ' -f1)"; echo "build_seconds: $((SECONDS - t))"; } >"$dir$SRC_PREFIX/.carma-source"

@@ -21,7 +21,7 @@ shift
 install -d -o carmatest /tmp/carma-tests
 find /tmp/carma-tests -mindepth 1 ! -name reliability.log -delete
 
-series=$(dpkg-query -W -f '${Version}' slurmd 2>/dev/null || echo unknown)
+series=$(slurmd -V 2>/dev/null | awk '{print $NF}'); series=${series:-unknown}
 names=("$@")
 # `all`, optionally less some: `all -prometheus`.
 if [ "${names[0]:-}" = all ]; then

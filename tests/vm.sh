@@ -96,6 +96,8 @@ run_vm() {
     local root io rc
     root=$("$here/releases.sh" root "$RELEASE")
     "$here/releases.sh" make "$RELEASE"
+    # What tests/cluster.sh installs, installed here: the VM has no network.
+    "$here/releases.sh" enter "$RELEASE" "$here/cluster.sh" deps
     # The chroot's mounts (the host's /proc, /sys, /dev) would be shared too.
     "$here/releases.sh" umount "$RELEASE"
     io=$VM/io

@@ -299,17 +299,18 @@ impl Drop for Restore {
 }
 
 /// Device isolation probes (tests/isolation.rs, tests/recovery.rs): every job
-/// opens every GPU device file of the node (`/dev/nvidia0`..`3`, made by
+/// opens every GPU device file here (`/dev/nvidia0`..`7`, made by
 /// tests/cluster.sh with no driver behind them): ENXIO ("No such device or
 /// address") means the device cgroup let the open through, EPERM that it
-/// denied it.
+/// denied it. The first node's GPUs are nvidia0-3, the second's nvidia4-7
+/// (minor = NVML index + 4): a grant by index would open the wrong files.
 ///
-/// Prints `PROBE gpus=<the node's GPU indices> cvd=<CUDA_VISIBLE_DEVICES>
-/// gpu0=open|EPERM ...` (one line). The node's indices are SLURM_STEP_GPUS
-/// (set by CARMA, or by Slurm in an srun step), else SLURM_JOB_GPUS (a
-/// batch step with whole GPUs).
+/// Prints `PROBE node=<SLURMD_NODENAME> gpus=<the node's GPU indices>
+/// cvd=<CUDA_VISIBLE_DEVICES> gpu0=open|EPERM ...` (one line). The node's
+/// indices are SLURM_STEP_GPUS (set by CARMA, or by Slurm in an srun step),
+/// else SLURM_JOB_GPUS (a batch step with whole GPUs).
 pub const PROBE: &str = r#"r=""
-for i in 0 1 2 3; do
+for i in 0 1 2 3 4 5 6 7; do
   e=$( (exec 3</dev/nvidia$i) 2>&1 )
   case "$e" in
     *"not permitted"*) r="$r gpu$i=EPERM" ;;
@@ -317,10 +318,17 @@ for i in 0 1 2 3; do
     *) r="$r gpu$i=other($e)" ;;
   esac
 done
-echo "PROBE gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}} cvd=${CUDA_VISIBLE_DEVICES:-}$r""#;
+echo "PROBE node=${SLURMD_NODENAME:-} gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}} cvd=${CUDA_VISIBLE_DEVICES:-}$r""#;
+
+/// The minor number of NVML index 0 on `node` (tests/cluster.sh).
+fn minor_offset(node: &str) -> u32 {
+    if node == node2() { 4 } else { 0 }
+}
 
 /// What one probe line says: the node's GPUs the job was given, and those
-/// it could open (every other open must have been denied). CUDA numbers
+/// it could open (every other open of the node's GPU files must have been
+/// denied), both as NVML indices. The other node's files are not this
+/// node's GPUs (one /dev serves both test nodes): left out. CUDA numbers
 /// the GPUs a process can open from 0: CUDA_VISIBLE_DEVICES must be
 /// 0..n-1 for n given GPUs.
 pub fn probe(line: &str) -> (std::collections::BTreeSet<u32>, std::collections::BTreeSet<u32>) {
@@ -328,17 +336,29 @@ pub fn probe(line: &str) -> (std::collections::BTreeSet<u32>, std::collections::
     let list = |v: &str| -> Vec<u32> { v.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect() };
     let mut told = Vec::new();
     let mut cvd = Vec::new();
-    let mut opened = std::collections::BTreeSet::new();
+    let mut offset = None;
+    let mut answers = Vec::new();
     for w in rest.split_whitespace() {
         let (key, value) = w.split_once('=').unwrap_or_else(|| panic!("{line}"));
         match (key, value) {
+            ("node", v) => offset = Some(minor_offset(v)),
             ("gpus", v) => told = list(v),
             ("cvd", v) => cvd = list(v),
-            (gpu, "open") => {
-                opened.insert(gpu.trim_start_matches("gpu").parse().unwrap());
+            (gpu, answer) => answers.push((gpu.trim_start_matches("gpu").parse::<u32>().unwrap(), answer)),
+        }
+    }
+    let offset = offset.unwrap_or_else(|| panic!("no node in {line}"));
+    let mut opened = std::collections::BTreeSet::new();
+    for (minor, answer) in answers {
+        if !(offset..offset + 4).contains(&minor) {
+            continue;
+        }
+        match answer {
+            "open" => {
+                opened.insert(minor - offset);
             }
-            (_, "EPERM") => {}
-            (gpu, other) => panic!("{gpu}: unexpected answer {other} in {line}"),
+            "EPERM" => {}
+            other => panic!("gpu{minor}: unexpected answer {other} in {line}"),
         }
     }
     assert_eq!(cvd, (0..told.len() as u32).collect::<Vec<_>>(), "CUDA numbering: {line}");

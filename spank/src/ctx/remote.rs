@@ -339,14 +339,18 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
             format!("job {} step {}: GPU isolation failed, the task was not started: {e}", d.step.job, d.step_name);
         log::error(&format!("task_post_fork: {msg}"));
         log::record_failure(&msg);
-        sp.kill_unstarted_task(pid)?;
-        if d.step_name == "batch" {
-            // The job's output file: the user reads why there. Failing the
-            // hook would drain the node (Slurm 22.05).
+        let batch = d.step_name == "batch";
+        // A batch job's output file is where its user reads why. Written
+        // before the kill: SIGKILL closes the task's descriptors at once,
+        // and /proc/PID/fd/2 is then gone (a race the cgroup/v2 VM lost).
+        if batch {
             tell_task(pid, &msg);
-        } else {
-            // srun shows a failed hook's message with the launch failure
-            // (the task's stderr pipe is not read yet at this point).
+        }
+        sp.kill_unstarted_task(pid)?;
+        // Failing a batch step's hook would drain the node (Slurm 22.05);
+        // srun shows a failed hook's message with the launch failure (the
+        // task's stderr pipe is not read yet at this point).
+        if !batch {
             return Err(Error::msg(msg));
         }
     }
