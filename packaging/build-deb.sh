@@ -34,7 +34,9 @@ stage "$bin" "$work"
 # from SchedMD's tarball is no package: CARMA_DEB_SLURM_REQUIRES=0 leaves the
 # requirement out (as the RPM's --without slurm_requires).
 slurm_dep=", slurm-wlm-basic-plugins (>= $series~), slurm-wlm-basic-plugins (<< $next~)"
-[ "${CARMA_DEB_SLURM_REQUIRES:-1}" = 0 ] && slurm_dep=
+recommends="Recommends: slurmd, slurm-client"
+# Nor would Debian's slurmd be welcome beside it.
+[ "${CARMA_DEB_SLURM_REQUIRES:-1}" = 0 ] && slurm_dep= recommends=
 # The version names the series: one carma-slurm per Slurm series.
 version=${CARMA_DEB_VERSION:-$base+slurm$series}
 
@@ -51,8 +53,8 @@ Maintainer: CARMA for Slurm developers <carma-slurm@localhost>
 Section: admin
 Priority: optional
 Depends: libc6 (>= 2.36)$slurm_dep
-Recommends: slurmd, slurm-client
-Installed-Size: $(du -sk "$p/usr" | cut -f1)
+${recommends:+$recommends
+}Installed-Size: $(du -sk "$p/usr" | cut -f1)
 Description: safe GPU collocation of training jobs on Slurm (SPANK plugin)
  CARMA estimates a job's GPU memory before placement, watches each GPU's
  SM activity and free memory, places several training jobs on one GPU only

@@ -186,21 +186,32 @@ CONF
     done
     # Devices of other kinds that Slurm hands out and denies as it does GPUs
     # (tests/isolation.rs: a CARMA grant must keep those denials): a NIC and
-    # a MIG capability file, majors from the range for local use.
-    if [ ! -c /dev/carma-nic0 ]; then rm -f /dev/carma-nic0; mknod -m 0666 /dev/carma-nic0 c 240 0; fi
+    # a MIG capability file, with majors of the "local/experimental use"
+    # range 120-127 (outside the kernel's dynamic 234-254), refused if a
+    # driver here has taken them.
+    local major
+    for major in 120 121; do
+        ! awk -v m="$major" '$1 == m {found = 1} END {exit !found}' /proc/devices ||
+            die "character major $major belongs to a driver here (/proc/devices); the test devices need it free"
+    done
+    if [ "$(stat -c %t:%T /dev/carma-nic0 2>/dev/null)" != 78:0 ]; then
+        rm -f /dev/carma-nic0
+        mknod -m 0666 /dev/carma-nic0 c 120 0
+    fi
     install -d -m 0755 /dev/nvidia-caps
-    if [ ! -c /dev/nvidia-caps/nvidia-cap1 ]; then
+    if [ "$(stat -c %t:%T /dev/nvidia-caps/nvidia-cap1 2>/dev/null)" != 79:1 ]; then
         rm -f /dev/nvidia-caps/nvidia-cap1
-        mknod -m 0666 /dev/nvidia-caps/nvidia-cap1 c 241 1
+        mknod -m 0666 /dev/nvidia-caps/nvidia-cap1 c 121 1
     fi
     gres_conf 0 | owned_write /etc/slurm/gres.conf
     # Device isolation through the kernel's cgroups: v1's devices controller
     # on this hybrid host and its chroots; cgroup/v2 (a BPF device program
-    # per step) where the hierarchy is pure cgroup2, as in tests/vm.sh's VM,
-    # which has no systemd to ask for a scope (docs/isolation.md).
+    # per step) where the hierarchy is pure cgroup2, as in tests/vm.sh's VM;
+    # there without systemd to ask for a scope (docs/isolation.md).
     local cgroup="CgroupPlugin=cgroup/v1"
     if ! grep -qv '^0::' /proc/self/cgroup; then
-        cgroup=$(printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes')
+        cgroup="CgroupPlugin=cgroup/v2"
+        [ -d /run/systemd/system ] || cgroup=$(printf '%s\nIgnoreSystemd=yes' "$cgroup")
     fi
     owned_write /etc/slurm/cgroup.conf <<CONF
 $MARK
@@ -376,7 +387,7 @@ CONF
 stop_chroots() {
     [ -z "${CARMA_CHROOT:-}" ] || return 0
     local cache=${CARMA_RELEASES_CACHE:-/var/cache/carma-releases} r
-    for r in trixie sid $(cd "$cache" 2>/dev/null && ls -d src-* 2>/dev/null); do
+    for r in trixie sid $(cd "$cache" 2>/dev/null && ls -d src-*/ 2>/dev/null | tr -d /); do
         [ -f "$cache/$r/.carma-ready" ] && mountpoint -q "$cache/$r/run" || continue
         echo "cluster.sh: stopping the cluster in $r's chroot ($cache/$r)"
         (cd "$repo" && tests/releases.sh enter "$r" tests/cluster.sh stop) || true

@@ -1,7 +1,8 @@
 //! A job reaches only its GPUs (ConstrainDevices=yes; cgroup v1 on this
 //! host and its chroots, Slurm's cgroup/v2 in tests/vm.sh's VM): every job
-//! opens every GPU device file of the node (`/dev/nvidia0`..`3`, made by
-//! tests/cluster.sh as the driver makes them, with no driver behind them)
+//! opens every GPU device file (`/dev/nvidia0`..`7`: the first node's GPUs
+//! 0-3, the second's 4-7; made by tests/cluster.sh as the driver makes them,
+//! with no driver behind them)
 //! and reports each open: ENXIO ("No such device or address") means the
 //! device cgroup let it through, EPERM that it denied it.
 

@@ -62,22 +62,23 @@ module_files() {
 
 make_vm() {
     deps
-    # Made again when the initramfs's init changes.
-    local stamp
-    stamp=$(sha1sum "$here/vm/init" | cut -d' ' -f1)
-    [ "$(cat "$VM/.ready" 2>/dev/null)" = "$stamp" ] && return 0
-    local pkg kdir init t=$SECONDS
+    local pkg stamp kdir t=$SECONDS
     pkg=$(kernel_package)
     [ -n "$pkg" ] || die "apt knows no linux-image-amd64 here (apt-get update?)"
+    # Made again when the kernel, the modules or the initramfs's init change.
+    stamp=$({ echo "$pkg $MODULES"; cat "$here/vm/init" /bin/busybox; } | sha1sum | cut -d' ' -f1)
+    [ "$(cat "$VM/.ready" 2>/dev/null)" = "$stamp" ] && return 0
     rm -rf "$VM"
     install -d "$VM/deb" "$VM/kernel" "$VM/initramfs/bin" "$VM/initramfs/lib/modules"
     (cd "$VM/deb" && apt-get download "$pkg" >/dev/null 2>&1) || die "cannot download $pkg"
     dpkg -x "$VM"/deb/*.deb "$VM/kernel"
     cp "$VM"/kernel/boot/vmlinuz-* "$VM/vmlinuz"
     kdir=$(echo "$VM"/kernel/lib/modules/*)
-    local m f order=()
+    local m f files order=()
     for m in $MODULES; do
-        for f in $(module_files "$kdir" "$m"); do
+        # A missing module fails here, not at boot.
+        files=$(module_files "$kdir" "$m") || exit 1
+        for f in $files; do
             case " ${order[*]} " in *" $(basename "$f") "*) ;; *) order+=("$(basename "$f")"); cp "$f" "$VM/initramfs/lib/modules/" ;; esac
         done
     done
@@ -118,8 +119,8 @@ run_vm() {
         -virtfs "local,path=$root,mount_tag=root,security_model=passthrough,multidevs=remap" \
         -virtfs "local,path=$repo,mount_tag=repo,security_model=passthrough,multidevs=remap" \
         -virtfs "local,path=$TARGET,mount_tag=target,security_model=passthrough,multidevs=remap" \
-        -virtfs "local,path=$io,mount_tag=io,security_model=passthrough,multidevs=remap" </dev/null ||
-        echo "vm.sh: qemu exited with $?"
+        -virtfs "local,path=$io,mount_tag=io,security_model=passthrough,multidevs=remap" </dev/null |
+        tr -d '\r' || echo "vm.sh: qemu exited with $?"
     rc=$(cat "$io/rc" 2>/dev/null) || die "the VM ended without running the command ($((SECONDS - t)) s): see the console above"
     echo "vm.sh: the command exited with $rc in the VM ($((SECONDS - t)) s with boot and power-off)"
     return "$rc"

@@ -39,13 +39,6 @@ pub fn init_post_opt(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     }
 }
 
-pub fn task_init_privileged(_sp: &Spank, _args: &[String]) -> Result<(), Error> {
-    match context() {
-        Context::Remote => ctx::remote::task_init_privileged(),
-        _ => Ok(()),
-    }
-}
-
 pub fn task_init(sp: &Spank, _args: &[String]) -> Result<(), Error> {
     ctx::remote::task_init(sp)
 }

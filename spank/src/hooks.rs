@@ -77,7 +77,6 @@ macro_rules! hook {
 
 hook!(slurm_spank_init, "init", dispatch::init);
 hook!(slurm_spank_init_post_opt, "init_post_opt", dispatch::init_post_opt);
-hook!(slurm_spank_task_init_privileged, "task_init_privileged", dispatch::task_init_privileged);
 hook!(slurm_spank_task_init, "task_init", dispatch::task_init);
 hook!(slurm_spank_task_post_fork, "task_post_fork", dispatch::task_post_fork);
 hook!(slurm_spank_task_exit, "task_exit", dispatch::task_exit);

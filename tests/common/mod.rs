@@ -350,14 +350,11 @@ pub fn probe(line: &str) -> (std::collections::BTreeSet<u32>, std::collections::
     let offset = offset.unwrap_or_else(|| panic!("no node in {line}"));
     let mut opened = std::collections::BTreeSet::new();
     for (minor, answer) in answers {
-        if !(offset..offset + 4).contains(&minor) {
-            continue;
-        }
         match answer {
-            "open" => {
+            "open" if (offset..offset + 4).contains(&minor) => {
                 opened.insert(minor - offset);
             }
-            "EPERM" => {}
+            "open" | "EPERM" => {}
             other => panic!("gpu{minor}: unexpected answer {other} in {line}"),
         }
     }

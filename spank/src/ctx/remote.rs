@@ -36,11 +36,7 @@ struct Decision {
 /// task_init, in the task: a failing init_post_opt would make slurmd drain
 /// the node for a batch step, and the user would never see the reason.
 static DECISION: OnceCell<Result<Decision, String>> = OnceCell::new();
-/// Whether a cgroup constrains this task's devices, read in the task while
-/// it is still root (task_init_privileged): on cgroup v2 only root may ask
-/// the kernel which device program is attached, and task_init runs as the
-/// user.
-static CONSTRAINED: OnceCell<bool> = OnceCell::new();
+
 
 /// Options given to this step win; then values resolved at submit time
 /// (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
@@ -274,18 +270,17 @@ fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> 
         .collect()
 }
 
-/// Runs in the forked task as root, after task_post_fork made the grant
-/// and before privileges are dropped.
-pub fn task_init_privileged() -> Result<(), Error> {
-    if let Some(Ok(_)) = DECISION.get() {
-        let _ = CONSTRAINED.set(constrained(std::process::id()));
-    }
-    Ok(())
-}
-
-fn constrained(pid: u32) -> bool {
-    use carma_placement::devices::{Cgroup, of_task};
-    matches!(of_task(pid), Ok(Cgroup::V1(_) | Cgroup::V2 { .. }))
+/// Whether a device cgroup constrains this task: task_init runs after
+/// task_post_fork's grant, as the user, who may not ask the kernel which
+/// program is attached (cgroup v2's BPF_PROG_QUERY needs root), but whose
+/// access(2) to a GPU outside the placement the cgroup answers. A placement
+/// of every GPU the node has is numbered alike either way.
+fn constrained(placed_minors: &[u32]) -> bool {
+    use carma_placement::devices;
+    devices::gpu_files(std::path::Path::new("/dev"))
+        .into_iter()
+        .find(|(minor, _)| !placed_minors.contains(minor))
+        .is_some_and(|(_, file)| devices::cgroup_denies(&file))
 }
 
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
@@ -305,8 +300,7 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
             // CUDA's 0, as Slurm numbers CUDA_VISIBLE_DEVICES under
             // ConstrainDevices=yes. SLURM_STEP_GPUS keeps the node's indices.
             let node_indices = carma_placement::index_list(&d.gpus);
-            let constrained = *CONSTRAINED.get_or_init(|| constrained(std::process::id()));
-            let (cuda, order) = cuda_devices(d.gpus.len(), &node_indices, constrained);
+            let (cuda, order) = cuda_devices(d.gpus.len(), &node_indices, constrained(&d.minors));
             sp.setenv("CUDA_VISIBLE_DEVICES", &cuda)?;
             if let Some(order) = order {
                 sp.setenv("CUDA_DEVICE_ORDER", order)?;
@@ -362,11 +356,21 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
 /// sees why the job died. Best effort: the logs have the line anyway.
 fn tell_task(pid: u32, msg: &str) {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    // The task sets up its stdio on its own after the fork, racing this
+    // hook: until then its stderr is slurmstepd's. Wait for the change, at
+    // most 500 ms (it takes microseconds: the task then blocks until every
+    // task_post_fork has returned).
+    let file = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let ours = file("/proc/self/fd/2");
+    let theirs = format!("/proc/{pid}/fd/2");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while file(&theirs) == ours && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     // Non-blocking: an output "file" may be a FIFO nobody reads, or a full
     // pipe; slurmstepd must not wait on either.
-    let stderr =
-        std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK).open(format!("/proc/{pid}/fd/2"));
+    let stderr = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK).open(&theirs);
     if let Ok(mut f) = stderr {
         let _ = writeln!(f, "carma: this step was not started: {msg}");
     }
