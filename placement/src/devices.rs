@@ -76,8 +76,8 @@ pub fn gpu_file(dev_dir: &Path, minor: u32) -> PathBuf {
 pub fn cgroup_denies(file: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(path) = std::ffi::CString::new(file.as_os_str().as_bytes()) else { return false };
-    // SAFETY: `path` is NUL-terminated and outlives the call.
     #[allow(unsafe_code)] // access(2): std has no call that answers without opening
+    // SAFETY: `path` is NUL-terminated and outlives the call.
     let rc = unsafe { libc::access(path.as_ptr(), libc::R_OK | libc::W_OK) };
     rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
