@@ -191,15 +191,15 @@ CONF
     # driver here has taken them.
     local major
     for major in 120 121; do
-        ! awk -v m="$major" '$1 == m {found = 1} END {exit !found}' /proc/devices ||
+        ! awk -v m="$major" '/^Block/ {exit} $1 == m {found = 1} END {exit !found}' /proc/devices ||
             die "character major $major belongs to a driver here (/proc/devices); the test devices need it free"
     done
-    if [ "$(stat -c %t:%T /dev/carma-nic0 2>/dev/null)" != 78:0 ]; then
+    if [ "$(stat -c %F:%a:%t:%T /dev/carma-nic0 2>/dev/null)" != "character special file:666:78:0" ]; then
         rm -f /dev/carma-nic0
         mknod -m 0666 /dev/carma-nic0 c 120 0
     fi
     install -d -m 0755 /dev/nvidia-caps
-    if [ "$(stat -c %t:%T /dev/nvidia-caps/nvidia-cap1 2>/dev/null)" != 79:1 ]; then
+    if [ "$(stat -c %F:%a:%t:%T /dev/nvidia-caps/nvidia-cap1 2>/dev/null)" != "character special file:666:79:1" ]; then
         rm -f /dev/nvidia-caps/nvidia-cap1
         mknod -m 0666 /dev/nvidia-caps/nvidia-cap1 c 121 1
     fi

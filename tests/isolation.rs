@@ -226,6 +226,12 @@ fn a_carma_grant_keeps_every_device_slurm_denied() {
     let r = user(&["srun", "-p", "debug", "--gres=gpu:1", "bash", "-c", EXTRA], 90).ok();
     let slurms = extra_line(&r.stdout).to_string();
     assert!(slurms.starts_with("EXTRA nic=EPERM "), "Slurm itself let the NIC through: {slurms}");
+    // Pinned where measured, so that the comparison below cannot go empty.
+    let version = root(&["scontrol", "--version"], 10).ok().stdout;
+    let major: u32 = version.split_whitespace().last().and_then(|v| v.split('.').next()?.parse().ok()).unwrap_or(0);
+    if major >= 25 {
+        assert_eq!(slurms, "EXTRA nic=EPERM migcap=EPERM", "Slurm {version} let the MIG capability file through");
+    }
     let both = format!("{PROBE}\n{EXTRA}");
     for opts in [&["--carma-mem=4G"][..], &["--gres=shard:1", "--carma-mem=4G"], &["--carma-gpus=2", "--carma-mem=4G"]] {
         let mut args = vec!["srun", "-p", "debug"];

@@ -115,7 +115,7 @@ for r in $RELEASES; do
         echo "== real-Slurm suites under Slurm's cgroup/v2 in a VM ($SLURM_V2)"
         tests/cluster.sh stop
         # Checked, not assumed: the suites would pass on cgroup/v1 too.
-        v2="scontrol show config | grep -Eq '^CgroupPlugin += cgroup/v2' || { echo 'run.sh: Slurm in the VM is not on cgroup/v2' >&2; exit 1; }"
+        v2="scontrol show config | grep -Eq '^CgroupPlugin += cgroup/v2 *$' || { echo 'run.sh: Slurm in the VM is not on cgroup/v2' >&2; exit 1; }"
         tests/vm.sh run bash -c "tests/cluster.sh start && $v2 && tests/suites.sh $suites $SLURM_V2" || failed+=(vm)
         continue
     fi

@@ -65,8 +65,13 @@ make_vm() {
     local pkg stamp kdir t=$SECONDS
     pkg=$(kernel_package)
     [ -n "$pkg" ] || die "apt knows no linux-image-amd64 here (apt-get update?)"
-    # Made again when the kernel, the modules or the initramfs's init change.
-    stamp=$({ echo "$pkg $MODULES"; cat "$here/vm/init" /bin/busybox; } | sha1sum | cut -d' ' -f1)
+    # Made again when the kernel (its version, not only its ABI name), the
+    # modules, the initramfs's init or this script change.
+    stamp=$({
+        echo "$pkg $MODULES"
+        apt-cache show --no-all-versions "$pkg" 2>/dev/null | grep -m1 '^Version:'
+        cat "$here/vm/init" "$here/vm.sh" /bin/busybox
+    } | sha1sum | cut -d' ' -f1)
     [ "$(cat "$VM/.ready" 2>/dev/null)" = "$stamp" ] && return 0
     rm -rf "$VM"
     install -d "$VM/deb" "$VM/kernel" "$VM/initramfs/bin" "$VM/initramfs/lib/modules"

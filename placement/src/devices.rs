@@ -69,16 +69,21 @@ pub fn gpu_file(dev_dir: &Path, minor: u32) -> PathBuf {
     dev_dir.join(format!("nvidia{minor}"))
 }
 
-/// Whether this process's device cgroup denies it `file` (a device file).
-/// access(2) runs the cgroup's check (v1 lists, v2 programs) after the file
-/// mode's, and only the cgroup answers EPERM (a mode answers EACCES). Any
-/// user may ask, and unlike open(2) it wakes no driver.
+/// Whether this process's device cgroup denies it `file`, a character
+/// device. access(2) runs the cgroup's check (v1 lists, v2 programs) after
+/// the file mode's, and only the cgroup answers EPERM (a mode answers
+/// EACCES; read only: a write check of an immutable file answers EPERM
+/// too). Any user may ask, and unlike open(2) it wakes no driver.
 pub fn cgroup_denies(file: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    if !std::fs::metadata(file).is_ok_and(|m| m.file_type().is_char_device()) {
+        return false;
+    }
     let Ok(path) = std::ffi::CString::new(file.as_os_str().as_bytes()) else { return false };
     #[allow(unsafe_code)] // access(2): std has no call that answers without opening
     // SAFETY: `path` is NUL-terminated and outlives the call.
-    let rc = unsafe { libc::access(path.as_ptr(), libc::R_OK | libc::W_OK) };
+    let rc = unsafe { libc::access(path.as_ptr(), libc::R_OK) };
     rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 

@@ -273,14 +273,16 @@ fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> 
 /// Whether a device cgroup constrains this task: task_init runs after
 /// task_post_fork's grant, as the user, who may not ask the kernel which
 /// program is attached (cgroup v2's BPF_PROG_QUERY needs root), but whose
-/// access(2) to a GPU outside the placement the cgroup answers. A placement
-/// of every GPU the node has is numbered alike either way.
+/// access(2) to the GPUs outside the placement the cgroup answers. A
+/// placement of every GPU the node has is numbered alike either way.
+/// Limits (docs/isolation.md): a file mode that refuses the user answers
+/// first, and a container's own /dev may hold no other GPU.
 fn constrained(placed_minors: &[u32]) -> bool {
     use carma_placement::devices;
     devices::gpu_files(std::path::Path::new("/dev"))
         .into_iter()
-        .find(|(minor, _)| !placed_minors.contains(minor))
-        .is_some_and(|(_, file)| devices::cgroup_denies(&file))
+        .filter(|(minor, _)| !placed_minors.contains(minor))
+        .any(|(_, file)| devices::cgroup_denies(&file))
 }
 
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
@@ -334,11 +336,8 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
         log::error(&format!("task_post_fork: {msg}"));
         log::record_failure(&msg);
         let batch = d.step_name == "batch";
-        // A batch job's output file is where its user reads why. Written
-        // before the kill: SIGKILL closes the task's descriptors at once,
-        // and /proc/PID/fd/2 is then gone (a race the cgroup/v2 VM lost).
         if batch {
-            tell_task(pid, &msg);
+            tell_task(&msg);
         }
         sp.kill_unstarted_task(pid)?;
         // Failing a batch step's hook would drain the node (Slurm 22.05);
@@ -351,29 +350,16 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes `msg` to the stderr slurmstepd gave the unstarted batch task
-/// (the job's output file, opened by slurmstepd as the user): the user
-/// sees why the job died. Best effort: the logs have the line anyway.
-fn tell_task(pid: u32, msg: &str) {
+/// Writes `msg` where the unstarted batch task's stderr goes (the job's
+/// output file): slurmstepd put task 0's stderr on its own fd 2 before it
+/// forked (job_log_init), so the user sees why the job died, through the
+/// descriptor slurmstepd opened as the user. Never reopened as root: on a
+/// root-squashed file system that would fail, and a file the user named
+/// must not be opened with root's rights. One short line, as slurmstepd's
+/// own error lines are written there. Best effort: the logs have it anyway.
+fn tell_task(msg: &str) {
     use std::io::Write;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    // The task sets up its stdio on its own after the fork, racing this
-    // hook: until then its stderr is slurmstepd's. Wait for the change, at
-    // most 500 ms (it takes microseconds: the task then blocks until every
-    // task_post_fork has returned).
-    let file = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    let ours = file("/proc/self/fd/2");
-    let theirs = format!("/proc/{pid}/fd/2");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
-    while file(&theirs) == ours && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    // Non-blocking: an output "file" may be a FIFO nobody reads, or a full
-    // pipe; slurmstepd must not wait on either.
-    let stderr = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK).open(&theirs);
-    if let Ok(mut f) = stderr {
-        let _ = writeln!(f, "carma: this step was not started: {msg}");
-    }
+    let _ = writeln!(std::io::stderr(), "carma: this step was not started: {msg}");
 }
 
 /// Grants the GPUs whose device minor numbers are `minors` (their files
