@@ -77,7 +77,19 @@ fn rounds_of_64_jobs_keep_every_invariant() {
         loop {
             let st = root(&["carma", "status", "--json"], 20).ok();
             let v: serde_json::Value = serde_json::from_str(&st.stdout).expect("status is JSON");
-            check_invariants(&v).unwrap_or_else(|e| panic!("round {round}: {e}\n{}", st.stdout));
+            if let Err(first) = check_invariants(&v) {
+                // The GPU's process list and the process-to-job map are read
+                // at two moments: a process that exits between them counts
+                // as used while its job's reservation counts as unused (seen
+                // once in CI, 22.05: a 2G job at its end, +2048 exactly). A
+                // promise beyond capacity lasts as long as its jobs run.
+                std::thread::sleep(Duration::from_millis(500));
+                let again = root(&["carma", "status", "--json"], 20).ok();
+                let v: serde_json::Value = serde_json::from_str(&again.stdout).expect("status is JSON");
+                check_invariants(&v).unwrap_or_else(|e| {
+                    panic!("round {round}: {e} (and 500 ms before: {first})\n{}\nbefore:\n{}", again.stdout, st.stdout)
+                });
+            }
             samples += 1;
             let left = root(&["squeue", "-h", "-n", &name], 20).stdout.lines().count();
             if left == 0 {
