@@ -233,7 +233,8 @@ fn a_carma_grant_keeps_every_device_slurm_denied() {
         assert_eq!(slurms, "EXTRA nic=EPERM migcap=EPERM", "Slurm {version} let the MIG capability file through");
     }
     let both = format!("{PROBE}\n{EXTRA}");
-    for opts in [&["--carma-mem=4G"][..], &["--gres=shard:1", "--carma-mem=4G"], &["--carma-gpus=2", "--carma-mem=4G"]] {
+    for opts in [&["--carma-mem=4G"][..], &["--gres=shard:1", "--carma-mem=4G"], &["--carma-gpus=2", "--carma-mem=4G"]]
+    {
         let mut args = vec!["srun", "-p", "debug"];
         args.extend_from_slice(opts);
         args.extend_from_slice(&["bash", "-c", &both]);

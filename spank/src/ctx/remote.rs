@@ -37,7 +37,6 @@ struct Decision {
 /// the node for a batch step, and the user would never see the reason.
 static DECISION: OnceCell<Result<Decision, String>> = OnceCell::new();
 
-
 /// Options given to this step win; then values resolved at submit time
 /// (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
 /// --export=NONE); then CARMA_* in the step's environment (a direct srun
