@@ -91,6 +91,7 @@ build_slurm() {
     dir=$(root_of "$codename")
     tarball=$(tarball_of "$codename") || return 1
     name=$(basename "$tarball" .tar.bz2)
+    [[ $name =~ ^slurm-[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "releases.sh: $tarball is not named slurm-X.Y.Z.tar.bz2" >&2; return 1; }
     echo "releases.sh: building $name under $SRC_PREFIX in $dir (log: $CACHE/$codename.build.log)"
     rm -rf "$dir/usr/src/$name"
     tar -xjf "$tarball" -C "$dir/usr/src"

@@ -127,6 +127,7 @@ run_vm() {
         -virtfs "local,path=$io,mount_tag=io,security_model=passthrough,multidevs=remap" </dev/null |
         tr -d '\r' || echo "vm.sh: qemu exited with $?"
     rc=$(cat "$io/rc" 2>/dev/null) || die "the VM ended without running the command ($((SECONDS - t)) s): see the console above"
+    [[ $rc =~ ^[0-9]+$ ]] || die "the VM wrote no exit status but '$rc'"
     echo "vm.sh: the command exited with $rc in the VM ($((SECONDS - t)) s with boot and power-off)"
     return "$rc"
 }

@@ -250,3 +250,19 @@ pub fn slurm_log(level: LogLevel, msg: &str) {
         }
     }
 }
+
+/// Writes `line` to this slurmstepd's stderr only if it can be written now
+/// (poll with no wait): that descriptor is the batch job's stderr (Slurm's
+/// job_log_init), which may be a FIFO or pipe nobody reads. One write of at
+/// most PIPE_BUF bytes, so a pipe that polls writable takes it whole.
+pub fn write_stderr_if_ready(line: &str) {
+    let bytes = &line.as_bytes()[..line.len().min(libc::PIPE_BUF)];
+    let mut p = libc::pollfd { fd: libc::STDERR_FILENO, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one valid pollfd, count 1, no timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    let broken = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+    if n == 1 && p.revents & libc::POLLOUT != 0 && p.revents & broken == 0 {
+        // SAFETY: the pointer and length are those of a live slice.
+        let _ = unsafe { libc::write(libc::STDERR_FILENO, bytes.as_ptr().cast(), bytes.len()) };
+    }
+}

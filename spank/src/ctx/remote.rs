@@ -354,11 +354,10 @@ pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
 /// forked (job_log_init), so the user sees why the job died, through the
 /// descriptor slurmstepd opened as the user. Never reopened as root: on a
 /// root-squashed file system that would fail, and a file the user named
-/// must not be opened with root's rights. One short line, as slurmstepd's
-/// own error lines are written there. Best effort: the logs have it anyway.
+/// must not be opened with root's rights. Never waited on (a FIFO nobody
+/// reads). Best effort: the logs have it anyway.
 fn tell_task(msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "carma: this step was not started: {msg}");
+    crate::spank::write_stderr_if_ready(&format!("carma: this step was not started: {msg}\n"));
 }
 
 /// Grants the GPUs whose device minor numbers are `minors` (their files
