@@ -227,6 +227,11 @@ CONF
     owned_write /etc/slurm/carma.yaml <<CONF
 $MARK
 default_policy: magm
+# CARMA picks among all the node's GPUs, as the suites written before
+# gpu_owner (#37) expect; tests/owner.rs runs the default (slurm: a job's
+# GPUs are those Slurm allocated it) and shows what carma costs on a node
+# where plain GPU jobs also run.
+gpu_owner: carma
 # The NVML stand-in's GPUs ($SIM), as a GPU node reads its driver's.
 gpu_source: nvml
 state_dir: /run/carma

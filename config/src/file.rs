@@ -4,6 +4,7 @@
 use crate::activity::ActivityMetric;
 use crate::policy::Policy;
 use crate::scope::{self, JobScopeFacts, Scope};
+use crate::gpu_owner::GpuOwner;
 use crate::sharing::Sharing;
 use crate::units::{parse_duration, parse_size_mib};
 use serde::Deserialize;
@@ -235,6 +236,8 @@ pub struct Config {
     pub monitor: MonitorConfig,
     /// How collocated jobs share a GPU on this node.
     pub sharing: Sharing,
+    /// Who chooses a CARMA job's GPU here: Slurm (its allocation) or CARMA.
+    pub gpu_owner: GpuOwner,
     pub mps: MpsConfig,
     pub gpu_source: GpuSource,
     /// The GPUs (NVML indices) CARMA may place on: those gres.conf gives
@@ -331,6 +334,7 @@ impl Default for Config {
                 metrics: DEFAULT_METRICS_ADDR.parse().ok(),
             },
             sharing: Sharing::Timeslice,
+            gpu_owner: GpuOwner::Slurm,
             mps: MpsConfig {
                 pipe_dir: PathBuf::from("/run/nvidia-mps"),
                 log_dir: PathBuf::from("/var/log/nvidia-mps"),
@@ -489,6 +493,7 @@ struct RawConfig {
     monitor_window: Option<Scalar>,
     monitor: Option<RawMonitor>,
     sharing: Option<String>,
+    gpu_owner: Option<String>,
     mps: Option<RawMps>,
     gpu_source: Option<serde_yaml::Value>,
     gpu_indices: Option<Vec<u32>>,
@@ -660,6 +665,9 @@ impl RawConfig {
         }
         if let Some(m) = &self.sharing {
             c.sharing = Sharing::parse(m).map_err(|e| bad("sharing", e))?;
+        }
+        if let Some(m) = &self.gpu_owner {
+            c.gpu_owner = GpuOwner::parse(m).map_err(|e| bad("gpu_owner", e))?;
         }
         if let Some(m) = self.mps {
             if let Some(d) = m.pipe_dir {
@@ -1094,6 +1102,7 @@ mod tests {
             ("monitor: {dcgm_exporter: 'http://h x:9400/metrics'}\n", "bad host"),
             ("monitor: {publish: true}\n", "publish"),
             ("sharing: spatial\n", "sharing"),
+            ("gpu_owner: node\n", "gpu_owner"),
             ("mps: {pipe_dir: run/mps}\n", "mps.pipe_dir"),
         ];
         for (text, key) in cases {

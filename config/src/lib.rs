@@ -14,6 +14,7 @@ pub mod ownership;
 mod plugstack;
 mod policy;
 mod scope;
+mod gpu_owner;
 mod sharing;
 mod units;
 
@@ -30,5 +31,6 @@ pub use options::{
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
 pub use scope::{JobScopeFacts, Scope};
+pub use gpu_owner::GpuOwner;
 pub use sharing::Sharing;
 pub use units::{parse_duration, parse_size_mib};

@@ -82,6 +82,7 @@ fn replay(cases: &[Case], extra_mib: u64) -> Replay {
             signature: Some(format!("1000:{i}")),
             runtime_mib: Some(s.runtime_mib),
             uid: Some(1000),
+            within: None,
             ..Request::declared(cfg.default_policy, e.mib)
         };
         let step = StepRef { job, holder: 1 };

@@ -51,6 +51,15 @@ pub fn decide(
     if let Some(sig) = req.signature.as_deref().filter(|s| st.history.contains_key(*s)) {
         st.touch_history(sig);
     }
+    // Only the GPUs Slurm allocated to the job are candidates.
+    let slurms: Vec<GpuReading>;
+    let readings = match &req.within {
+        Some(within) => {
+            slurms = readings.iter().filter(|g| within.contains(&g.index)).cloned().collect();
+            &slurms[..]
+        }
+        None => readings,
+    };
     let choice = match choose(readings, st, &demand, params, owners) {
         Ok(c) => c,
         Err(e) if !retry(st) => return Err(e),
@@ -182,6 +191,25 @@ mod tests {
 
     fn mem(mib: u64) -> Request {
         Request::declared(Policy::FirstFit, mib)
+    }
+
+    /// A step goes to the GPU Slurm allocated to its job, even where
+    /// another GPU has more room: Slurm may hand that one whole to a job
+    /// that did not opt in to sharing (#37).
+    #[test]
+    fn a_step_is_placed_only_on_its_jobs_slurm_gpus() {
+        let mut st = NodeState::default();
+        let mut g = gpus(0);
+        g[0].used_mib = 30720;
+        let magm = |within| Request { within, ..Request::declared(Policy::Magm, 4096) };
+        assert_eq!(step(&mut st, 100, &magm(None), &g).unwrap().gpus, vec![1], "any GPU: the emptier one");
+        let mut st = NodeState::default();
+        assert_eq!(step(&mut st, 100, &magm(Some(vec![0])), &g).unwrap().gpus, vec![0], "Slurm's GPU 0");
+        let mut st = NodeState::default();
+        let big = Request { within: Some(vec![0]), ..Request::declared(Policy::Magm, 16384) };
+        let no = step(&mut st, 100, &big, &g).unwrap_err();
+        assert_eq!(no.reasons.len(), 1, "GPU 1 is not the job's: {no}");
+        assert!(st.reservations.is_empty());
     }
 
     /// Two concurrent `srun --carma-mem=10G &` steps (no batch step, as

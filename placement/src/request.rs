@@ -49,6 +49,13 @@ pub struct Request {
     /// and whose the job's observation becomes.
     #[serde(default)]
     pub uid: Option<u32>,
+    /// The GPUs Slurm allocated to the job on this node (its shards' GPU,
+    /// or its gres/gpu), as the job prolog recorded them: the step is
+    /// placed among these only, so that every GPU it uses is one Slurm
+    /// counts as the job's and never one Slurm may hand whole to another
+    /// job. `None`: any GPU of the node (tools, benches, the simulator).
+    #[serde(default)]
+    pub within: Option<Vec<u32>>,
 }
 
 impl Request {
@@ -67,6 +74,7 @@ impl Request {
             runtime_mib: None,
             batch_step: false,
             uid: None,
+            within: None,
         }
     }
 }

@@ -8,7 +8,7 @@
 use crate::jobfiles;
 use crate::request::{Decision, Request};
 use carma_config::{
-    Config, JobRequest, JobScopeFacts, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate, parse_estimate,
+    Config, GpuOwner, JobRequest, JobScopeFacts, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate, parse_estimate,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -37,17 +37,18 @@ pub struct StepFacts {
 }
 
 /// What this node's root-owned job files say about the job.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeFacts {
     /// carma-epilog's verdict: the job crashed with a GPU OOM here. Only
     /// this makes a recovery; Slurm's restart count also counts an admin's
     /// requeue, preemption and node failure.
     pub recovery: Option<jobfiles::Recovery>,
-    /// The job prolog saw GPUs Slurm allocated to the job here (gres/gpu or
-    /// gres/shard, `SLURM_JOB_GPUS` in slurmd's environment): the job holds
-    /// a GPU Slurm accounts for. The step's own environment cannot say so,
-    /// since a user can set any variable in it.
-    pub slurm_gpus: bool,
+    /// The GPUs the job prolog saw Slurm allocate to the job here (gres/gpu
+    /// or gres/shard, `SLURM_JOB_GPUS` in slurmd's environment): the job
+    /// holds a GPU Slurm accounts for, and its steps are placed among these.
+    /// The step's own environment cannot say so, since a user can set any
+    /// variable in it.
+    pub slurm_gpus: Vec<u32>,
 }
 
 /// Why a CARMA step without a GPU Slurm accounts for is refused: every
@@ -58,7 +59,7 @@ impl NodeFacts {
     pub fn read(state_dir: &Path, job: u32) -> NodeFacts {
         NodeFacts {
             recovery: jobfiles::read_recovery(state_dir, job),
-            slurm_gpus: jobfiles::read_gpus(state_dir, job).is_some_and(|g| !g.is_empty()),
+            slurm_gpus: jobfiles::read_gpus(state_dir, job).unwrap_or_default(),
         }
     }
 }
@@ -119,7 +120,7 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
     }
     // A CARMA step is placed only on a job that holds a GPU or a shard:
     // otherwise its GPU-seconds would escape Slurm's accounting and limits.
-    if !node.slurm_gpus {
+    if node.slurm_gpus.is_empty() {
         return Err(UNACCOUNTED.into());
     }
     let mut notes = Vec::new();
@@ -180,6 +181,11 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         runtime_mib,
         batch_step: f.batch_step,
         uid: Some(f.uid),
+        // Where Slurm owns the GPUs (docs/architecture.md, "Who owns a
+        // GPU"), its choice stands: CARMA checks the preconditions there and
+        // never moves the job to a GPU Slurm may give whole to a job that
+        // did not opt in to sharing.
+        within: (cfg.gpu_owner == GpuOwner::Slurm).then(|| node.slurm_gpus.clone()),
     };
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
     let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));

@@ -45,6 +45,7 @@ fn request(mib: u64, runtime_mib: Option<u64>, signature: Option<&str>) -> Reque
         signature: signature.map(str::to_string),
         runtime_mib,
         uid: Some(7),
+        within: None,
         ..Request::declared(Policy::Magm, mib)
     }
 }

@@ -447,14 +447,19 @@ fn plan(w: &Workload, from_recovery: bool, cfg: &SimConfig, resolve_cfg: &Config
     let node = if from_recovery {
         NodeFacts {
             recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib), count: 1 }),
-            slurm_gpus: true,
+            slurm_gpus: vec![0],
         }
     } else {
         // slurmctld gave every simulated job its shards.
-        NodeFacts { slurm_gpus: true, ..NodeFacts::default() }
+        NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() }
     };
     match resolve::resolve(&facts, &node, resolve_cfg)? {
-        Resolution::Place(plan) => Ok(*plan),
+        // The simulator has no model of which GPU slurmctld picks: its
+        // jobs may go to any GPU of their node (docs/simulation.md).
+        Resolution::Place(mut plan) => {
+            plan.request.within = None;
+            Ok(*plan)
+        }
         other => Err(format!("{}: not a CARMA job ({other:?})", w.name)),
     }
 }

@@ -311,6 +311,7 @@ mod tests {
             runtime_mib: None,
             batch_step: false,
             uid: None,
+            within: None,
         };
         let p = Params {
             metric: carma_config::ActivityMetric::Sm,

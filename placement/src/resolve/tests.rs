@@ -18,7 +18,7 @@ fn facts(options: &[(OptionName, &str)]) -> StepFacts {
 
 /// A job the prolog saw holding a Slurm GPU (or shard) here.
 fn held() -> NodeFacts {
-    NodeFacts { slurm_gpus: true, ..NodeFacts::default() }
+    NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() }
 }
 
 fn plan(r: Resolution) -> Plan {
@@ -95,7 +95,7 @@ fn recovery_reruns_exclusive_or_looser_by_the_marker() {
     let f = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "magm")]);
     let marker = |mode, need_mib| NodeFacts {
         recovery: Some(jobfiles::Recovery { mode, need_mib, count: 1 }),
-        slurm_gpus: true,
+        slurm_gpus: vec![0],
     };
     let p = plan(resolve(&f, &marker(RecoveryMode::Looser, Some(9000)), &cfg).unwrap());
     assert_eq!((p.request.estimate_mib, p.request.estimate_source.as_str()), (Some(9000 + 1024), "recovery"));
@@ -132,7 +132,7 @@ fn a_transparent_step_takes_its_scope_and_history_first() {
     // A recovering rerun keeps what recovery decided: history does not come first.
     let rerun = NodeFacts {
         recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }),
-        slurm_gpus: true,
+        slurm_gpus: vec![0],
     };
     let p = plan(resolve(&f, &rerun, &cfg).unwrap());
     assert!(!p.request.history_first);
@@ -155,6 +155,15 @@ fn mps_serves_one_user_on_one_shared_gpu() {
 fn slurm_gpus_without_shards_are_not_shared() {
     let f = facts(&[(OptionName::Mem, "4G")]);
     assert!(!plan(resolve(&f, &held(), &config("")).unwrap()).request.shares);
+}
+
+#[test]
+fn a_step_is_placed_among_the_gpus_slurm_gave_its_job() {
+    let f = facts(&[(OptionName::Mem, "4G"), (OptionName::Policy, "magm")]);
+    let node = NodeFacts { slurm_gpus: vec![2, 3], ..NodeFacts::default() };
+    assert_eq!(plan(resolve(&f, &node, &config("")).unwrap()).request.within, Some(vec![2, 3]));
+    // Where carma.yaml hands the node's GPUs to CARMA: any of them.
+    assert_eq!(plan(resolve(&f, &node, &config("gpu_owner: carma\n")).unwrap()).request.within, None);
 }
 
 #[test]

@@ -200,7 +200,7 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     }
     let facts = StepFacts { request, ..StepFacts::default() };
     // As for a job that holds its GPU or shard from Slurm.
-    let node = NodeFacts { slurm_gpus: true, ..NodeFacts::default() };
+    let node = NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() };
     let plan = match resolve::resolve(&facts, &node, &cfg)? {
         Resolution::Place(plan) => plan,
         _ => return Err("give --mem, --policy or --gpus: a job without CARMA options is not placed by CARMA".into()),
@@ -209,6 +209,9 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     // depends on whose job it is, is left out of the answer.
     let mut plan = plan;
     plan.request.mps_uid = None;
+    // No job, so no GPUs of Slurm's to keep to: every GPU is a candidate,
+    // as for a job Slurm gave all of them (the plugin keeps to the job's).
+    plan.request.within = None;
     let r = &plan.request;
     let (policy, count) = (r.policy, r.count);
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
