@@ -88,6 +88,9 @@ fn oom_next_to_a_growing_neighbour_is_requeued_and_reruns_alone() {
     }
     assert!(!probes[1].0.contains(&0), "{text}");
     assert_eq!(field(&victim, "Restarts"), "1");
+    // The rerun held a whole GPU in Slurm's books, not the first run's shard.
+    let tres = field(&victim, "TresPerNode");
+    assert!(tres.contains("gpu:1") && !tres.contains("shard"), "rerun's request: {tres}");
     // Slurm's requeue delay (BeginTime) was lifted: both runs took seconds, not minutes.
     assert!(took < Duration::from_secs(60), "restart was not prompt: {took:?}");
     assert!(carma_log().contains(&format!("job {victim} ran out of GPU memory in {out}")), "no epilog line");
@@ -164,6 +167,7 @@ fn looser_recovery_reruns_with_the_crashed_runs_need_instead_of_a_whole_gpu() {
     assert!(rerun.contains("exclusive=false"), "looser must not take a whole GPU: {rerun}");
     assert!(!rerun.contains("gpu_indices=0 "), "16G neighbour + 32G does not fit GPU 0: {rerun}");
     assert!(text.contains("carma-fakejob: done"), "{text}");
+    assert!(field(&victim, "TresPerNode").contains("shard"), "a looser rerun keeps its shard");
     assert_eq!(wait_done(&nb, 60), "COMPLETED");
 }
 

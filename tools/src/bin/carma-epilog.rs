@@ -151,7 +151,9 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             // Unresolved, the bare id could name a whole array: no requeue.
             let resolved = JobRef::resolve(cfg.slurm_bin_dir.as_deref(), job_no, deadline)
                 .map_err(|e| format!("slurmctld did not say which job it is ({e})"));
-            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector()).map(|()| r)) {
+            // A rerun of its own: on a whole GPU in Slurm's books too.
+            let whole = need_mib.is_none();
+            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), whole).map(|()| r)) {
                 Ok(job_ref) => {
                     // Requeued, the job is pending and takes updates again
                     // (slurmctld refuses them for a finished job): the
@@ -159,10 +161,11 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
                     // starts on another node (whose job prolog reads it).
                     record_verdict(cfg, job_ref, restart.map(|_| next), verdict, log);
                     log(&format!(
-                        "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}",
+                        "job {job} ran out of GPU memory{from} (matched: {line}); requeued, recovery {} of {}, next run {}{}",
                         recoveries + 1,
                         facts.max_recoveries,
-                        facts.mode.name()
+                        facts.mode.name(),
+                        if whole { " (a job on shards asks Slurm for a whole GPU instead)" } else { "" }
                     ));
                     // carma-monitor exports the node's count of recoveries.
                     let counted = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
@@ -503,7 +506,9 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
 /// the job has left COMPLETING, i.e. after this epilog ends, so a detached
 /// follow-up (own process group: slurmd cleans up the epilog's) does it,
 /// told where Slurm's commands are.
-fn requeue(bin_dir: Option<&Path>, job: &str) -> Result<(), String> {
+/// `whole`: the rerun is to have a GPU of its own, so a job on shards
+/// asks for a whole GPU instead (only a pending job takes that update).
+fn requeue(bin_dir: Option<&Path>, job: &str, whole: bool) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     scontrol(bin_dir, &["requeue", job])?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -512,6 +517,7 @@ fn requeue(bin_dir: Option<&Path>, job: &str) -> Result<(), String> {
         .arg("--prompt-restart")
         .arg(job)
         .arg(dir)
+        .arg(if whole { "whole" } else { "keep" })
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -521,8 +527,10 @@ fn requeue(bin_dir: Option<&Path>, job: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR]`: waits (at most a minute) until the
-/// requeued job is PENDING, then sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR [whole|keep]]`: waits (at most a
+/// minute) until the requeued job is PENDING; with `whole`, turns its shards
+/// into a whole GPU (Slurm 23.11 and later apply it; 22.05 accepts the update
+/// but keeps the shards, measured); then sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -540,6 +548,13 @@ fn prompt_restart(args: &[OsString]) -> i32 {
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
+            if args.get(2).is_some_and(|w| w == "whole") {
+                // slurmctld's field (squeue %b), never text the user wrote.
+                let tres = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%b", "-j", job]);
+                if let Some(whole) = tres.ok().as_deref().and_then(carma_tools::recovery::whole_gpu_for_shards) {
+                    let _ = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("TresPerNode={whole}")]);
+                }
+            }
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.

@@ -73,9 +73,56 @@ pub fn decide(f: &Facts) -> Verdict {
     Verdict::Requeue
 }
 
+/// The job's per-node TRES request (squeue `%b`: `gres/shard:1`, or
+/// `gres:shard:1` before 23.11) with its shards asked as one whole GPU of
+/// the same type: an exclusive rerun then holds a GPU Slurm counts as the
+/// job's alone, and Slurm gives it one without shards allocated. `None`
+/// where the job holds no shards, already asks for GPUs, or the request
+/// is not one this rewrite understands (it is left as it was).
+pub fn whole_gpu_for_shards(tres_per_node: &str) -> Option<String> {
+    let mut out = Vec::new();
+    let mut shards = 0;
+    for item in tres_per_node.trim().split(',') {
+        let (prefix, spec) = match (item.strip_prefix("gres/"), item.strip_prefix("gres:")) {
+            (Some(s), _) => ("gres/", s),
+            (_, Some(s)) => ("gres:", s),
+            _ => (item, ""),
+        };
+        let mut parts: Vec<&str> = spec.split(':').collect();
+        match parts.first() {
+            Some(&"gpu") => return None,
+            Some(&"shard") => {
+                let count = parts.pop().filter(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))?;
+                if parts.len() > 2 || count == "0" {
+                    return None;
+                }
+                shards += 1;
+                parts[0] = "gpu";
+                out.push(format!("{prefix}{}:1", parts.join(":")));
+            }
+            _ => out.push(item.to_string()),
+        }
+    }
+    (shards == 1).then(|| out.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_become_one_whole_gpu_of_the_same_type() {
+        assert_eq!(whole_gpu_for_shards("gres/shard:1").as_deref(), Some("gres/gpu:1"));
+        assert_eq!(whole_gpu_for_shards("gres:shard:3\n").as_deref(), Some("gres:gpu:1"));
+        assert_eq!(whole_gpu_for_shards("gres/shard:a100:2").as_deref(), Some("gres/gpu:a100:1"));
+        assert_eq!(
+            whole_gpu_for_shards("gres/shard:1,gres/carmamem:10").as_deref(),
+            Some("gres/gpu:1,gres/carmamem:10")
+        );
+        for kept in ["gres/gpu:1", "gres/gpu:1,gres/shard:1", "", "gres/shard:x", "gres/shard:0", "gres/nic:1"] {
+            assert_eq!(whole_gpu_for_shards(kept), None, "{kept}");
+        }
+    }
 
     fn facts(status: i32, recoveries: u32, oom: bool) -> Facts {
         Facts {
