@@ -262,27 +262,41 @@ local function rewrite(job_desc, job, part_list, batch)
 	if type(per_gpu) == "number" and not unset(per_gpu) and per_gpu ~= 65534 then
 		return nil
 	end
-	local before, after = {}, {}
+	-- Both specs are checked before either is changed.
+	local node_spec, node_n, job_spec, job_n
 	if mentions_gpu(per_node) then
-		local spec, n = to_shards(per_node)
-		if spec == nil then
+		node_spec, node_n = to_shards(per_node)
+		if node_spec == nil then
 			return nil
 		end
-		table.insert(before, per_node)
-		table.insert(after, spec)
-		job_desc.tres_per_node = spec
 	end
 	if mentions_gpu(per_job) then
 		-- --gpus=N: only for one node, where it means N per node.
-		local spec, n = to_shards(per_job)
+		job_spec, job_n = to_shards(per_job)
 		local nodes = job_desc.min_nodes
-		if spec == nil or (not unset(nodes) and nodes > 1) or mentions_gpu(per_node) then
+		if job_spec == nil or (not unset(nodes) and nodes > 1) or node_spec ~= nil then
 			return nil
 		end
+	end
+	-- gpu_owner: slurm: a job runs on the GPU its shards are on, and Slurm
+	-- takes a job's shards from one GPU, so a job of more GPUs keeps them.
+	local max = tonumber(scope.max_gpus or "")
+	if max ~= nil and math.max(node_n or 0, job_n or 0) > max then
+		log_info("job from uid %s keeps whole GPUs: more than %d per node, and one GPU holds a job's shards",
+			tostring(job_desc.user_id), max)
+		return nil
+	end
+	local before, after = {}, {}
+	if node_spec ~= nil then
+		table.insert(before, per_node)
+		table.insert(after, node_spec)
+		job_desc.tres_per_node = node_spec
+	end
+	if job_spec ~= nil then
 		table.insert(before, per_job)
-		table.insert(after, spec)
+		table.insert(after, job_spec)
 		job_desc.tres_per_job = ""
-		job_desc.tres_per_node = spec
+		job_desc.tres_per_node = job_spec
 		if unset(job_desc.max_nodes) then
 			job_desc.max_nodes = 1
 		end

@@ -304,3 +304,48 @@ fn requests_the_rewrite_cannot_keep_are_left_whole() {
     assert_eq!(tres(&updated), "gres:shard:1");
     root(&["scancel", &moved, &updated], 20).ok();
 }
+
+/// slurmctld reloads job_submit.lua when its file changes, and with it the
+/// scopes file (read otherwise at most once a minute).
+fn reload_submit_lua() {
+    let lua = "/etc/slurm/job_submit.lua";
+    let text = std::fs::read(lua).unwrap();
+    // A later mtime, whatever the clock's granularity.
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::write(lua, text).unwrap();
+}
+
+/// Restores carma.yaml and the scopes file, then has slurmctld read them.
+struct OwnerRestored(#[allow(dead_code)] Restore, #[allow(dead_code)] Restore);
+
+impl Drop for OwnerRestored {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/etc/slurm/carma.yaml", self.0.saved().unwrap_or_default());
+        let _ = std::fs::write("/etc/slurm/carma-scopes", self.1.saved().unwrap_or_default());
+        reload_submit_lua();
+    }
+}
+
+/// With carma.yaml `gpu_owner: slurm` (the default; the test cluster sets
+/// carma), a job runs on the GPU its shards are on, and Slurm takes a job's
+/// shards from one GPU: a request of two GPUs in a scope stays whole, one
+/// GPU still becomes a shard. Before, `--gres=gpu:2` became `shard:2` on
+/// one GPU and its step failed ("1 of 1 GPUs qualify, 2 needed").
+#[test]
+fn under_gpu_owner_slurm_a_job_of_two_gpus_in_a_scope_keeps_them_whole() {
+    require_cluster();
+    let _restore = OwnerRestored(Restore::new("/etc/slurm/carma.yaml"), Restore::new("/etc/slurm/carma-scopes"));
+    let conf = std::fs::read_to_string("/etc/slurm/carma.yaml").unwrap();
+    std::fs::write("/etc/slurm/carma.yaml", conf.replace("\ngpu_owner: carma\n", "\ngpu_owner: slurm\n")).unwrap();
+    root(&["carma", "transparent-scopes", "--config", "/etc/slurm/carma.yaml", "--output", "/etc/slurm/carma-scopes"], 20)
+        .ok();
+    reload_submit_lua();
+    let body = "echo \"DECISION ${CARMA_DECISION:-none}\"";
+    let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:2"], &[], body, 60);
+    assert_eq!(r.code, 0, "the two-GPU job failed:\n{text}");
+    assert!(text.contains("DECISION none"), "the two-GPU job was collocated: {text}");
+    let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:1"], &[], body, 60);
+    assert_eq!(r.code, 0, "{text}");
+    assert!(text.contains("DECISION policy="), "the one-GPU job was not collocated: {text}");
+    wait_released();
+}

@@ -284,6 +284,11 @@ impl Restore {
         let mode = std::fs::metadata(path).ok().map(|m| m.permissions().mode());
         Restore { path, saved: std::fs::read(path).ok(), mode }
     }
+
+    /// What the file held when the guard was made.
+    pub fn saved(&self) -> Option<Vec<u8>> {
+        self.saved.clone()
+    }
 }
 
 impl Drop for Restore {

@@ -153,11 +153,14 @@ fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
     let a = Args::parse(argv, &["config", "output"], &[])?;
     let cfg = config(&a)?;
     let mut text = String::from("carma-transparent-scopes 1\n");
+    // gpu_owner: slurm runs a job on its shards' GPU, and Slurm takes a
+    // job's shards from one GPU: requests of more GPUs stay whole.
+    let max = if cfg.gpu_owner == carma_config::GpuOwner::Slurm { " max_gpus=1" } else { "" };
     for s in &cfg.transparent {
         // default_mib: what admission asks for a rewritten job without an estimate.
         match s.default_mib {
-            Some(mib) => writeln!(text, "{s} default_mib={mib}"),
-            None => writeln!(text, "{s}"),
+            Some(mib) => writeln!(text, "{s} default_mib={mib}{max}"),
+            None => writeln!(text, "{s}{max}"),
         }
         .map_err(|e| e.to_string())?;
     }
