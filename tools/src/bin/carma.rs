@@ -91,9 +91,11 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
         v["transparent"] = cfg.transparent.iter().map(|s| scope_json(s, &cfg)).collect();
         v["monitor"] = monitor.1;
         v["runtime"] = status::runtime(&cfg.estimator, &state).1;
+        v["gpu_owner"] = cfg.gpu_owner.name().into();
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", status::precondition(&placer.params()));
+        println!("{}", gpu_owner_line(cfg.gpu_owner));
         println!("{}", monitor.0);
         println!("{}", status::runtime(&cfg.estimator, &state).0);
         for s in &cfg.transparent {
@@ -142,6 +144,15 @@ fn scope_json(s: &carma_config::Scope, cfg: &Config) -> serde_json::Value {
         "policy": s.policy.unwrap_or(cfg.default_policy).name(),
         "default_mib": s.default_mib,
     })
+}
+
+/// Who chooses a CARMA job's GPU here, as `carma status` says it.
+fn gpu_owner_line(owner: carma_config::GpuOwner) -> String {
+    let how = match owner {
+        carma_config::GpuOwner::Slurm => "a CARMA job runs on the GPUs Slurm allocated it",
+        carma_config::GpuOwner::Carma => "CARMA's policy picks any GPU of the node",
+    };
+    format!("gpu_owner: {} ({how})", owner.name())
 }
 
 /// carma.yaml's `transparent:` scopes for slurmctld's job_submit.lua
