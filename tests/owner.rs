@@ -211,7 +211,8 @@ fn plain_gpu_jobs_started_after_carma_jobs_never_share_their_gpus() {
     let _conf = Restore::new(CONF);
     let text = std::fs::read_to_string(CONF).unwrap();
     std::fs::write(CONF, text.replace("\ngpu_owner: carma\n", "\ngpu_owner: slurm\n")).unwrap();
-    let status: serde_json::Value = serde_json::from_str(&root(&["carma", "status", "--json"], 20).ok().stdout).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&root(&["carma", "status", "--json"], 20).ok().stdout).unwrap();
     assert_eq!(status["gpu_owner"], "slurm", "carma status does not say who owns the GPUs");
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     let run = |opts: &[&str], body: &str| {

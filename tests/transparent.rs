@@ -337,8 +337,11 @@ fn under_gpu_owner_slurm_a_job_of_two_gpus_in_a_scope_keeps_them_whole() {
     let _restore = OwnerRestored(Restore::new("/etc/slurm/carma.yaml"), Restore::new("/etc/slurm/carma-scopes"));
     let conf = std::fs::read_to_string("/etc/slurm/carma.yaml").unwrap();
     std::fs::write("/etc/slurm/carma.yaml", conf.replace("\ngpu_owner: carma\n", "\ngpu_owner: slurm\n")).unwrap();
-    root(&["carma", "transparent-scopes", "--config", "/etc/slurm/carma.yaml", "--output", "/etc/slurm/carma-scopes"], 20)
-        .ok();
+    root(
+        &["carma", "transparent-scopes", "--config", "/etc/slurm/carma.yaml", "--output", "/etc/slurm/carma-scopes"],
+        20,
+    )
+    .ok();
     reload_submit_lua();
     let body = "echo \"DECISION ${CARMA_DECISION:-none}\"";
     let (r, text) = sbatch_wait(&["-p", "shared", "--gres=gpu:2"], &[], body, 60);

@@ -2,9 +2,9 @@
 //! rejected) and the validated [`Config`]. A missing file means defaults.
 
 use crate::activity::ActivityMetric;
+use crate::gpu_owner::GpuOwner;
 use crate::policy::Policy;
 use crate::scope::{self, JobScopeFacts, Scope};
-use crate::gpu_owner::GpuOwner;
 use crate::sharing::Sharing;
 use crate::units::{parse_duration, parse_size_mib};
 use serde::Deserialize;

@@ -9,12 +9,12 @@
 mod activity;
 mod digest;
 mod file;
+mod gpu_owner;
 mod options;
 pub mod ownership;
 mod plugstack;
 mod policy;
 mod scope;
-mod gpu_owner;
 mod sharing;
 mod units;
 
@@ -25,12 +25,12 @@ pub use file::{
     EstimatorConfig, EstimatorMethod, GpuSource, HttpEndpoint, LearnRuntime, MonitorConfig, MpsConfig, NoFitAction,
     RecoveryMode, Timeouts, UnknownEstimate,
 };
+pub use gpu_owner::GpuOwner;
 pub use options::{
     ESTIMATE_ENV, JobRequest, OptionError, OptionName, Precision, SubmitEstimate, format_estimate, parse_estimate,
 };
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
 pub use scope::{JobScopeFacts, Scope};
-pub use gpu_owner::GpuOwner;
 pub use sharing::Sharing;
 pub use units::{parse_duration, parse_size_mib};

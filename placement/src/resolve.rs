@@ -8,7 +8,8 @@
 use crate::jobfiles;
 use crate::request::{Decision, Request};
 use carma_config::{
-    Config, GpuOwner, JobRequest, JobScopeFacts, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate, parse_estimate,
+    Config, GpuOwner, JobRequest, JobScopeFacts, NoFitAction, Policy, RecoveryMode, Sharing, UnknownEstimate,
+    parse_estimate,
 };
 use std::path::Path;
 use std::time::Duration;
