@@ -188,6 +188,16 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         // did not opt in to sharing.
         within: (cfg.gpu_owner == GpuOwner::Slurm).then(|| node.slurm_gpus.clone()),
     };
+    // Asking for more GPUs than Slurm allocated cannot be met by waiting.
+    if let Some(within) = request.within.as_ref().filter(|w| request.count as usize > w.len()) {
+        return Err(format!(
+            "the step asks for {} GPUs but Slurm allocated the job {} on this node (a job's shards come from one GPU; gpu_owner: slurm): ask --gres=gpu:{} for {} GPUs",
+            request.count,
+            within.len(),
+            request.count,
+            request.count
+        ));
+    }
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
     let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));
     let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };

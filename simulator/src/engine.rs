@@ -454,12 +454,7 @@ fn plan(w: &Workload, from_recovery: bool, cfg: &SimConfig, resolve_cfg: &Config
         NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() }
     };
     match resolve::resolve(&facts, &node, resolve_cfg)? {
-        // The simulator has no model of which GPU slurmctld picks: its
-        // jobs may go to any GPU of their node (docs/simulation.md).
-        Resolution::Place(mut plan) => {
-            plan.request.within = None;
-            Ok(*plan)
-        }
+        Resolution::Place(plan) => Ok(*plan),
         other => Err(format!("{}: not a CARMA job ({other:?})", w.name)),
     }
 }
@@ -494,7 +489,13 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     let mut excluded: Vec<Vec<usize>> = vec![Vec::new(); trace.len()];
     // carma.yaml as the simulated cluster's admin wrote it: the defaults,
     // the sharing mode, recovery on a GPU of its own.
-    let resolve_cfg = Config { sharing: a.sharing, recovery_mode: RecoveryMode::Exclusive, ..Config::default() };
+    // No model of which GPU slurmctld picks: CARMA's policy picks (see plan).
+    let resolve_cfg = Config {
+        sharing: a.sharing,
+        recovery_mode: RecoveryMode::Exclusive,
+        gpu_owner: carma_config::GpuOwner::Carma,
+        ..Config::default()
+    };
     let mut runs: Vec<Run> = Vec::new();
     let (mut queue, mut recovery) = (VecDeque::new(), VecDeque::new());
     let mut next_arrival = 0;

@@ -18,7 +18,7 @@ fn facts(options: &[(OptionName, &str)]) -> StepFacts {
 
 /// A job the prolog saw holding a Slurm GPU (or shard) here.
 fn held() -> NodeFacts {
-    NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() }
+    NodeFacts { slurm_gpus: vec![0, 1, 2, 3], ..NodeFacts::default() }
 }
 
 fn plan(r: Resolution) -> Plan {
@@ -132,7 +132,7 @@ fn a_transparent_step_takes_its_scope_and_history_first() {
     // A recovering rerun keeps what recovery decided: history does not come first.
     let rerun = NodeFacts {
         recovery: Some(jobfiles::Recovery { mode: RecoveryMode::Exclusive, need_mib: None, count: 1 }),
-        slurm_gpus: vec![0],
+        slurm_gpus: vec![0, 1],
     };
     let p = plan(resolve(&f, &rerun, &cfg).unwrap());
     assert!(!p.request.history_first);
@@ -164,6 +164,11 @@ fn a_step_is_placed_among_the_gpus_slurm_gave_its_job() {
     assert_eq!(plan(resolve(&f, &node, &config("")).unwrap()).request.within, Some(vec![2, 3]));
     // Where carma.yaml hands the node's GPUs to CARMA: any of them.
     assert_eq!(plan(resolve(&f, &node, &config("gpu_owner: carma\n")).unwrap()).request.within, None);
+    // More GPUs than Slurm allocated: refused at once, saying what to ask.
+    let two = facts(&[(OptionName::Mem, "4G"), (OptionName::Gpus, "3")]);
+    let e = resolve(&two, &node, &config("")).unwrap_err();
+    assert!(e.contains("asks for 3 GPUs but Slurm allocated the job 2") && e.contains("--gres=gpu:3"), "{e}");
+    assert!(resolve(&two, &node, &config("gpu_owner: carma\n")).is_ok());
 }
 
 #[test]

@@ -151,9 +151,20 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             // Unresolved, the bare id could name a whole array: no requeue.
             let resolved = JobRef::resolve(cfg.slurm_bin_dir.as_deref(), job_no, deadline)
                 .map_err(|e| format!("slurmctld did not say which job it is ({e})"));
-            // A rerun of its own: on a whole GPU in Slurm's books too.
-            let whole = need_mib.is_none();
-            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), whole).map(|()| r)) {
+            // A rerun of its own: on a whole GPU in Slurm's books too. Not
+            // for a transparently collocated job: job_submit.lua's
+            // job_modify would turn the GPU back into a shard.
+            let whole = need_mib.is_none() && transparent.is_none();
+            // Under gpu_owner: slurm the rerun must start after Slurm's
+            // requeue delay: a rerun within it on this node gets no job
+            // prolog, so the record of its Slurm GPUs would still name the
+            // first run's shard GPU, not its new whole GPU.
+            let follow_up = match (whole, cfg.gpu_owner) {
+                (false, _) => FollowUp::Prompt,
+                (true, carma_config::GpuOwner::Carma) => FollowUp::WholePrompt,
+                (true, carma_config::GpuOwner::Slurm) => FollowUp::WholeAfterDelay,
+            };
+            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), follow_up).map(|()| r)) {
                 Ok(job_ref) => {
                     // Requeued, the job is pending and takes updates again
                     // (slurmctld refuses them for a finished job): the
@@ -165,7 +176,12 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
                         recoveries + 1,
                         facts.max_recoveries,
                         facts.mode.name(),
-                        if whole { " (a job on shards asks Slurm for a whole GPU instead)" } else { "" }
+                        match follow_up {
+                            FollowUp::Prompt => "",
+                            FollowUp::WholePrompt => " (a job on shards asks Slurm for a whole GPU instead)",
+                            FollowUp::WholeAfterDelay =>
+                                " (a job on shards asks Slurm for a whole GPU instead, after Slurm's requeue delay)",
+                        }
                     ));
                     // carma-monitor exports the node's count of recoveries.
                     let counted = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))
@@ -506,9 +522,29 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
 /// the job has left COMPLETING, i.e. after this epilog ends, so a detached
 /// follow-up (own process group: slurmd cleans up the epilog's) does it,
 /// told where Slurm's commands are.
-/// `whole`: the rerun is to have a GPU of its own, so a job on shards
-/// asks for a whole GPU instead (only a pending job takes that update).
-fn requeue(bin_dir: Option<&Path>, job: &str, whole: bool) -> Result<(), String> {
+/// What the follow-up of a requeue does once the job is pending.
+#[derive(Clone, Copy, PartialEq)]
+enum FollowUp {
+    /// Lifts Slurm's requeue delay.
+    Prompt,
+    /// Turns the job's shards into a whole GPU (the rerun is to have a GPU
+    /// of its own; only a pending job takes that update), then lifts the delay.
+    WholePrompt,
+    /// The same, leaving Slurm's delay in place.
+    WholeAfterDelay,
+}
+
+impl FollowUp {
+    fn arg(self) -> &'static str {
+        match self {
+            FollowUp::Prompt => "keep",
+            FollowUp::WholePrompt => "whole",
+            FollowUp::WholeAfterDelay => "whole-after-delay",
+        }
+    }
+}
+
+fn requeue(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     scontrol(bin_dir, &["requeue", job])?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -517,7 +553,7 @@ fn requeue(bin_dir: Option<&Path>, job: &str, whole: bool) -> Result<(), String>
         .arg("--prompt-restart")
         .arg(job)
         .arg(dir)
-        .arg(if whole { "whole" } else { "keep" })
+        .arg(next.arg())
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -527,10 +563,11 @@ fn requeue(bin_dir: Option<&Path>, job: &str, whole: bool) -> Result<(), String>
     Ok(())
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [whole|keep]]`: waits (at most a
-/// minute) until the requeued job is PENDING; with `whole`, turns its shards
-/// into a whole GPU (Slurm 23.11 and later apply it; 22.05 accepts the update
-/// but keeps the shards, measured); then sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|whole-after-delay]]`:
+/// waits (at most a minute) until the requeued job is PENDING; with
+/// `whole*`, turns its shards into a whole GPU (24.11 and later apply it,
+/// measured; 22.05 refuses the update); then, unless `whole-after-delay`,
+/// sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -548,7 +585,8 @@ fn prompt_restart(args: &[OsString]) -> i32 {
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
-            if args.get(2).is_some_and(|w| w == "whole") {
+            let how = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
+            if how.starts_with("whole") {
                 // slurmctld's field (squeue %b), never text the user wrote.
                 let tres = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%b", "-j", job]);
                 if let Some(whole) = tres.ok().as_deref().and_then(carma_tools::recovery::whole_gpu_for_shards) {
@@ -558,6 +596,9 @@ fn prompt_restart(args: &[OsString]) -> i32 {
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.
+            if how == "whole-after-delay" {
+                return 0;
+            }
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), "StartTime=now+3"]);
             return i32::from(update.is_err());
         }

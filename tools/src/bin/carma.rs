@@ -213,9 +213,12 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
         request.gpus = Some(1);
     }
     let facts = StepFacts { request, ..StepFacts::default() };
-    // As for a job that holds its GPU or shard from Slurm.
+    // As for a job that holds its GPU or shard from Slurm, with no GPUs of
+    // Slurm's to keep to: every GPU is a candidate (the plugin keeps a job
+    // to its own under gpu_owner: slurm).
     let node = NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() };
-    let plan = match resolve::resolve(&facts, &node, &cfg)? {
+    let any_gpu = Config { gpu_owner: carma_config::GpuOwner::Carma, ..cfg.clone() };
+    let plan = match resolve::resolve(&facts, &node, &any_gpu)? {
         Resolution::Place(plan) => plan,
         _ => return Err("give --mem, --policy or --gpus: a job without CARMA options is not placed by CARMA".into()),
     };
@@ -223,9 +226,6 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     // depends on whose job it is, is left out of the answer.
     let mut plan = plan;
     plan.request.mps_uid = None;
-    // No job, so no GPUs of Slurm's to keep to: every GPU is a candidate,
-    // as for a job Slurm gave all of them (the plugin keeps to the job's).
-    plan.request.within = None;
     let r = &plan.request;
     let (policy, count) = (r.policy, r.count);
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
