@@ -435,3 +435,47 @@ fn a_rerun_that_slurm_starts_on_another_node_is_still_a_recovery() {
     assert!(log2.contains(&format!("job {job}: run 1 recovers from an OOM (exclusive, recovery 1)")), "{log2}");
     report("fault", "a recovered job's rerun that slurmctld starts on another node is placed there as a recovery");
 }
+
+/// Under carma.yaml `gpu_owner: slurm` (the default; the test cluster sets
+/// carma) the exclusive rerun runs on the whole GPU Slurm gives it: the
+/// epilog turns its shard into a GPU, the rerun's job prolog records that
+/// GPU, and CARMA keeps the rerun to it (not to the first run's shard GPU,
+/// where the neighbour still runs).
+#[test]
+fn under_gpu_owner_slurm_an_oom_rerun_runs_on_the_whole_gpu_slurm_gives_it() {
+    require_cluster();
+    const CONF: &str = "/etc/slurm/carma.yaml";
+    let _conf = Restore::new(CONF);
+    let text = std::fs::read_to_string(CONF).unwrap();
+    std::fs::write(CONF, text.replace("\ngpu_owner: carma\n", "\ngpu_owner: slurm\n")).unwrap();
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let (nb, _) = submit(
+        &["-w", &host, "--carma-policy=ff", "--carma-mem=16G"],
+        // Past the rerun's start: its shard keeps GPU 0 from being handed
+        // out whole meanwhile (cancelled at the end).
+        "echo \"$CARMA_DECISION\"\ncarma-fakejob --mem 16G --seconds 300",
+    );
+    let _cancel_nb = Cancel(vec![nb.clone()]);
+    wait_reservations(1);
+    let body = format!("{PROBE}\n{VICTIM}");
+    let (victim, out) = submit(&["-w", &host, "--carma-policy=ff", "--carma-mem=8G", "--export=ALL,GROW=30G"], &body);
+    let _cancel = Cancel(vec![victim.clone()]);
+    assert_eq!(wait_done(&victim, 300), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let runs: Vec<&str> = text.lines().filter(|l| l.starts_with("RUN ")).collect();
+    assert_eq!(runs.len(), 2, "{text}");
+    assert!(runs[0].contains("gpu_indices=0 ") && runs[0].contains("exclusive=false"), "{text}");
+    assert!(runs[1].contains("recovery=exclusive") && runs[1].contains("exclusive=true"), "{text}");
+    assert!(!runs[1].contains("gpu_indices=0 "), "the rerun stayed on the first run's shard GPU: {text}");
+    let probes = probe_lines(&text);
+    assert_eq!(probes.len(), 2, "{text}");
+    for (told, opened) in &probes {
+        assert_eq!((told.len(), opened), (1, told), "{text}");
+    }
+    let tres = field(&victim, "TresPerNode");
+    assert!(tres.contains("gpu:1") && !tres.contains("shard"), "rerun's request: {tres}");
+    assert!(text.contains("carma-fakejob: done"), "{text}");
+    root(&["scancel", &nb], 20).ok();
+    wait_completed(&nb);
+    wait_released();
+}

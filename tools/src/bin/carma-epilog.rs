@@ -155,15 +155,9 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             // for a transparently collocated job: job_submit.lua's
             // job_modify would turn the GPU back into a shard.
             let whole = need_mib.is_none() && transparent.is_none();
-            // Under gpu_owner: slurm the rerun must start after Slurm's
-            // requeue delay: a rerun within it on this node gets no job
-            // prolog, so the record of its Slurm GPUs would still name the
-            // first run's shard GPU, not its new whole GPU.
-            let follow_up = match (whole, cfg.gpu_owner) {
-                (false, _) => FollowUp::Prompt,
-                (true, carma_config::GpuOwner::Carma) => FollowUp::WholePrompt,
-                (true, carma_config::GpuOwner::Slurm) => FollowUp::WholeAfterDelay,
-            };
+            // The job prolog of the rerun records its new GPU (measured on
+            // 24.11 and 26.05: it runs for a requeued job's next start).
+            let follow_up = if whole { FollowUp::WholePrompt } else { FollowUp::Prompt };
             match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), follow_up).map(|()| r)) {
                 Ok(job_ref) => {
                     // Requeued, the job is pending and takes updates again
@@ -179,8 +173,6 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
                         match follow_up {
                             FollowUp::Prompt => "",
                             FollowUp::WholePrompt => " (a job on shards asks Slurm for a whole GPU instead)",
-                            FollowUp::WholeAfterDelay =>
-                                " (a job on shards asks Slurm for a whole GPU instead, after Slurm's requeue delay)",
                         }
                     ));
                     // carma-monitor exports the node's count of recoveries.
@@ -530,8 +522,6 @@ enum FollowUp {
     /// Turns the job's shards into a whole GPU (the rerun is to have a GPU
     /// of its own; only a pending job takes that update), then lifts the delay.
     WholePrompt,
-    /// The same, leaving Slurm's delay in place.
-    WholeAfterDelay,
 }
 
 impl FollowUp {
@@ -539,7 +529,6 @@ impl FollowUp {
         match self {
             FollowUp::Prompt => "keep",
             FollowUp::WholePrompt => "whole",
-            FollowUp::WholeAfterDelay => "whole-after-delay",
         }
     }
 }
@@ -563,11 +552,10 @@ fn requeue(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), Stri
     Ok(())
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|whole-after-delay]]`:
-/// waits (at most a minute) until the requeued job is PENDING; with
-/// `whole*`, turns its shards into a whole GPU (24.11 and later apply it,
-/// measured; 22.05 refuses the update); then, unless `whole-after-delay`,
-/// sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole]]`: waits (at most a
+/// minute) until the requeued job is PENDING; with `whole`, turns its
+/// shards into a whole GPU (24.11 and later apply it, measured; 22.05
+/// refuses the update); then sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -586,7 +574,7 @@ fn prompt_restart(args: &[OsString]) -> i32 {
         let state = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
             let how = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
-            if how.starts_with("whole") {
+            if how == "whole" {
                 // slurmctld's field (squeue %b), never text the user wrote.
                 let tres = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%b", "-j", job]);
                 if let Some(whole) = tres.ok().as_deref().and_then(carma_tools::recovery::whole_gpu_for_shards) {
@@ -596,9 +584,6 @@ fn prompt_restart(args: &[OsString]) -> i32 {
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.
-            if how == "whole-after-delay" {
-                return 0;
-            }
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), "StartTime=now+3"]);
             return i32::from(update.is_err());
         }
