@@ -31,6 +31,13 @@ pub enum PlaceError {
     Ended {
         waited: Duration,
     },
+    /// Another launch's holder of the lock answered with GPUs outside the
+    /// job's Slurm GPUs: an older build, during an upgrade, that does not
+    /// know `Request::within`. The answer was given back.
+    OutsideSlurms {
+        gpus: Vec<u32>,
+        within: Vec<u32>,
+    },
 }
 
 impl fmt::Display for PlaceError {
@@ -45,6 +52,12 @@ impl fmt::Display for PlaceError {
             PlaceError::Ended { waited } => {
                 write!(f, "the job ended while its step waited {:.1}s for a GPU", waited.as_secs_f64())
             }
+            PlaceError::OutsideSlurms { gpus, within } => write!(
+                f,
+                "an older CARMA build on this node (an upgrade in progress) placed the step on GPU(s) {}, not among the job's Slurm GPU(s) {}; given back (steps started after the node's old steps end are placed as they should be)",
+                crate::gpu::index_list(gpus),
+                crate::gpu::index_list(within)
+            ),
         }
     }
 }
@@ -317,7 +330,7 @@ impl Placer {
                 // No queue (or no room in it): wait for the lock, bounded.
                 None => (self.store.exclusive()?, None),
                 Some((q, slot)) => match answer_or_lock(&self.store, q, slot)? {
-                    Waited::Answered(d) => return Ok(d),
+                    Waited::Answered(d) => return self.within_slurms(step, req, d),
                     Waited::Locked(lock) => (lock, Some(slot)),
                 },
             },
@@ -327,7 +340,8 @@ impl Placer {
             // leaves the queue, unless it was answered meanwhile.
             q.recover_taken();
             if let Some(d) = own.and_then(|s| q.withdraw(s)) {
-                return Ok(d);
+                drop(lock);
+                return self.within_slurms(step, req, d);
             }
         }
         // A failed read returns with the lock, which gives it back.
@@ -336,6 +350,23 @@ impl Placer {
             None => read_source(&mut self.source)?,
         };
         self.decide_queued(lock, step, req, &readings)
+    }
+
+    /// An answer another launch decided for us, checked against the job's
+    /// Slurm GPUs: a holder of an older build ignores them.
+    fn within_slurms(&self, step: StepRef, req: &Request, d: Decision) -> Result<Decision, PlaceError> {
+        match &req.within {
+            Some(within) if !d.gpus.iter().all(|g| within.contains(g)) => {
+                if let Err(e) = self.release(step) {
+                    (self.log)(&format!(
+                        "job {} step holder {}: giving back a foreign answer: {e}",
+                        step.job, step.holder
+                    ));
+                }
+                Err(PlaceError::OutsideSlurms { gpus: d.gpus, within: within.clone() })
+            }
+            _ => Ok(d),
+        }
     }
 
     /// Under the exclusive lock (dead deciders' requests queued again, ours

@@ -243,3 +243,62 @@ fn a_failed_read_under_the_lock_gives_the_lock_back_and_leaves_no_slot() {
     // The lock is free again: another launch is placed at once.
     placer(&d.0).try_place(StepRef { job: 4, holder: me }, &request(Policy::Magm, 4096)).unwrap();
 }
+
+/// During an upgrade an older build may hold the lock and decide a newer
+/// launch's queued request without keeping to the job's Slurm GPUs (it does
+/// not know `within`): the launch refuses such an answer and gives it back,
+/// rather than run on a GPU Slurm may hand whole to another job.
+#[test]
+fn an_answer_outside_the_jobs_slurm_gpus_is_given_back_and_refused() {
+    let d = node("foreign", 2, 20480);
+    let me = std::process::id();
+    let step = StepRef { job: 9, holder: me };
+    let req = Request { within: Some(vec![0]), ..request(Policy::Magm, 4096) };
+    let store = StateStore::open(&d.0.join("state"), Duration::from_secs(10), Box::new(|_| {})).unwrap();
+    let lock = store.exclusive().unwrap();
+    let launch = {
+        let (dir, req) = (d.0.clone(), req.clone());
+        std::thread::spawn(move || placer(&dir).try_place(step, &req))
+    };
+    // The "older holder" (this thread, holding the lock): takes the queued
+    // request, records it on GPU 1 as a policy that knew nothing of
+    // `within` might, and answers.
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    let taken = loop {
+        let t = q.take_queued(&[], &|_| {});
+        if !t.is_empty() {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(taken[0].request.within, Some(vec![0]), "the request kept its Slurm GPUs through the queue");
+    let mut lock = lock;
+    let mut st = lock.load().unwrap();
+    let mut r = carma_placement::Reservation::slurm_whole(9, vec![1], 1);
+    (r.holding, r.exclusive, r.holders, r.estimate_mib) = (carma_placement::Holding::Carma, false, vec![me], 4096);
+    st.reservations.push(r);
+    lock.store(&st).unwrap();
+    let foreign = carma_placement::Decision {
+        gpus: vec![1],
+        exclusive: false,
+        reserve_mib: 4096,
+        reused: false,
+        history_mib: None,
+        free_mib: vec![20480],
+        metric: carma_config::ActivityMetric::Sm,
+        activity: vec![0.0],
+        learned_runtime_mib: None,
+        learned_from: None,
+    };
+    q.answer(taken[0].slot, &foreign);
+    drop(lock);
+    let err = launch.join().unwrap().unwrap_err().to_string();
+    assert!(err.contains("not among the job's Slurm GPU(s) 0") && err.contains("given back"), "{err}");
+    let st = store.snapshot().unwrap();
+    assert!(
+        st.reservations.iter().all(|r| r.job != 9),
+        "the foreign answer's reservation stayed: {:?}",
+        st.reservations
+    );
+    assert_eq!(busy(&d.0), 0);
+}
