@@ -191,11 +191,9 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
     // Asking for more GPUs than Slurm allocated cannot be met by waiting.
     if let Some(within) = request.within.as_ref().filter(|w| request.count as usize > w.len()) {
         return Err(format!(
-            "the step asks for {} GPUs but Slurm allocated the job {} on this node (a job's shards come from one GPU; gpu_owner: slurm): ask --gres=gpu:{} for {} GPUs",
+            "the step asks for {0} GPUs but Slurm allocated the job {1} on this node (a job's shards come from one GPU; gpu_owner: slurm): ask --gres=gpu:{0} for {0} GPUs",
             request.count,
-            within.len(),
-            request.count,
-            request.count
+            within.len()
         ));
     }
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
