@@ -193,7 +193,11 @@ const CONF: &str = "/etc/slurm/carma.yaml";
 /// Slurm's major release on this cluster (22 for 22.05).
 fn slurm_major() -> u32 {
     let version = root(&["scontrol", "--version"], 10).ok().stdout;
-    version.split_whitespace().last().and_then(|v| v.split('.').next()?.parse().ok()).unwrap_or(0)
+    version
+        .split_whitespace()
+        .last()
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no Slurm version in {version:?}"))
 }
 
 /// The reverse order (#37): CARMA jobs first, then plain whole-GPU jobs in

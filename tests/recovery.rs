@@ -448,6 +448,9 @@ fn under_gpu_owner_slurm_an_oom_rerun_runs_on_the_whole_gpu_slurm_gives_it() {
     let _conf = Restore::new(CONF);
     let text = std::fs::read_to_string(CONF).unwrap();
     std::fs::write(CONF, text.replace("\ngpu_owner: carma\n", "\ngpu_owner: slurm\n")).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&root(&["carma", "status", "--json"], 20).ok().stdout).unwrap();
+    assert_eq!(status["gpu_owner"], "slurm", "the switch to gpu_owner: slurm did not take");
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     let (nb, _) = submit(
         &["-w", &host, "--carma-policy=ff", "--carma-mem=16G"],

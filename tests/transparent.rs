@@ -337,6 +337,9 @@ fn under_gpu_owner_slurm_a_job_of_two_gpus_in_a_scope_keeps_them_whole() {
     let _restore = OwnerRestored(Restore::new("/etc/slurm/carma.yaml"), Restore::new("/etc/slurm/carma-scopes"));
     let conf = std::fs::read_to_string("/etc/slurm/carma.yaml").unwrap();
     std::fs::write("/etc/slurm/carma.yaml", conf.replace("\ngpu_owner: carma\n", "\ngpu_owner: slurm\n")).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&root(&["carma", "status", "--json"], 20).ok().stdout).unwrap();
+    assert_eq!(status["gpu_owner"], "slurm", "the switch to gpu_owner: slurm did not take");
     root(
         &["carma", "transparent-scopes", "--config", "/etc/slurm/carma.yaml", "--output", "/etc/slurm/carma-scopes"],
         20,
