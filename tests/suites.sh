@@ -6,7 +6,8 @@
 #
 #   tests/suites.sh LIST SUITE...   LIST: "name executable" lines
 #                                   (tests/run.sh writes it); SUITE: a name,
-#                                   or `all`
+#                                   NAME:PART,PART (only its tests whose
+#                                   names hold a PART), or `all`
 #
 # Runs every suite named, one test at a time (they share one cluster), and
 # exits non-zero if any failed. Prints how long each took.
@@ -45,12 +46,19 @@ for _ in 1 2 3 4 5 6 7 8 9 10; do
 done
 [ -z "$before" ] || { echo "suites.sh: nodes not up before the first suite: $before" >&2; exit 1; }
 failed=()
-for name in "${names[@]}"; do
+for entry in "${names[@]}"; do
+    name=${entry%%:*} parts=()
+    [ "$name" = "$entry" ] || IFS=, read -ra parts <<<"${entry#*:}"
     exe=$(awk -v n="$name" '$1 == n {print $2}' "$list")
     [ -n "$exe" ] || { echo "suites.sh: no suite '$name' in $list" >&2; failed+=("$name"); continue; }
-    echo "== suite $name on Slurm $series"
+    echo "== suite $entry on Slurm $series"
     start=$SECONDS
-    if ! "$exe" --test-threads=1; then
+    # A part that names no test would pass unseen: each must name one.
+    for part in "${parts[@]}"; do
+        "$exe" --list "$part" 2>/dev/null | grep -q ': test$' ||
+            { echo "suites.sh: no test of suite $name holds '$part'" >&2; failed+=("$entry"); }
+    done
+    if ! "$exe" --test-threads=1 "${parts[@]}"; then
         failed+=("$name")
         # What CARMA and slurmd said meanwhile: CI keeps nothing else.
         for f in /var/log/carma/carma*.log /var/log/carma-cluster/slurmd*.log; do
@@ -59,7 +67,7 @@ for name in "${names[@]}"; do
             tail -n 40 "$f"
         done
     fi
-    echo "== suite $name on Slurm $series: $((SECONDS - start)) s"
+    echo "== suite $entry on Slurm $series: $((SECONDS - start)) s"
     # No suite leaves a node drained, down or not responding (a '*' after
     # the state): CARMA must never cost a site a node. A slurmd a suite
     # restarted may take a few seconds to register again.
