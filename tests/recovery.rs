@@ -482,3 +482,108 @@ fn under_gpu_owner_slurm_an_oom_rerun_runs_on_the_whole_gpu_slurm_gives_it() {
     wait_completed(&nb);
     wait_released();
 }
+
+const NODE1_CONF: &str = "/etc/slurm/carma.yaml";
+const NODE2_CONF: &str = "/etc/slurm/node2/carma.yaml";
+
+/// carma.yaml `no_fit: hand_back` (with a short wait and `extra`) on the
+/// node whose file `conf` is; the file is put back when the guard drops.
+fn hand_back_on(conf: &'static str, extra: &str) -> Restore {
+    let guard = Restore::new(conf);
+    let text = String::from_utf8(guard.saved().expect("carma.yaml")).unwrap();
+    assert!(text.contains("wait: 60s"), "the test cluster's carma.yaml changed: {text}");
+    let text = text.replace("wait: 60s", "wait: 2s") + "no_fit: hand_back\n" + extra;
+    std::fs::write(conf, text).unwrap();
+    guard
+}
+
+/// Four jobs of 30G, one per GPU of the node (`-w`; its carma.yaml
+/// `conf`, which names its GPUs), none of which leaves room for 20G;
+/// returns their ids (cancel them).
+fn fill_node(partition: &str, node: &str, conf: &str) -> Vec<String> {
+    let body = format!("carma-fakejob --config {conf} --mem 30G --seconds 300");
+    (0..4).map(|_| submit(&["-p", partition, "-w", node, "--carma-policy=ff", "--carma-mem=30G"], &body).0).collect()
+}
+
+/// The node the job's (last) run was on.
+fn ran_on(job: &str) -> String {
+    root(&["squeue", "-h", "-t", "all", "-j", job, "-o", "%N"], 20).stdout.trim().to_string()
+}
+
+/// `no_fit: hand_back`: a job that finds no GPU on the node slurmctld
+/// sent it to (its free memory split across GPUs, none with room) is not
+/// held in slurmstepd: its batch step fails at once, carma-epilog
+/// requeues it with that node excluded, and it runs on the empty node.
+/// The reason is in its output and the count in AdminComment.
+#[test]
+fn a_job_handed_back_runs_on_the_other_node() {
+    require_cluster();
+    let _conf = hand_back_on(NODE1_CONF, "");
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let fillers = fill_node("debug", &host, NODE1_CONF);
+    let _cancel_fillers = Cancel(fillers);
+    wait_reservations(4);
+    // slurmctld sends a job that fits anywhere to the first node.
+    let started = Instant::now();
+    let (job, out) = submit(
+        &["-p", "multi", "--carma-policy=ff", "--carma-mem=20G"],
+        "echo \"RAN on $SLURMD_NODENAME: $CARMA_DECISION\"",
+    );
+    let _cancel = Cancel(vec![job.clone()]);
+    assert_eq!(wait_done(&job, 120), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let node2 = node2();
+    assert_eq!(ran_on(&job), node2, "{text}");
+    assert!(text.contains(&format!("RAN on {node2}: ")), "{text}");
+    assert!(text.contains("handed back to Slurm (no_fit: hand_back)"), "the first run's error: {text}");
+    assert!(
+        text.contains(&format!(
+            "found no GPU on {host}; handed back to Slurm, requeued to run on another node (hand-back 1 of 3)"
+        )),
+        "carma-epilog's line: {text}"
+    );
+    let comment = job_field(&job, "AdminComment");
+    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
+    assert_eq!(field(&job, "ExcNodeList"), host);
+    println!("handed back and run on {node2} in {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Past `max_hand_backs` the job fails with the reason: handed back once
+/// from the first node, found no GPU on the second either (counted from
+/// AdminComment there), and ends FAILED, saying so in its output.
+#[test]
+fn a_job_past_its_hand_backs_fails_with_the_reason() {
+    require_cluster();
+    let _conf = hand_back_on(NODE1_CONF, "max_hand_backs: 1\n");
+    let _conf2 = hand_back_on(NODE2_CONF, "max_hand_backs: 1\n");
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let node2 = node2();
+    let mut fillers = fill_node("debug", &host, NODE1_CONF);
+    fillers.extend(fill_node("multi", &node2, NODE2_CONF));
+    let _cancel_fillers = Cancel(fillers.clone());
+    for f in &fillers {
+        let start = Instant::now();
+        while field(f, "JobState") != "RUNNING" {
+            assert!(start.elapsed() < Duration::from_secs(60), "filler {f} did not start");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    wait_reservations(4);
+    // The second node's fillers are placed (its monitor publishes them).
+    std::thread::sleep(Duration::from_secs(3));
+    let (job, out) = submit(&["-p", "multi", "--carma-policy=ff", "--carma-mem=20G"], "echo RAN");
+    let _cancel = Cancel(vec![job.clone()]);
+    assert_eq!(wait_done(&job, 120), "FAILED");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(!text.contains("RAN"), "{text}");
+    assert!(text.contains(&format!("found no GPU on {host}; handed back to Slurm")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "found no GPU on {node2} after 1 hand-back(s); not handed back again (max_hand_backs=1): policy ff, estimate 20480M"
+        )),
+        "{text}"
+    );
+    assert_eq!(ran_on(&job), node2);
+    let comment = job_field(&job, "AdminComment");
+    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
+}

@@ -35,6 +35,10 @@ pub enum NoFitAction {
     Wait,
     /// Fail the step at once with the reason.
     Fail,
+    /// Re-check like `Wait`; then a batch step is handed back to Slurm:
+    /// it fails, and carma-epilog requeues its job with this node
+    /// excluded (at most `max_hand_backs` times). Other steps fail.
+    HandBack,
 }
 
 /// How an OOM-crashed job is rerun.
@@ -256,6 +260,9 @@ pub struct Config {
     pub slurm_bin_dir: Option<PathBuf>,
     pub unknown_estimate: UnknownEstimate,
     pub no_fit: NoFitAction,
+    /// How often one job is handed back (`no_fit: hand_back`) before its
+    /// next refusal fails it.
+    pub max_hand_backs: u32,
     pub recovery_mode: RecoveryMode,
     pub max_recoveries: u32,
     pub looser_margin_mib: u64,
@@ -346,6 +353,7 @@ impl Default for Config {
             slurm_bin_dir: option_env!("CARMA_SLURM_BIN_DIR").filter(|d| !d.is_empty()).map(PathBuf::from),
             unknown_estimate: UnknownEstimate::Exclusive,
             no_fit: NoFitAction::Wait,
+            max_hand_backs: 3,
             recovery_mode: RecoveryMode::Exclusive,
             max_recoveries: 1,
             looser_margin_mib: 2048,
@@ -502,6 +510,7 @@ struct RawConfig {
     slurm_bin_dir: Option<String>,
     unknown_estimate: Option<Scalar>,
     no_fit: Option<String>,
+    max_hand_backs: Option<u32>,
     recovery: Option<RawRecovery>,
     oom_patterns: Option<Vec<String>>,
     extra_oom_patterns: Option<Vec<String>>,
@@ -720,10 +729,17 @@ impl RawConfig {
             c.no_fit = match a.as_str() {
                 "wait" => NoFitAction::Wait,
                 "fail" => NoFitAction::Fail,
+                "hand_back" => NoFitAction::HandBack,
                 _ => {
-                    return Err(bad("no_fit", format!("'{a}' is not an action; use wait or fail")));
+                    return Err(bad("no_fit", format!("'{a}' is not an action; use wait, fail or hand_back")));
                 }
             };
+        }
+        if let Some(n) = self.max_hand_backs {
+            if n > 10 {
+                return Err(bad("max_hand_backs", format!("{n} is out of range; use 0 to 10")));
+            }
+            c.max_hand_backs = n;
         }
         if let Some(r) = self.recovery {
             if let Some(m) = r.mode {
@@ -1021,7 +1037,7 @@ mod tests {
         let c = parse(
             "default_policy: bf\nsm_activity_cap: 0.7\nheadroom: 1G\nmonitor_window: 30s\n\
              gpu_source: {simulated: /var/lib/carma-sim/gpus.yaml}\nstate_dir: /var/lib/carma\n\
-             unknown_estimate: 8G\nno_fit: fail\nrecovery: {mode: looser, max_recoveries: 2, looser_margin: 1024}\n\
+             unknown_estimate: 8G\nno_fit: hand_back\nmax_hand_backs: 2\nrecovery: {mode: looser, max_recoveries: 2, looser_margin: 1024}\n\
              extra_oom_patterns: [\"MyFramework OOM\"]\ntimeouts: {lock: 2s, wait: 5m, poll: 500ms}\n",
         )
         .unwrap();
@@ -1033,7 +1049,9 @@ mod tests {
         let s = parse("slurm_bin_dir: /opt/slurm/bin\n").unwrap();
         assert_eq!(s.slurm_bin_dir, Some(PathBuf::from("/opt/slurm/bin")));
         assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
-        assert_eq!(c.no_fit, NoFitAction::Fail);
+        assert_eq!(c.no_fit, NoFitAction::HandBack);
+        assert_eq!(c.max_hand_backs, 2);
+        assert_eq!(parse("no_fit: fail\n").unwrap().no_fit, NoFitAction::Fail);
         assert_eq!(c.recovery_mode, RecoveryMode::Looser);
         assert_eq!(c.max_recoveries, 2);
         assert_eq!(c.looser_margin_mib, 1024);
@@ -1077,6 +1095,7 @@ mod tests {
             ("state_dir: var/lib\n", "state_dir"),
             ("slurm_bin_dir: opt/slurm/bin\n", "slurm_bin_dir"),
             ("no_fit: pray\n", "no_fit"),
+            ("max_hand_backs: 11\n", "max_hand_backs"),
             ("recovery: {mode: twice}\n", "recovery.mode"),
             ("timeouts: {lock: 0s}\n", "timeouts"),
             ("oom_patterns: [\"\"]\n", "oom_patterns"),

@@ -46,6 +46,10 @@ fn transparent_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("transparent-{job}"))
 }
 
+fn hand_back_path(dir: &Path, job: u32) -> PathBuf {
+    dir.join(format!("handback-{job}"))
+}
+
 /// Root writes these in a directory users cannot write; still, no planted
 /// link or FIFO is ever followed (see fsutil::write_atomic).
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
@@ -192,6 +196,39 @@ pub fn read_transparent(dir: &Path, job: u32) -> Option<Transparent> {
     Some(Transparent { scope, signature: words.next().map(str::to_string) })
 }
 
+/// The longest reason a hand-back file keeps (it is read back bounded).
+const HAND_BACK_REASON: usize = 200;
+
+/// slurmstepd found no GPU for the job's batch step here (`no_fit:
+/// hand_back`) and failed it: carma-epilog is to requeue the job away
+/// from this node. `reason`: why, as the step's error said it (cut short).
+pub fn write_hand_back(dir: &Path, job: u32, reason: &str) -> std::io::Result<()> {
+    let line: String = reason.chars().filter(|c| !c.is_control()).take(HAND_BACK_REASON).collect();
+    write_atomic(&hand_back_path(dir, job), &format!("{line}\n"))
+}
+
+/// The reason slurmstepd handed the job back here, if it did.
+pub fn read_hand_back(dir: &Path, job: u32) -> Option<String> {
+    let text = String::from_utf8(crate::fsutil::read_bounded(&hand_back_path(dir, job), 1024).ok()??).ok()?;
+    Some(text.trim().to_string())
+}
+
+/// Hand-backs as an AdminComment entry: the job's count so far (this one
+/// included) and the node it last left; read back wherever it reruns.
+pub const HAND_BACK_KEY: &str = "carma-hand-back:";
+
+pub fn hand_back_entry(count: u32, node: &str, reason: &str) -> String {
+    let reason: String = reason.chars().filter(|c| !c.is_control() && *c != '|').take(120).collect();
+    format!("{HAND_BACK_KEY} n={count} from={node} ({reason})")
+}
+
+/// Hand-backs the job had so far, from its AdminComment (0 without one).
+pub fn hand_backs_in_comment(comment: &[u8]) -> u32 {
+    let Some(text) = crate::admin_comment::entry(comment, HAND_BACK_KEY) else { return 0 };
+    let text = String::from_utf8_lossy(text);
+    text.split_whitespace().find_map(|w| w.strip_prefix("n=")?.parse().ok()).unwrap_or(0)
+}
+
 /// Forgets a run's files of a job. The prolog's GPU list stays: a job
 /// requeued from the epilog reruns here without the prolog (see above).
 pub fn remove(dir: &Path, job: u32) {
@@ -199,6 +236,7 @@ pub fn remove(dir: &Path, job: u32) {
     let _ = std::fs::remove_file(restart_path(dir, job));
     let _ = std::fs::remove_file(transparent_path(dir, job));
     let _ = std::fs::remove_file(output_path(dir, job));
+    let _ = std::fs::remove_file(hand_back_path(dir, job));
 }
 
 /// Forgets every file of a job that has ended for good.
@@ -219,7 +257,7 @@ pub fn older_than(dir: &Path, age: std::time::Duration, max: usize) -> Vec<u32> 
         .filter_map(|e| {
             let name = e.file_name();
             let name = name.to_str()?;
-            let job = ["recovery-", "restart-", "transparent-", "output-", "gpus-"]
+            let job = ["recovery-", "restart-", "transparent-", "output-", "gpus-", "handback-"]
                 .iter()
                 .find_map(|p| name.strip_prefix(p))?
                 .parse()
@@ -278,6 +316,25 @@ mod tests {
         assert!(read_output_ends(&d.0, 7).is_empty());
         std::fs::write(d.0.join("recovery-9"), "bogus").unwrap();
         assert_eq!(read_recovery(&d.0, 9), None);
+    }
+
+    /// A hand-back's reason is kept on one short line, and its count
+    /// travels in AdminComment, where no text of the reason can pose as
+    /// another entry or another count.
+    #[test]
+    fn a_hand_back_is_kept_here_and_counted_in_admin_comment() {
+        let d = TempDir::new();
+        assert_eq!(read_hand_back(&d.0, 5), None);
+        write_hand_back(&d.0, 5, &format!("no GPU fits\nfake line {}", "x".repeat(400))).unwrap();
+        let kept = read_hand_back(&d.0, 5).unwrap();
+        assert!(kept.starts_with("no GPU fitsfake line x") && kept.chars().count() == 200, "{kept}");
+        remove(&d.0, 5);
+        assert_eq!(read_hand_back(&d.0, 5), None);
+        let e = hand_back_entry(2, "node1", "model n=9 | carma-hand-back: n=0");
+        assert_eq!(e, "carma-hand-back: n=2 from=node1 (model n=9  carma-hand-back: n=0)");
+        let comment = crate::admin_comment::merge(b"site note", HAND_BACK_KEY, &e);
+        assert_eq!(hand_backs_in_comment(&comment), 2);
+        assert_eq!(hand_backs_in_comment(b"site note | carma@n1: policy=ff"), 0);
     }
 
     /// The verdict travels in AdminComment to the run it is for, and to no

@@ -40,6 +40,14 @@ pub enum PlaceError {
     },
 }
 
+impl PlaceError {
+    /// No GPU fitted (at once, or by the end of the wait): what another
+    /// node may not have to say.
+    pub fn is_no_fit(&self) -> bool {
+        matches!(self, PlaceError::NoFit(_) | PlaceError::TimedOut { .. })
+    }
+}
+
 impl fmt::Display for PlaceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

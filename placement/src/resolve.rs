@@ -79,8 +79,11 @@ pub enum Resolution {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub request: Request,
-    /// How long to wait for a fit (`no_fit: wait`), else zero.
+    /// How long to wait for a fit (`no_fit: wait` or `hand_back`), else zero.
     pub wait: Duration,
+    /// Handed back to Slurm when nothing fits by then (`no_fit:
+    /// hand_back`, a batch step: only a batch job can be requeued).
+    pub hand_back: bool,
     /// The transparent mark carma-epilog needs to recover the job.
     pub transparent: Option<jobfiles::Transparent>,
     /// Lines for the log that are not errors.
@@ -198,8 +201,17 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
     }
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
     let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));
-    let wait = if cfg.no_fit == NoFitAction::Wait { cfg.timeouts.wait } else { Duration::ZERO };
-    Ok(Resolution::Place(Box::new(Plan { request, wait, transparent: transparent_mark, notes, recovery, scope })))
+    let wait = if cfg.no_fit == NoFitAction::Fail { Duration::ZERO } else { cfg.timeouts.wait };
+    let hand_back = cfg.no_fit == NoFitAction::HandBack && f.batch_step;
+    Ok(Resolution::Place(Box::new(Plan {
+        request,
+        wait,
+        hand_back,
+        transparent: transparent_mark,
+        notes,
+        recovery,
+        scope,
+    })))
 }
 
 /// The per-GPU estimate, its source, signature and fixed part: `--carma-mem`,

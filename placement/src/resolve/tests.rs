@@ -215,3 +215,21 @@ fn a_carma_step_without_a_slurm_gpu_is_refused() {
     // A plain step (no options, no shards) is not refused: it is not CARMA's.
     assert_eq!(resolve(&facts(&[]), &NodeFacts::default(), &cfg).unwrap(), Resolution::Nothing);
 }
+
+/// `no_fit` decides the wait; only a batch step is handed back (a job
+/// can be requeued; a step inside it cannot).
+#[test]
+fn no_fit_sets_the_wait_and_only_a_batch_step_is_handed_back() {
+    let f = facts(&[(OptionName::Mem, "8G")]);
+    let batch = StepFacts { batch_step: true, ..f.clone() };
+    let wait = config("timeouts: {wait: 7s}\n");
+    let p = plan(resolve(&batch, &held(), &wait).unwrap());
+    assert_eq!((p.wait, p.hand_back), (Duration::from_secs(7), false));
+    let fail = config("no_fit: fail\n");
+    assert_eq!(plan(resolve(&batch, &held(), &fail).unwrap()).wait, Duration::ZERO);
+    let back = config("no_fit: hand_back\ntimeouts: {wait: 7s}\n");
+    let p = plan(resolve(&batch, &held(), &back).unwrap());
+    assert_eq!((p.wait, p.hand_back), (Duration::from_secs(7), true));
+    let p = plan(resolve(&f, &held(), &back).unwrap());
+    assert_eq!((p.wait, p.hand_back), (Duration::from_secs(7), false), "a step of srun: it fails after its wait");
+}

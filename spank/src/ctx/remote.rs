@@ -175,7 +175,7 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     };
     let decision = placer
         .place(step, &plan.request, plan.wait, cfg.timeouts.poll, &mut alive)
-        .map_err(|e| Error::msg(plan.failure(&e)))?;
+        .map_err(|e| Error::msg(refused(cfg, &plan, job, &e)))?;
     if let Some(mark) = plan.transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
         // and under which signature to remember what an OOM needed. The
@@ -204,6 +204,26 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     log::event(&format!("job {job} step {step_name}: {summary} in_hook={}ms", started.elapsed().as_millis()));
     let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
+}
+
+/// Why the step was not placed; for a batch step with `no_fit: hand_back`
+/// that found no GPU, the mark that has carma-epilog requeue the job away
+/// from this node (Slurm's choice of node, not a wait here, tries again).
+fn refused(cfg: &Config, plan: &resolve::Plan, job: u32, e: &carma_placement::PlaceError) -> String {
+    let why = plan.failure(e);
+    if !(plan.hand_back && e.is_no_fit()) {
+        return why;
+    }
+    match jobfiles::write_hand_back(&cfg.state_dir, job, &why) {
+        Ok(()) => format!(
+            "{why}; handed back to Slurm (no_fit: hand_back): the job is requeued to run on another node, at most {} times",
+            cfg.max_hand_backs
+        ),
+        Err(w) => {
+            log::error(&format!("job {job}: cannot hand it back ({}: {w})", cfg.state_dir.display()));
+            why
+        }
+    }
 }
 
 /// Why root cannot write a byte in `dir` now (a full disk), if it cannot.

@@ -69,11 +69,26 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     // The job's CARMA options, as the submit host resolved them; or the
     // mark slurmstepd left when it collocated the job transparently.
     let mut req = JobRequest::default();
+    let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
+    let earlier = jobfiles::read_output_ends(&cfg.state_dir, job_no);
+    // slurmstepd found no GPU here for the batch step and failed it
+    // (no_fit: hand_back): the job never ran, so there is no OOM to look for.
+    if let Some(reason) = jobfiles::read_hand_back(&cfg.state_dir, job_no).filter(|_| status != 0) {
+        let ends = scan_output(cfg, &job, &earlier, 0).ends;
+        jobfiles::remove(&cfg.state_dir, job_no);
+        if !ends.is_empty()
+            && let Err(e) = jobfiles::write_output_ends(&cfg.state_dir, job_no, &ends)
+        {
+            log(&format!("job {job}: cannot record where its output ended in {}: {e}", cfg.state_dir.display()));
+        }
+        hand_back(cfg, &job, job_no, &reason, log);
+        sweep_stale_jobfiles(cfg, log);
+        return Ok(());
+    }
     let transparent = jobfiles::read_transparent(&cfg.state_dir, job_no);
     let carma = OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some())
         || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
-    let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
     // Slurm's restart count of this run (slurmd's environment; `None` where
     // Slurm did not say).
     let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
@@ -87,7 +102,6 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     };
     let mut scanned = None;
     let mut ends = None;
-    let earlier = jobfiles::read_output_ends(&cfg.state_dir, job_no);
     if needs_scan(carma, status) {
         let scan = scan_output(cfg, &job, &earlier, TAIL_BYTES);
         // Where this run's output ended, even if the scan failed on a file.
@@ -158,7 +172,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             // The job prolog of the rerun records its new GPU (measured on
             // 24.11 and 26.05: it runs for a requeued job's next start).
             let follow_up = if whole { FollowUp::WholePrompt } else { FollowUp::Prompt };
-            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), follow_up).map(|()| r)) {
+            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), &follow_up).map(|()| r)) {
                 Ok(job_ref) => {
                     // Requeued, the job is pending and takes updates again
                     // (slurmctld refuses them for a finished job): the
@@ -171,8 +185,8 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
                         facts.max_recoveries,
                         facts.mode.name(),
                         match follow_up {
-                            FollowUp::Prompt => "",
                             FollowUp::WholePrompt => " (a job on shards asks Slurm for a whole GPU instead)",
+                            _ => "",
                         }
                     ));
                     // carma-monitor exports the node's count of recoveries.
@@ -188,6 +202,52 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     }
     sweep_stale_jobfiles(cfg, log);
     Ok(())
+}
+
+/// Requeues a job slurmstepd handed back (no GPU fitted here) to run on
+/// another node: this node joins its excluded nodes. Counted in its
+/// AdminComment, wherever it runs next; past `max_hand_backs` it fails,
+/// with the reason in its output. Without the count (slurmctld not
+/// answering) it is not requeued: the bound must hold.
+fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, log: &dyn Fn(&str)) {
+    let bin = cfg.slurm_bin_dir.as_deref();
+    let node = env("SLURMD_NODENAME");
+    let tell = |msg: &str| {
+        log(msg);
+        append_to_job_output(msg, log);
+    };
+    let deadline = Instant::now() + SCONTROL_TIMEOUT;
+    let counted = JobRef::resolve(bin, job_no, deadline).and_then(|r| {
+        carma_placement::admin_comment::read(bin, job_no, deadline).map(|c| (r, jobfiles::hand_backs_in_comment(&c)))
+    });
+    let (job_ref, count) = match counted {
+        _ if node.is_empty() => return tell(&format!("carma: job {job} was not handed back: slurmd named no node")),
+        Ok(c) => c,
+        Err(e) => {
+            return tell(&format!(
+                "carma: job {job} found no GPU on {node} and was not handed back: slurmctld did not answer ({e})"
+            ));
+        }
+    };
+    let max = cfg.max_hand_backs;
+    if count >= max {
+        return tell(&format!(
+            "carma: job {job} found no GPU on {node} after {count} hand-back(s); not handed back again (max_hand_backs={max}): {reason}"
+        ));
+    }
+    if let Err(e) = requeue(bin, &job_ref.selector(), &FollowUp::Elsewhere(node.clone())) {
+        return tell(&format!("carma: job {job} found no GPU on {node}; Slurm did not requeue it ({e}): {reason}"));
+    }
+    let entry = jobfiles::hand_back_entry(count + 1, &node, reason);
+    let key = jobfiles::HAND_BACK_KEY;
+    let deadline = Instant::now() + SCONTROL_TIMEOUT;
+    if let Err(e) = carma_placement::admin_comment::write_entry_ref(bin, job_ref, key, &entry, false, deadline) {
+        log(&format!("job {job}: hand-back not counted in AdminComment ({e}); its excluded nodes still grow"));
+    }
+    tell(&format!(
+        "carma: job {job} found no GPU on {node}; handed back to Slurm, requeued to run on another node (hand-back {} of {max}): {reason}",
+        count + 1
+    ));
 }
 
 /// OOM recoveries the job had before this run: the verdict left here, if it
@@ -515,25 +575,29 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
 /// follow-up (own process group: slurmd cleans up the epilog's) does it,
 /// told where Slurm's commands are.
 /// What the follow-up of a requeue does once the job is pending.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, PartialEq)]
 enum FollowUp {
     /// Lifts Slurm's requeue delay.
     Prompt,
     /// Turns the job's shards into a whole GPU (the rerun is to have a GPU
     /// of its own; only a pending job takes that update), then lifts the delay.
     WholePrompt,
+    /// Adds the node to the job's excluded nodes (a hand-back), then
+    /// lifts the delay.
+    Elsewhere(String),
 }
 
 impl FollowUp {
-    fn arg(self) -> &'static str {
+    fn args(&self) -> Vec<&str> {
         match self {
-            FollowUp::Prompt => "keep",
-            FollowUp::WholePrompt => "whole",
+            FollowUp::Prompt => vec!["keep"],
+            FollowUp::WholePrompt => vec!["whole"],
+            FollowUp::Elsewhere(node) => vec!["elsewhere", node],
         }
     }
 }
 
-fn requeue(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), String> {
+fn requeue(bin_dir: Option<&Path>, job: &str, next: &FollowUp) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     scontrol(bin_dir, &["requeue", job])?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -542,7 +606,7 @@ fn requeue(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), Stri
         .arg("--prompt-restart")
         .arg(job)
         .arg(dir)
-        .arg(next.arg())
+        .args(next.args())
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -552,10 +616,24 @@ fn requeue(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), Stri
     Ok(())
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole]]`: waits (at most a
-/// minute) until the requeued job is PENDING; with `whole`, turns its
-/// shards into a whole GPU (24.11 and later apply it, measured; 22.05
-/// refuses the update); then sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|elsewhere NODE]]`:
+/// waits (at most a minute) until the requeued job is PENDING; with
+/// `whole`, turns its shards into a whole GPU (24.11 and later apply it,
+/// measured; 22.05 refuses the update); with `elsewhere`, adds NODE to its
+/// excluded nodes; then sets its start time to 3 s from now.
+/// The detached follow-up has no terminal and no carma.yaml: what it
+/// could not do goes to syslog.
+fn logged(job: &str, what: &str, r: Result<(), String>) {
+    if let Err(e) = r {
+        eventlog::record(None, &format!("carma-epilog: requeued job {job}: {what}: {e}"));
+    }
+}
+
+/// A node name as slurm.conf may spell one (no hostlist brackets).
+fn node_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -578,14 +656,32 @@ fn prompt_restart(args: &[OsString]) -> i32 {
                 // slurmctld's field (squeue %b), never text the user wrote.
                 let tres = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%b", "-j", job]);
                 if let Some(whole) = tres.ok().as_deref().and_then(carma_tools::recovery::whole_gpu_for_shards) {
-                    let _ = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("TresPerNode={whole}")]);
+                    let update =
+                        scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("TresPerNode={whole}")]);
+                    logged(job, "its shards were not turned into a whole GPU", update);
                 }
+            }
+            if how == "elsewhere"
+                && let Some(node) = args.get(3).and_then(|n| n.to_str()).filter(|n| node_name(n))
+            {
+                // slurmctld's field (squeue %x: the excluded nodes, as a
+                // hostlist), to which the node is added.
+                let listed = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%x", "-j", job]);
+                let listed = listed.as_deref().map(str::trim).unwrap_or("");
+                let list = match listed {
+                    "" | "(null)" => node.to_string(),
+                    l => format!("{l},{node}"),
+                };
+                let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("ExcNodeList={list}")]);
+                logged(job, &format!("{node} was not added to its excluded nodes"), update);
             }
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), "StartTime=now+3"]);
-            return i32::from(update.is_err());
+            let failed = update.is_err();
+            logged(job, "its requeue delay was not lifted", update);
+            return i32::from(failed);
         }
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -86,7 +86,8 @@ pub fn whole_gpu_for_shards(tres_per_node: &str) -> Option<String> {
         let (prefix, spec) = match (item.strip_prefix("gres/"), item.strip_prefix("gres:")) {
             (Some(s), _) => ("gres/", s),
             (_, Some(s)) => ("gres:", s),
-            _ => (item, ""),
+            // Only GRES are rewritten around; anything else is left alone.
+            _ => return None,
         };
         let mut parts: Vec<&str> = spec.split(':').collect();
         match parts.first() {
@@ -119,7 +120,15 @@ mod tests {
             whole_gpu_for_shards("gres/shard:1,gres/carmamem:10").as_deref(),
             Some("gres/gpu:1,gres/carmamem:10")
         );
-        for kept in ["gres/gpu:1", "gres/gpu:1,gres/shard:1", "", "gres/shard:x", "gres/shard:0", "gres/nic:1"] {
+        for kept in [
+            "gres/gpu:1",
+            "gres/gpu:1,gres/shard:1",
+            "",
+            "gres/shard:x",
+            "gres/shard:0",
+            "gres/nic:1",
+            "gres/shard:1,lic:2",
+        ] {
             assert_eq!(whole_gpu_for_shards(kept), None, "{kept}");
         }
     }
