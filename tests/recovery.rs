@@ -512,7 +512,7 @@ fn ran_on(job: &str) -> String {
 
 /// `no_fit: hand_back`: a job that finds no GPU on the node slurmctld
 /// sent it to (its free memory split across GPUs, none with room) is not
-/// held in slurmstepd: its batch step fails at once, carma-epilog
+/// held in slurmstepd: its batch step fails after its (2 s) wait, carma-epilog
 /// requeues it with that node excluded, and it runs on the empty node.
 /// The reason is in its output and the count in AdminComment.
 #[test]
@@ -546,6 +546,16 @@ fn a_job_handed_back_runs_on_the_other_node() {
     assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
     assert_eq!(field(&job, "ExcNodeList"), host);
     println!("handed back and run on {node2} in {:.1} s", started.elapsed().as_secs_f64());
+    // A job that requires the full node would pend for ever once excluded:
+    // it fails with the reason instead.
+    let (pinned, out) = submit(&["-p", "multi", "-w", &host, "--carma-policy=ff", "--carma-mem=20G"], "echo RAN");
+    let _cancel_pinned = Cancel(vec![pinned.clone()]);
+    assert_eq!(wait_done(&pinned, 120), "FAILED");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        text.contains(&format!("not handed back: it requires nodes {host} (-w)")) && !text.contains("RAN"),
+        "{text}"
+    );
 }
 
 /// Past `max_hand_backs` the job fails with the reason: handed back once

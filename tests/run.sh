@@ -59,11 +59,24 @@ command -v debootstrap >/dev/null || {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 }
 makes=()
+# A failed build must not leave debootstrap running in a chroot with /dev
+# and /sys mounted: the makes are stopped and their mounts undone.
+stop_makes() {
+    set -- "${makes[@]}"
+    while [ $# -gt 0 ]; do
+        kill -- "-$2" 2>/dev/null || true
+        wait "$2" 2>/dev/null || true
+        tests/releases.sh umount "$1" || true
+        shift 2
+    done
+}
+trap stop_makes EXIT
 mkdir -p "$TARGET"
 for r in $RELEASES; do
     case $r in host) continue ;; vm) r=sid ;; esac
     case " ${makes[*]:-} " in *" $r "*) continue ;; esac
-    tests/releases.sh make "$r" >"$TARGET/make-$r.log" 2>&1 &
+    # Its own process group (setsid): stop_makes ends debootstrap too.
+    setsid tests/releases.sh make "$r" >"$TARGET/make-$r.log" 2>&1 &
     makes+=("$r" $!)
 done
 
@@ -77,6 +90,7 @@ while [ $# -gt 0 ]; do
     cat "$TARGET/make-$1.log"
     shift 2
 done
+trap - EXIT
 phase "plugins per release"
 # One plugin per Slurm release; the host's last, so that the workspace
 # build (and cargo test below) stays the host's.

@@ -131,7 +131,8 @@ pub fn read(bin_dir: Option<&Path>, job: u32, deadline: Instant) -> Result<Vec<u
     read_ref(bin_dir, JobRef::resolve(bin_dir, job, deadline)?, deadline)
 }
 
-fn read_ref(bin_dir: Option<&Path>, job: JobRef, deadline: Instant) -> Result<Vec<u8>, String> {
+/// [`read`] for a job already resolved.
+pub fn read_ref(bin_dir: Option<&Path>, job: JobRef, deadline: Instant) -> Result<Vec<u8>, String> {
     let job = job.selector();
     let args = ["-h", "-t", "all", "-j", &job, "-O", "admin_comment:0"].map(OsStr::new);
     let mut out = slurm(bin_dir, "squeue", &args, deadline)?;

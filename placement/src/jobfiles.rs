@@ -213,6 +213,10 @@ pub fn read_hand_back(dir: &Path, job: u32) -> Option<String> {
     Some(text.trim().to_string())
 }
 
+pub fn forget_hand_back(dir: &Path, job: u32) {
+    let _ = std::fs::remove_file(hand_back_path(dir, job));
+}
+
 /// Hand-backs as an AdminComment entry: the job's count so far (this one
 /// included) and the node it last left; read back wherever it reruns.
 pub const HAND_BACK_KEY: &str = "carma-hand-back:";
@@ -236,7 +240,7 @@ pub fn remove(dir: &Path, job: u32) {
     let _ = std::fs::remove_file(restart_path(dir, job));
     let _ = std::fs::remove_file(transparent_path(dir, job));
     let _ = std::fs::remove_file(output_path(dir, job));
-    let _ = std::fs::remove_file(hand_back_path(dir, job));
+    forget_hand_back(dir, job);
 }
 
 /// Forgets every file of a job that has ended for good.

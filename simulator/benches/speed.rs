@@ -3,7 +3,7 @@
 //! Targets: both traces well under a second; the large one under a minute.
 //! Run: cargo bench -p carma-simulator --bench speed
 
-use carma_config::{ActivityMetric, Policy};
+use carma_config::{ActivityMetric, GpuOwner, Policy};
 use carma_placement::Params;
 use carma_simulator::{Admission, Assumptions, Cluster, Estimator, SimConfig, read_trace, read_workloads, simulate};
 use std::path::PathBuf;
@@ -17,6 +17,7 @@ fn cfg(cluster: Cluster, policy: Policy, sample_s: f64) -> SimConfig {
         params: Params::default(),
         assumptions: Assumptions { sample_s, ..Assumptions::default() },
         admission: Admission::Anywhere,
+        gpu_owner: GpuOwner::Carma,
     }
 }
 

@@ -8,7 +8,7 @@
 //! (SM activity, memory, energy) are exact.
 
 use crate::input::{TraceJob, Workload};
-use carma_config::{Config, JobRequest, Policy, RecoveryMode};
+use carma_config::{Config, GpuOwner, JobRequest, Policy, RecoveryMode};
 use carma_placement::jobfiles::Recovery;
 use carma_placement::policy::observe;
 use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
@@ -146,6 +146,12 @@ pub struct SimConfig {
     pub params: Params,
     pub assumptions: Assumptions,
     pub admission: Admission,
+    /// Whose choice of GPU stands where slurmctld allocates shards
+    /// (carma.yaml `gpu_owner`): `Slurm` keeps CARMA to the GPUs of the
+    /// job's shards (the first GPUs with one free); `Carma` lets its policy
+    /// pick any GPU of the node. Shards sized in memory are Slurm's choice
+    /// either way; `anywhere` is CARMA's.
+    pub gpu_owner: GpuOwner,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -389,6 +395,10 @@ impl Deciding<'_> {
     }
 }
 
+/// Shards a GPU offers where shards count jobs, not memory (gres.conf
+/// `Count=8` per GPU; node-memory admission keeps them beside `carmamem`).
+const JOB_SHARDS_PER_GPU: u32 = 8;
+
 fn shards_per_gpu(admission: Admission, cl: Cluster) -> u32 {
     match admission {
         Admission::Anywhere => 0,
@@ -574,7 +584,19 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                         if matches!(admission, Admission::NodeMemory { .. }) {
                             let capacity = over.iter().filter(|o| !**o).count() as u32 * per_gpu;
                             let free = capacity.saturating_sub(slurm.node_gib[node]);
-                            return (free >= need * w.gpus).then(Vec::new);
+                            if free < need * w.gpus {
+                                return None;
+                            }
+                            if cfg.gpu_owner == GpuOwner::Carma {
+                                return Some(Vec::new());
+                            }
+                            // The job's shard (one per GPU): from the first
+                            // GPUs with one free, whatever their memory.
+                            let free: Vec<u32> = (0..cl.gpus_per_node)
+                                .filter(|&g| slurm.shards(node, g) < JOB_SHARDS_PER_GPU)
+                                .take(w.gpus as usize)
+                                .collect();
+                            return (free.len() == w.gpus as usize).then_some(free);
                         }
                         let free: Vec<u32> = (0..cl.gpus_per_node)
                             .filter(|&g| !over[g as usize] && slurm.shards(node, g) + need <= per_gpu)
@@ -587,8 +609,10 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                         .filter(|n| !excluded[job].contains(n))
                         .find_map(|n| fits(n).map(|g| (n, g)));
                     if let Some((node, gpus)) = pick {
-                        // Shards as memory: CARMA checks Slurm's GPUs.
-                        let only = matches!(admission, Admission::MemoryShards { .. } | Admission::Informed)
+                        // Shards as memory, or Slurm's choice of GPU
+                        // standing: CARMA checks Slurm's GPUs.
+                        let only = (matches!(admission, Admission::MemoryShards { .. } | Admission::Informed)
+                            || cfg.gpu_owner == GpuOwner::Slurm)
                             .then_some(gpus.as_slice());
                         match ctx.decide(&mut states[node], node, only, step, &plan.request)? {
                             Some(d) => {
@@ -634,7 +658,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 job,
                 pid,
                 node,
-                shards: need,
+                // Node memory counts GiB per node and one job shard per GPU.
+                shards: if matches!(cfg.admission, Admission::NodeMemory { .. }) { 1 } else { need },
                 slurm_gpus,
                 node_gib,
                 gpus: choice.gpus,

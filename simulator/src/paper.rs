@@ -13,7 +13,7 @@ use crate::{
     Admission, Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, Workload, apply_activity,
     apply_job_options, read_solo_readings, read_trace, read_workloads, simulate,
 };
-use carma_config::{ActivityMetric, Policy};
+use carma_config::{ActivityMetric, GpuOwner, Policy};
 use carma_estimator::{Settings, estimate, read_bounded_bytes};
 use carma_placement::Params;
 use std::collections::HashMap;
@@ -83,6 +83,7 @@ fn report_config(sharing: Sharing, cap: ActivityMetric, estimator: Estimator, d:
         params: Params { metric: cap, ..Params::default() },
         assumptions: Assumptions { sharing, ..d.clone() },
         admission: Admission::Anywhere,
+        gpu_owner: GpuOwner::Carma,
     }
 }
 
@@ -403,9 +404,13 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
          that memory unpromised, and CARMA checks its preconditions on that GPU. `anywhere`: CARMA's decision tried\n\
          on every node, which no Slurm does (the simulator's model before #30). Measured peaks as estimates,\n\
          policy magm, time-sliced with the cap on busy time; \"failed\" counts jobs CARMA could not place where\n\
-         Slurm sent them, \"with room elsewhere\" those another node could have taken at that moment.\n\n\
-         | trace | cluster | admission | jobs | finished | failed | with room elsewhere | handed back | makespan (h) | mean wait (min) | GPU memory used (GiB, mean) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         Slurm sent them, \"with room elsewhere\" those another node could have taken at that moment.\n\
+         \"GPU chosen by\": carma.yaml `gpu_owner` (#37). `slurm` keeps CARMA to the GPU of the job's shard, which\n\
+         slurmctld takes from the first GPU with one free (one job shard of 8 per GPU beside `carmamem` under\n\
+         node-memory); `carma` lets the policy pick any GPU of the node. Shards as memory are Slurm's choice either\n\
+         way, `anywhere` is CARMA's.\n\n\
+         | trace | cluster | admission | GPU chosen by | jobs | finished | failed | with room elsewhere | handed back | makespan (h) | mean wait (min) | GPU memory used (GiB, mean) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let d = Assumptions::default();
     let params = Params { metric: ActivityMetric::Busy, ..Params::default() };
@@ -430,14 +435,20 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
         short,
     ));
     for (label, cluster, trace, workloads) in &cases {
-        for admission in [
-            Admission::Shards { per_gpu: 8, hand_back: 0 },
-            Admission::Shards { per_gpu: 8, hand_back: 3 },
-            Admission::MemoryShards { hand_back: 0 },
-            Admission::MemoryShards { hand_back: 3 },
-            Admission::Informed,
-            Admission::NodeMemory { hand_back: 3 },
-            Admission::Anywhere,
+        let (carma, slurm) = (GpuOwner::Carma, GpuOwner::Slurm);
+        for (admission, gpu_owner) in [
+            (Admission::Shards { per_gpu: 8, hand_back: 0 }, carma),
+            (Admission::Shards { per_gpu: 8, hand_back: 0 }, slurm),
+            (Admission::Shards { per_gpu: 8, hand_back: 3 }, carma),
+            (Admission::Shards { per_gpu: 8, hand_back: 3 }, slurm),
+            (Admission::Shards { per_gpu: 2, hand_back: 3 }, slurm),
+            (Admission::Shards { per_gpu: 1, hand_back: 3 }, slurm),
+            (Admission::MemoryShards { hand_back: 0 }, slurm),
+            (Admission::MemoryShards { hand_back: 3 }, slurm),
+            (Admission::Informed, slurm),
+            (Admission::NodeMemory { hand_back: 3 }, carma),
+            (Admission::NodeMemory { hand_back: 3 }, slurm),
+            (Admission::Anywhere, carma),
         ] {
             let cfg = SimConfig {
                 cluster: *cluster,
@@ -446,6 +457,7 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
                 params,
                 assumptions: Assumptions { sample_s: 0.0, ..d.clone() },
                 admission,
+                gpu_owner,
             };
             let o = simulate(trace, workloads, &cfg)?;
             let finished = o.jobs.iter().filter(|j| j.end_s.is_some()).count();
@@ -454,11 +466,15 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
             let waits: Vec<f64> = o.jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect();
             let mem = o.gpu_mem_mib.iter().sum::<f64>() / o.gpu_mem_mib.len().max(1) as f64 / 1024.0;
             md.push_str(&format!(
-                "| {label} | {}x{}x{}G | {} | {} | {finished} | {failed} | {wrong} | {} | {:.2} | {:.1} | {mem:.1} |\n",
+                "| {label} | {}x{}x{}G | {} | {} | {} | {finished} | {failed} | {wrong} | {} | {:.2} | {:.1} | {mem:.1} |\n",
                 cluster.nodes,
                 cluster.gpus_per_node,
                 cluster.mem_mib / 1024,
-                admission.name(),
+                match admission {
+                    Admission::Shards { per_gpu, .. } if per_gpu != 8 => format!("{} ({per_gpu} per GPU)", admission.name()),
+                    _ => admission.name().to_string(),
+                },
+                gpu_owner.name(),
                 o.jobs.len(),
                 o.handed_back,
                 o.makespan_s / 3600.0,
@@ -485,7 +501,19 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
          GPUs none of which fits the job. Model simplifications: a refused job fails at once (a real node waits\n\
          `timeouts.wait` first), a handed-back job is tried again at once, and slurmctld sees a monitor's update at\n\
          once (a real one a monitor interval and\n\
-         an `scontrol update` later); `anywhere` is no Slurm's behaviour but the best a cluster-wide CARMA could do.\n",
+         an `scontrol update` later); `anywhere` is no Slurm's behaviour but the best a cluster-wide CARMA could do.\n\n\
+         Whose choice of GPU stands (#37, rows added 2026-11-26; the rows above them did not move). Under\n\
+         `gpu_owner: slurm`, the plugin's default, slurmctld takes a job's shard from the first GPU with one free,\n\
+         so the second job of a node lands beside the first whatever their memory, and CARMA, kept to that GPU,\n\
+         refuses it while other GPUs stand empty: with 8 job shards per GPU 10, 13 and 61 jobs finish of 3840,\n\
+         3840 and 20,000, with hand-back 40, 52 and 236, and node-memory admission does no better (the same 40,\n\
+         52 and 236: its node-level count admits the job, its shard still comes from the first GPU). Fewer shards\n\
+         per GPU spread jobs further: 2 per GPU finish 492, 608 and 658; 1 per GPU fails none but collocates\n\
+         nothing (makespans 7.71 and 9.48 h against `anywhere`'s 6.39 and 8.41, mean waits 121 and 94 minutes).\n\
+         So under Slurm's ownership slurmctld must know each GPU's free memory and activity (`informed`), which it\n\
+         does not allow at run time for a GRES with device files (docs/admission.md); until it does,\n\
+         `gpu_owner: carma` on nodes whose every GPU job is CARMA's is what collocates (node-memory: 3601, 3633\n\
+         and 20,000 finish).\n",
     );
     Ok(md)
 }
@@ -500,8 +528,20 @@ the plugin. What moved then, all time-sliced with the cap on SM activity: trace_
 9.36 → 9.76 h; trace_t2 magm 10.02 → 10.84 h, bf 12.32 → 11.59 h and lug 10.49 → 10.52 h, so trace_t2's best\n\
 policy there became rr (+6.2%, was magm +3.6%). A history-raised estimate reserves more, so fewer jobs\n\
 collocate where memory is what limits them; with the busy cap and under MPS activity limits collocation\n\
-first, and no makespan moved. The learned fixed part raised none: a job's observed peak minus the model part\n\
-of our estimate stays under the 700 MiB the estimates carry.\n";
+first, and no makespan moved. The learned fixed part raised none then: a job's observed peak minus the model\n\
+part of our estimate stayed under the 700 MiB the estimates carried.\n\n\
+Since 2026-11-25 (#38, #44) the estimates carry 1 GiB of fixed memory (PyTorch 2.x on an H100), and each node\n\
+learns each user's fixed part from their finished jobs (`estimator.learn_runtime`: after 3 jobs, the largest of\n\
+the last 32 observed peaks less the model part, at most 4 GiB). Every simulated job is one user's, so the\n\
+2-GPU XLNet-large row, 4.2 GiB over our estimate, sets that user's fixed part to the 4 GiB maximum and raises\n\
+nearly every later placement (24–40 per run, the last column); the node's history, below that, raises almost\n\
+none (3–10 per run before, 0–1 now). Regenerated on 2026-11-26 (#37), ours moved (makespan, h). Time-sliced\n\
+with the SM cap, where larger reservations refuse the collocations time-slicing makes slow: trace_t1 rr 8.09 →\n\
+8.28, magm 10.07 → 8.02, ff 8.09 → 8.26, bf 9.81 → 7.76, lug 9.87 → 8.49; trace_t2 rr 10.27 → 9.29, magm\n\
+10.84 → 9.11, ff 13.62 → 10.79, bf 10.55 → 10.02, lug 10.52 → 9.94. Where collocation pays they collocate\n\
+less: with the busy cap trace_t1 +0.10 to +0.33 h, trace_t2 −0.32 (rr) to +0.14 h; under MPS trace_t1 +0.44\n\
+to +0.72 h (lug −0.03), trace_t2 −0.03 to +0.37 h. The oracle's, GPUMemNet's and FakeTensor's runs declare\n\
+their memory, which carries no fixed part to learn, and did not move.\n";
 
 /// The options the jobs' users give (data/carma/job-options.csv), each
 /// row with the estimate it makes and the one the model file alone makes.
@@ -625,26 +665,25 @@ const READING: &str = "## Reading these numbers\n\n\
   work, as the H100 measured.\n\
 - **Our estimator**, given the options each job's user would pass (per-GPU batch and sequence length, read\n\
   from the paper's scripts: table above), is within 5% of the oracle on trace_t2 in both configurations where\n\
-  collocation pays (mean over the policies +1.8% under MPS, +1.7% time-sliced with the busy cap) and on\n\
-  trace_t1 time-sliced (+3.3%), but +8.0% behind it on trace_t1 under MPS (best policy against best: −36.0%\n\
-  against −39.2% makespan), so the 5% goal is not met there. With the model files and the table's batch\n\
-  alone the gaps were +9.9% and +4.7% on trace_t1, +3.5% and +1.5% on trace_t2 (MPS, then time-sliced):\n\
-  gpt2-large's listing names no sequence length, so the\n\
-  analytic model took its 1024 positions, and the table's batch of 8 is what the script's DataParallel splits\n\
-  over the row's 2 GPUs: 113 GB per GPU, whole GPUs. With `--carma-batch-size=4 --carma-seq-len=512` it is\n\
-  31.9 GB for 28.4 GB measured (1.12×), and still leads the attribution table: with the 2 GiB headroom it\n\
-  leaves 6.9 GiB of a 40 GB GPU to a neighbour instead of 10.3. Next come Xception at 128 px (1.63×), Mask\n\
-  R-CNN (2.36×, from its torchinfo footer) and BERT-base (1.52×). BERT-base's listing names\n\
-  `BertSdpaSelfAttention`: it ran fused attention, which keeps no attention probabilities, and the CPU check\n\
-  of docs/estimator.md found the A100 used 1.00× the fused figure, while the analytic model keeps every\n\
-  probability. That stays until a GPU checks it: gpt2-large's listing names SDPA too, and without the\n\
-  probabilities its estimate would fall 3 GB below its measured peak (DataParallel's gathered outputs and\n\
-  per-replica gradients on GPU 0 are not modelled). It under-estimates four workloads (UNet by 264 MiB, inside\n\
-  the headroom; the dlrm and mnist summaries, which do not describe the rows' jobs; the 2-GPU XLNet-large\n\
-  row, whose model keeps 12.2 GiB at 4 per GPU as measured on a CPU with CUDA's dropout masks, under the\n\
-  estimate's 13.6: the A100's 18.9 GiB holds more than the model's tensors, docs/estimator.md); no run left a\n\
-  job unrecovered. Some over-estimates *help* (Mask R-CNN's, negative in the table): they\n\
-  refuse collocations that would slow the trace.\n\
+  collocation pays (mean over the policies +1.3% under MPS, +1.5% time-sliced with the busy cap) and on\n\
+  trace_t1 time-sliced (+3.3%), but +9.6% behind it on trace_t1 under MPS (best policy against best: −33.8%\n\
+  against −39.2% makespan), so the 5% goal is not met there. The simulator runs every job as one user, whose\n\
+  learned fixed part the largest shortfall sets: the 2-GPU XLNet-large row, whose model keeps 12.2 GiB at 4\n\
+  per GPU as measured on a CPU with CUDA's dropout masks while the A100 held 18.9 GiB (docs/estimator.md),\n\
+  raises every later estimate by 3 GiB, and measuring that one workload closes the largest part of three of\n\
+  the four gaps (the attribution table); on a cluster each user learns from their own jobs. Without the jobs' options the\n\
+  gaps are +11.2% and +4.7% on trace_t1, +4.0% and +2.3% on trace_t2 (MPS, then time-sliced): gpt2-large's\n\
+  listing names no sequence length, so the analytic model takes its 1024 positions, and the table's batch of 8\n\
+  is what the script's DataParallel splits over the row's 2 GPUs: 65 GiB per GPU, whole GPUs. With\n\
+  `--carma-batch-size=4 --carma-seq-len=512` it is 27,096 MiB for 28,356 measured (0.96×), 1.2 GiB short,\n\
+  inside the 2 GiB headroom. BERT-base (24,317 MiB for 19,828, 1.23×) follows XLNet-large and EfficientNet in\n\
+  the attribution table. Its listing names `BertSdpaSelfAttention`: it ran fused attention, which keeps no\n\
+  attention probabilities, and the CPU check of docs/estimator.md found the A100 used 1.00× the fused figure,\n\
+  while the analytic model keeps every probability. That stays until a GPU checks it: gpt2-large's listing\n\
+  names SDPA too, and its estimate, probabilities included, is already short of its measured peak\n\
+  (DataParallel's gathered outputs and per-replica gradients on GPU 0 are not modelled). It under-estimates\n\
+  four workloads (gpt2-large's and XLNet-large's 2-GPU rows, above; the dlrm and mnist summaries, which do not\n\
+  describe the rows' jobs); no run left a job unrecovered.\n\
 - **GPUMemNet's coarse bins** happen to help under time-slicing with the SM cap: they refuse the harmful\n\
   collocations that finer estimates allow.\n\
 - **Caveats**: activity comes from the nearest job measured on an H100 (above), power on the A100 is scaled\n\

@@ -1,7 +1,7 @@
 //! Hand-computable mini traces: every figure below is worked out in the
 //! comments, not taken from a run.
 
-use carma_config::Policy;
+use carma_config::{GpuOwner, Policy};
 use carma_placement::Params;
 use carma_simulator::{
     Admission, Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate,
@@ -50,6 +50,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             sample_s: 0.0,
         },
         admission: Admission::Anywhere,
+        gpu_owner: GpuOwner::Carma,
     }
 }
 
@@ -250,4 +251,31 @@ fn a_node_whose_free_memory_is_split_hands_the_job_back() {
     // Without hand-back the node would have failed it.
     let o = run(Admission::NodeMemory { hand_back: 0 });
     assert!(o.jobs[2].failed_no_fit && o.jobs[2].wrong_node, "{:?}", o.jobs[2]);
+}
+
+/// Under `gpu_owner: slurm` CARMA keeps to the GPU of the job's shard,
+/// which slurmctld takes from the first GPU with one free, whatever its
+/// memory: a second 25 GiB job lands beside the first, where it does not
+/// fit, while the node's other GPU is empty. With `carma` the policy picks
+/// the empty GPU. Node-memory admission then hands the job back to the
+/// other node instead of failing it.
+#[test]
+fn under_slurms_ownership_a_job_runs_on_its_shards_gpu() {
+    let w: HashMap<_, _> = [("mid".to_string(), wl("mid", 25, 1000.0, 0.2, None))].into();
+    let trace = [job(0, 0.0, "mid"), job(1, 10.0, "mid")];
+    let run = |nodes: u32, admission: Admission, gpu_owner: GpuOwner| {
+        let cluster = Cluster { nodes, gpus_per_node: 2, mem_mib: 40 * 1024 };
+        let c = SimConfig { cluster, admission, gpu_owner, ..cfg(Policy::Magm, Estimator::Oracle, 0.0) };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let shards = Admission::Shards { per_gpu: 8, hand_back: 0 };
+    let carmas = run(1, shards, GpuOwner::Carma);
+    assert!(carmas.jobs.iter().all(|j| j.end_s == Some(j.submit_s + 1000.0)), "{:?}", carmas.jobs);
+    let slurms = run(1, shards, GpuOwner::Slurm);
+    assert!(slurms.jobs[0].end_s.is_some() && slurms.jobs[1].failed_no_fit, "{:?}", slurms.jobs);
+    let memory = Admission::NodeMemory { hand_back: 3 };
+    assert_eq!(run(2, memory, GpuOwner::Carma).handed_back, 0);
+    let o = run(2, memory, GpuOwner::Slurm);
+    assert_eq!(o.handed_back, 1, "{:?}", o.jobs);
+    assert!(o.jobs.iter().all(|j| j.end_s == Some(j.submit_s + 1000.0)), "{:?}", o.jobs);
 }

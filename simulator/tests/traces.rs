@@ -1,7 +1,7 @@
 //! The paper's two traces through every policy: invariants that must hold
 //! whatever the modelling constants are.
 
-use carma_config::Policy;
+use carma_config::{GpuOwner, Policy};
 use carma_placement::Params;
 use carma_simulator::{
     Admission, Assumptions, Cluster, Estimator, SimConfig, apply_job_options, read_trace, read_workloads, simulate,
@@ -20,6 +20,7 @@ fn cfg(policy: Policy, estimator: Estimator) -> SimConfig {
         params: Params::default(),
         assumptions: Assumptions::default(),
         admission: Admission::Anywhere,
+        gpu_owner: GpuOwner::Carma,
     }
 }
 

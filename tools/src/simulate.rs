@@ -2,7 +2,7 @@
 //! `carma_simulator` (the report itself is `carma_simulator::paper`).
 
 use crate::args::Args;
-use carma_config::{ActivityMetric, Policy, parse_size_mib};
+use carma_config::{ActivityMetric, GpuOwner, Policy, parse_size_mib};
 use carma_placement::Params;
 use carma_simulator::paper::{estimator, plots, run_all, workloads};
 use carma_simulator::report::{Summary, csv, summarize, table};
@@ -15,7 +15,7 @@ pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster
                 [--sm-cap 0.8] [--busy-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
                 [--mps-capacity 1.06] [--mps-overhead 0.01] [--mps-solo 0.87]
                 [--idle-w W] [--active-w W] [--sm-w W] [--admission anywhere|shards|memory-shards|informed|node-memory]
-                [--json] [--csv FILE] [--plots DIR]
+                [--gpu-owner slurm|carma] [--json] [--csv FILE] [--plots DIR]
 carma simulate-report --data DIR --out DIR    (the report in docs/simulation.md; DIR is data/)";
 
 const FLAGS: &[&str] = &[
@@ -45,6 +45,7 @@ const FLAGS: &[&str] = &[
     "csv",
     "plots",
     "admission",
+    "gpu-owner",
 ];
 
 fn num(v: &str) -> Result<f64, String> {
@@ -102,6 +103,8 @@ pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
         },
         assumptions: assumptions(&a)?,
         admission: a.parsed("admission", Admission::parse)?.unwrap_or_default(),
+        // carma.yaml's default: a job runs on its shards' GPU.
+        gpu_owner: a.parsed("gpu-owner", GpuOwner::parse)?.unwrap_or(GpuOwner::Slurm),
     };
     let policies: Vec<Policy> = if a.has("compare") { Policy::ALL.to_vec() } else { vec![cfg.policy] };
     let outcomes = run_all(&trace, &w, &cfg, &policies)?;

@@ -176,6 +176,11 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     let decision = placer
         .place(step, &plan.request, plan.wait, cfg.timeouts.poll, &mut alive)
         .map_err(|e| Error::msg(refused(cfg, &plan, job, &e)))?;
+    if plan.hand_back {
+        // A mark an earlier run left (its epilog lost) must not make this
+        // run's ordinary failure a hand-back.
+        jobfiles::forget_hand_back(&cfg.state_dir, job);
+    }
     if let Some(mark) = plan.transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
         // and under which signature to remember what an OOM needed. The
@@ -216,7 +221,7 @@ fn refused(cfg: &Config, plan: &resolve::Plan, job: u32, e: &carma_placement::Pl
     }
     match jobfiles::write_hand_back(&cfg.state_dir, job, &why) {
         Ok(()) => format!(
-            "{why}; handed back to Slurm (no_fit: hand_back): the job is requeued to run on another node, at most {} times",
+            "{why}; handed back to Slurm (no_fit: hand_back): carma-epilog requeues the job away from this node unless it was handed back {} time(s) already",
             cfg.max_hand_backs
         ),
         Err(w) => {

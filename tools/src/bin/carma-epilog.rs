@@ -81,7 +81,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
         {
             log(&format!("job {job}: cannot record where its output ended in {}: {e}", cfg.state_dir.display()));
         }
-        hand_back(cfg, &job, job_no, &reason, log);
+        hand_back(cfg, &job, job_no, &reason, status, log);
         sweep_stale_jobfiles(cfg, log);
         return Ok(());
     }
@@ -207,42 +207,82 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
 /// Requeues a job slurmstepd handed back (no GPU fitted here) to run on
 /// another node: this node joins its excluded nodes. Counted in its
 /// AdminComment, wherever it runs next; past `max_hand_backs` it fails,
-/// with the reason in its output. Without the count (slurmctld not
-/// answering) it is not requeued: the bound must hold.
-fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, log: &dyn Fn(&str)) {
+/// with the reason in its output. It is requeued held and released only
+/// once its exclusion and count are in slurmctld, so neither a short
+/// requeue delay nor a failed update lets it start here again or past
+/// the bound; without Slurm's answers it is not requeued at all.
+fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, log: &dyn Fn(&str)) {
+    use carma_placement::admin_comment;
+    use carma_tools::recovery::hand_back::{JobPlace, SQUEUE_FORMAT, names};
     let bin = cfg.slurm_bin_dir.as_deref();
     let node = env("SLURMD_NODENAME");
     let tell = |msg: &str| {
         log(msg);
         append_to_job_output(msg, log);
     };
+    if status & 0x7f != 0 {
+        // Cancelled between the refusal and now: a requeue would undo it.
+        return log(&format!("job {job} ended by signal {}: not handed back", status & 0x7f));
+    }
+    if node.is_empty() {
+        return tell(&format!("carma: job {job} was not handed back: slurmd named no node"));
+    }
+    let no = |why: &str| tell(&format!("carma: job {job} found no GPU on {node}; not handed back: {why}: {reason}"));
     let deadline = Instant::now() + SCONTROL_TIMEOUT;
-    let counted = JobRef::resolve(bin, job_no, deadline).and_then(|r| {
-        carma_placement::admin_comment::read(bin, job_no, deadline).map(|c| (r, jobfiles::hand_backs_in_comment(&c)))
-    });
-    let (job_ref, count) = match counted {
-        _ if node.is_empty() => return tell(&format!("carma: job {job} was not handed back: slurmd named no node")),
-        Ok(c) => c,
-        Err(e) => {
-            return tell(&format!(
-                "carma: job {job} found no GPU on {node} and was not handed back: slurmctld did not answer ({e})"
-            ));
-        }
+    let Ok(job_ref) = JobRef::resolve(bin, job_no, deadline) else {
+        return no("slurmctld did not say which job it is");
     };
-    let max = cfg.max_hand_backs;
+    let sel = job_ref.selector();
+    // What slurmctld says: its AdminComment, where it may run, the nodes of
+    // its partitions and its exclusions with this node, expanded.
+    struct Asked {
+        comment: Vec<u8>,
+        place: JobPlace,
+        partition_nodes: Vec<String>,
+        excluded: Vec<String>,
+    }
+    let read = || -> Result<Asked, String> {
+        let comment = admin_comment::read_ref(bin, job_ref, deadline)?;
+        let place =
+            JobPlace::parse(&slurm_output(bin, "squeue", &["-h", "-t", "all", "-j", &sel, "-o", SQUEUE_FORMAT])?)?;
+        let partition_nodes = names(&slurm_output(bin, "sinfo", &["-h", "-N", "-p", &place.partitions, "-o", "%N"])?);
+        let excluded = names(&slurm_output(bin, "scontrol", &["show", "hostnames", &place.excluding(&node)])?);
+        Ok(Asked { comment, place, partition_nodes, excluded })
+    };
+    let Asked { comment, place, partition_nodes, excluded } = match read() {
+        Ok(r) => r,
+        Err(e) => return no(&format!("slurmctld did not answer ({e})")),
+    };
+    let (count, max) = (jobfiles::hand_backs_in_comment(&comment), cfg.max_hand_backs);
     if count >= max {
         return tell(&format!(
             "carma: job {job} found no GPU on {node} after {count} hand-back(s); not handed back again (max_hand_backs={max}): {reason}"
         ));
     }
-    if let Err(e) = requeue(bin, &job_ref.selector(), &FollowUp::Elsewhere(node.clone())) {
-        return tell(&format!("carma: job {job} found no GPU on {node}; Slurm did not requeue it ({e}): {reason}"));
+    if let Some(why) = place.refusal(&node, &partition_nodes, &excluded) {
+        return no(&why);
     }
-    let entry = jobfiles::hand_back_entry(count + 1, &node, reason);
-    let key = jobfiles::HAND_BACK_KEY;
+    if let Err(e) = scontrol(bin, &["requeuehold", &sel]) {
+        return no(&format!("Slurm did not requeue it ({e})"));
+    }
     let deadline = Instant::now() + SCONTROL_TIMEOUT;
-    if let Err(e) = carma_placement::admin_comment::write_entry_ref(bin, job_ref, key, &entry, false, deadline) {
-        log(&format!("job {job}: hand-back not counted in AdminComment ({e}); its excluded nodes still grow"));
+    let entry = |key: &str, text: &str| admin_comment::write_entry_ref(bin, job_ref, key, text, false, deadline);
+    let mut recorded =
+        scontrol(bin, &["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", place.excluding(&node))])
+            .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, &node, reason)));
+    // An OOM recovery's verdict names the run it is for; the requeue
+    // starts the next one, which it is for now.
+    let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
+    if let Some((run, verdict)) = restart.and_then(|r| jobfiles::recovery_in_comment(&comment, r).map(|v| (r, v))) {
+        recorded = recorded.and_then(|()| entry(jobfiles::RECOVERY_KEY, &jobfiles::recovery_entry(verdict, run + 1)));
+    }
+    if let Err(e) = recorded.and_then(|()| scontrol(bin, &["release", &sel])) {
+        return tell(&format!(
+            "carma: job {job} is requeued and held: its hand-back could not be recorded in Slurm ({e}); `scontrol release {sel}` runs it again"
+        ));
+    }
+    if let Err(e) = prompt_later(bin, &sel, &FollowUp::Prompt) {
+        log(&format!("job {job}: {e}; it starts after Slurm's requeue delay"));
     }
     tell(&format!(
         "carma: job {job} found no GPU on {node}; handed back to Slurm, requeued to run on another node (hand-back {} of {max}): {reason}",
@@ -582,56 +622,51 @@ enum FollowUp {
     /// Turns the job's shards into a whole GPU (the rerun is to have a GPU
     /// of its own; only a pending job takes that update), then lifts the delay.
     WholePrompt,
-    /// Adds the node to the job's excluded nodes (a hand-back), then
-    /// lifts the delay.
-    Elsewhere(String),
 }
 
 impl FollowUp {
-    fn args(&self) -> Vec<&str> {
+    fn arg(&self) -> &'static str {
         match self {
-            FollowUp::Prompt => vec!["keep"],
-            FollowUp::WholePrompt => vec!["whole"],
-            FollowUp::Elsewhere(node) => vec!["elsewhere", node],
+            FollowUp::Prompt => "keep",
+            FollowUp::WholePrompt => "whole",
         }
     }
 }
 
 fn requeue(bin_dir: Option<&Path>, job: &str, next: &FollowUp) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
     scontrol(bin_dir, &["requeue", job])?;
+    prompt_later(bin_dir, job, next).map_err(|e| format!("requeued, but {e}"))
+}
+
+/// Starts the detached follow-up of a requeue.
+fn prompt_later(bin_dir: Option<&Path>, job: &str, next: &FollowUp) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = bin_dir.map(Path::as_os_str).unwrap_or_default();
     Command::new(exe)
         .arg("--prompt-restart")
         .arg(job)
         .arg(dir)
-        .args(next.args())
+        .arg(next.arg())
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("requeued, but cannot start the restart follow-up: {e}"))?;
+        .map_err(|e| format!("cannot start the restart follow-up: {e}"))?;
     Ok(())
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|elsewhere NODE]]`:
-/// waits (at most a minute) until the requeued job is PENDING; with
-/// `whole`, turns its shards into a whole GPU (24.11 and later apply it,
-/// measured; 22.05 refuses the update); with `elsewhere`, adds NODE to its
-/// excluded nodes; then sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole]]`: waits (at most a
+/// minute) until the requeued job is PENDING; with `whole`, turns its
+/// shards into a whole GPU (24.11 and later apply it, measured; 22.05
+/// refuses the update); then sets its start time to 3 s from now.
 /// The detached follow-up has no terminal and no carma.yaml: what it
 /// could not do goes to syslog.
 fn logged(job: &str, what: &str, r: Result<(), String>) {
     if let Err(e) = r {
         eventlog::record(None, &format!("carma-epilog: requeued job {job}: {what}: {e}"));
     }
-}
-
-/// A node name as slurm.conf may spell one (no hostlist brackets).
-fn node_name(n: &str) -> bool {
-    !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
 fn prompt_restart(args: &[OsString]) -> i32 {
@@ -661,20 +696,6 @@ fn prompt_restart(args: &[OsString]) -> i32 {
                     logged(job, "its shards were not turned into a whole GPU", update);
                 }
             }
-            if how == "elsewhere"
-                && let Some(node) = args.get(3).and_then(|n| n.to_str()).filter(|n| node_name(n))
-            {
-                // slurmctld's field (squeue %x: the excluded nodes, as a
-                // hostlist), to which the node is added.
-                let listed = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%x", "-j", job]);
-                let listed = listed.as_deref().map(str::trim).unwrap_or("");
-                let list = match listed {
-                    "" | "(null)" => node.to_string(),
-                    l => format!("{l},{node}"),
-                };
-                let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("ExcNodeList={list}")]);
-                logged(job, &format!("{node} was not added to its excluded nodes"), update);
-            }
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked"), measured on Slurm 22.05.
@@ -685,5 +706,6 @@ fn prompt_restart(args: &[OsString]) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    logged(job, "it was not pending within a minute, so its requeue delay was not lifted", Err("gave up".into()));
     1
 }

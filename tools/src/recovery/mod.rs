@@ -3,6 +3,7 @@
 //! may be requeued.
 
 pub mod asuser;
+pub mod hand_back;
 pub mod oom;
 pub mod paths;
 
