@@ -25,8 +25,9 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 # job_submit/cli_filter Lua, requeue and epilog, slurmd restarts, packages).
 # prometheus runs on the host only: a Prometheus server scraping the
 # monitors' endpoints, which do not depend on Slurm's release.
-# 22.05 (long out of support): recovery and admission run on 24.11 and 26.05.
-SLURM_22_05="foundation transparent package isolation record load prometheus owner"
+# 22.05 (long out of support): recovery and admission run on 24.11 and 26.05,
+# but for the hand-back (#37), which meets each release's requeue.
+SLURM_22_05="foundation transparent package isolation record load prometheus owner recovery:handed_back,past_its_hand_backs"
 # 24.11 (out of support): what meets its SPANK contexts, requeue and epilog,
 # packages and device cgroups; 26.05 runs the rest (same TRES spelling).
 SLURM_24_11="foundation recovery package isolation record owner"
