@@ -104,7 +104,10 @@ fn scancel_of_a_waiting_step_ends_it_at_once_and_the_node_keeps_answering() {
     wait_completed(&waiter);
     let took = t0.elapsed();
     println!("scancel of a step waiting for a GPU: the job ended {:.2} s later", took.as_secs_f64());
-    assert!(took < std::time::Duration::from_secs(2), "the cancelled step ended only after {took:?}");
+    // 2 s on a node; the VM (tests/vm.sh) emulates its CPUs (TCG) and runs
+    // every command of the path many times slower.
+    let bound = if std::env::var("CARMA_CHROOT").as_deref() == Ok("vm") { 6 } else { 2 };
+    assert!(took < std::time::Duration::from_secs(bound), "the cancelled step ended only after {took:?}");
     assert_nodes_responding();
     for h in &holders {
         root(&["scancel", h], 20).ok();

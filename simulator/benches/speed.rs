@@ -18,6 +18,7 @@ fn cfg(cluster: Cluster, policy: Policy, sample_s: f64) -> SimConfig {
         assumptions: Assumptions { sample_s, ..Assumptions::default() },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
+        least_loaded: false,
     }
 }
 

@@ -152,6 +152,10 @@ pub struct SimConfig {
     /// pick any GPU of the node. Shards sized in memory are Slurm's choice
     /// either way; `anywhere` is CARMA's.
     pub gpu_owner: GpuOwner,
+    /// slurm.conf `SelectTypeParameters=...,LL_SHARED_GRES` (Slurm 23.11
+    /// and later): slurmctld takes shards from the GPU with the fewest
+    /// allocated, not from the first with one free.
+    pub least_loaded: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -571,6 +575,14 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                     // slurmctld: the first node with enough GPUs holding
                     // the shards asked for; the job pends while none has.
                     let per_gpu = shards_per_gpu(admission, cl);
+                    // The order slurmctld tries a node's GPUs in for shards.
+                    let tried = |node: usize| -> Vec<u32> {
+                        let mut g: Vec<u32> = (0..cl.gpus_per_node).collect();
+                        if cfg.least_loaded {
+                            g.sort_by_key(|&g| slurm.shards(node, g));
+                        }
+                        g
+                    };
                     let fits = |node: usize| -> Option<Vec<u32>> {
                         // Informed, node memory: GPUs over the cap offer none.
                         let over: Vec<bool> = if matches!(admission, Admission::Informed | Admission::NodeMemory { .. })
@@ -592,13 +604,15 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                             }
                             // The job's shard (one per GPU): from the first
                             // GPUs with one free, whatever their memory.
-                            let free: Vec<u32> = (0..cl.gpus_per_node)
+                            let free: Vec<u32> = tried(node)
+                                .into_iter()
                                 .filter(|&g| slurm.shards(node, g) < JOB_SHARDS_PER_GPU)
                                 .take(w.gpus as usize)
                                 .collect();
                             return (free.len() == w.gpus as usize).then_some(free);
                         }
-                        let free: Vec<u32> = (0..cl.gpus_per_node)
+                        let free: Vec<u32> = tried(node)
+                            .into_iter()
                             .filter(|&g| !over[g as usize] && slurm.shards(node, g) + need <= per_gpu)
                             .take(w.gpus as usize)
                             .collect();

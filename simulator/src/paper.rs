@@ -84,6 +84,7 @@ fn report_config(sharing: Sharing, cap: ActivityMetric, estimator: Estimator, d:
         assumptions: Assumptions { sharing, ..d.clone() },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
+        least_loaded: false,
     }
 }
 
@@ -436,19 +437,21 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
     ));
     for (label, cluster, trace, workloads) in &cases {
         let (carma, slurm) = (GpuOwner::Carma, GpuOwner::Slurm);
-        for (admission, gpu_owner) in [
-            (Admission::Shards { per_gpu: 8, hand_back: 0 }, carma),
-            (Admission::Shards { per_gpu: 8, hand_back: 0 }, slurm),
-            (Admission::Shards { per_gpu: 8, hand_back: 3 }, carma),
-            (Admission::Shards { per_gpu: 8, hand_back: 3 }, slurm),
-            (Admission::Shards { per_gpu: 2, hand_back: 3 }, slurm),
-            (Admission::Shards { per_gpu: 1, hand_back: 3 }, slurm),
-            (Admission::MemoryShards { hand_back: 0 }, slurm),
-            (Admission::MemoryShards { hand_back: 3 }, slurm),
-            (Admission::Informed, slurm),
-            (Admission::NodeMemory { hand_back: 3 }, carma),
-            (Admission::NodeMemory { hand_back: 3 }, slurm),
-            (Admission::Anywhere, carma),
+        for (admission, gpu_owner, least_loaded) in [
+            (Admission::Shards { per_gpu: 8, hand_back: 0 }, carma, false),
+            (Admission::Shards { per_gpu: 8, hand_back: 0 }, slurm, false),
+            (Admission::Shards { per_gpu: 8, hand_back: 3 }, carma, false),
+            (Admission::Shards { per_gpu: 8, hand_back: 3 }, slurm, false),
+            (Admission::Shards { per_gpu: 8, hand_back: 3 }, slurm, true),
+            (Admission::Shards { per_gpu: 2, hand_back: 3 }, slurm, false),
+            (Admission::Shards { per_gpu: 1, hand_back: 3 }, slurm, false),
+            (Admission::MemoryShards { hand_back: 0 }, slurm, false),
+            (Admission::MemoryShards { hand_back: 3 }, slurm, false),
+            (Admission::Informed, slurm, false),
+            (Admission::NodeMemory { hand_back: 3 }, carma, false),
+            (Admission::NodeMemory { hand_back: 3 }, slurm, false),
+            (Admission::NodeMemory { hand_back: 3 }, slurm, true),
+            (Admission::Anywhere, carma, false),
         ] {
             let cfg = SimConfig {
                 cluster: *cluster,
@@ -458,6 +461,7 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
                 assumptions: Assumptions { sample_s: 0.0, ..d.clone() },
                 admission,
                 gpu_owner,
+                least_loaded,
             };
             let o = simulate(trace, workloads, &cfg)?;
             let finished = o.jobs.iter().filter(|j| j.end_s.is_some()).count();
@@ -474,7 +478,7 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
                     Admission::Shards { per_gpu, .. } if per_gpu != 8 => format!("{} ({per_gpu} per GPU)", admission.name()),
                     _ => admission.name().to_string(),
                 },
-                gpu_owner.name(),
+                if least_loaded { "slurm, least loaded" } else { gpu_owner.name() },
                 o.jobs.len(),
                 o.handed_back,
                 o.makespan_s / 3600.0,
@@ -502,15 +506,19 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
          `timeouts.wait` first), a handed-back job is tried again at once, and slurmctld sees a monitor's update at\n\
          once (a real one a monitor interval and\n\
          an `scontrol update` later); `anywhere` is no Slurm's behaviour but the best a cluster-wide CARMA could do.\n\n\
-         Whose choice of GPU stands (#37, rows added 2026-11-26; the rows above them did not move). Under\n\
+         Whose choice of GPU stands (#37, rows `slurm` and `least loaded` added 2026-11-26 beside the earlier\n\
+         rows, none of which moved). Under\n\
          `gpu_owner: slurm`, the plugin's default, slurmctld takes a job's shard from the first GPU with one free,\n\
          so the second job of a node lands beside the first whatever their memory, and CARMA, kept to that GPU,\n\
          refuses it while other GPUs stand empty: with 8 job shards per GPU 10, 13 and 61 jobs finish of 3840,\n\
          3840 and 20,000, with hand-back 40, 52 and 236, and node-memory admission does no better (the same 40,\n\
-         52 and 236: its node-level count admits the job, its shard still comes from the first GPU). Fewer shards\n\
-         per GPU spread jobs further: 2 per GPU finish 492, 608 and 658; 1 per GPU fails none but collocates\n\
-         nothing (makespans 7.71 and 9.48 h against `anywhere`'s 6.39 and 8.41, mean waits 121 and 94 minutes).\n\
-         So under Slurm's ownership slurmctld must know each GPU's free memory and activity (`informed`), which it\n\
+         52 and 236: its node-level count admits the job, its shard still comes from the first GPU). slurm.conf\n\
+         `SelectTypeParameters=...,LL_SHARED_GRES` (Slurm 23.11 and later: shards from the least loaded GPU,\n\
+         measured on 26.05.5) spreads them: with hand-back 152, 208 and 1510 finish, about as many as CARMA's own\n\
+         choice on the same shards, and with node-memory 1513, 1600 and 4734. Fewer shards per GPU spread jobs\n\
+         too: 2 per GPU finish 492, 608 and 658; 1 per GPU fails none but collocates nothing (makespans 7.71 and\n\
+         9.48 h against `anywhere`'s 6.39 and 8.41, mean waits 121 and 94 minutes). So under Slurm's ownership\n\
+         slurmctld must know each GPU's free memory and activity (`informed`), which it\n\
          does not allow at run time for a GRES with device files (docs/admission.md); until it does,\n\
          `gpu_owner: carma` on nodes whose every GPU job is CARMA's is what collocates (node-memory: 3601, 3633\n\
          and 20,000 finish).\n",
@@ -536,7 +544,8 @@ the last 32 observed peaks less the model part, at most 4 GiB). Every simulated 
 2-GPU XLNet-large row, 4.2 GiB over our estimate, sets that user's fixed part to the 4 GiB maximum and raises\n\
 nearly every later placement (24–40 per run, the last column); the node's history, below that, raises almost\n\
 none (3–10 per run before, 0–1 now). Regenerated on 2026-11-26 (#37), ours moved (makespan, h). Time-sliced\n\
-with the SM cap, where larger reservations refuse the collocations time-slicing makes slow: trace_t1 rr 8.09 →\n\
+with the SM cap, where larger reservations mostly refuse collocations that time-slicing makes slow (trace_t1's\n\
+magm, bf and lug 1.4–2.1 h faster, its rr and ff 0.2 h slower; every policy of trace_t2 0.5–2.8 h faster): trace_t1 rr 8.09 →\n\
 8.28, magm 10.07 → 8.02, ff 8.09 → 8.26, bf 9.81 → 7.76, lug 9.87 → 8.49; trace_t2 rr 10.27 → 9.29, magm\n\
 10.84 → 9.11, ff 13.62 → 10.79, bf 10.55 → 10.02, lug 10.52 → 9.94. Where collocation pays they collocate\n\
 less: with the busy cap trace_t1 +0.10 to +0.33 h, trace_t2 −0.32 (rr) to +0.14 h; under MPS trace_t1 +0.44\n\
@@ -670,14 +679,14 @@ const READING: &str = "## Reading these numbers\n\n\
   against −39.2% makespan), so the 5% goal is not met there. The simulator runs every job as one user, whose\n\
   learned fixed part the largest shortfall sets: the 2-GPU XLNet-large row, whose model keeps 12.2 GiB at 4\n\
   per GPU as measured on a CPU with CUDA's dropout masks while the A100 held 18.9 GiB (docs/estimator.md),\n\
-  raises every later estimate by 3 GiB, and measuring that one workload closes the largest part of three of\n\
+  raises nearly every later estimate by 3 GiB, and measuring that one workload closes the largest part of three of\n\
   the four gaps (the attribution table); on a cluster each user learns from their own jobs. Without the jobs' options the\n\
   gaps are +11.2% and +4.7% on trace_t1, +4.0% and +2.3% on trace_t2 (MPS, then time-sliced): gpt2-large's\n\
   listing names no sequence length, so the analytic model takes its 1024 positions, and the table's batch of 8\n\
   is what the script's DataParallel splits over the row's 2 GPUs: 65 GiB per GPU, whole GPUs. With\n\
   `--carma-batch-size=4 --carma-seq-len=512` it is 27,096 MiB for 28,356 measured (0.96×), 1.2 GiB short,\n\
   inside the 2 GiB headroom. BERT-base (24,317 MiB for 19,828, 1.23×) follows XLNet-large and EfficientNet in\n\
-  the attribution table. Its listing names `BertSdpaSelfAttention`: it ran fused attention, which keeps no\n\
+  trace_t1's MPS row of the attribution table. Its listing names `BertSdpaSelfAttention`: it ran fused attention, which keeps no\n\
   attention probabilities, and the CPU check of docs/estimator.md found the A100 used 1.00× the fused figure,\n\
   while the analytic model keeps every probability. That stays until a GPU checks it: gpt2-large's listing\n\
   names SDPA too, and its estimate, probabilities included, is already short of its measured peak\n\

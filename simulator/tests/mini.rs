@@ -51,6 +51,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
+        least_loaded: false,
     }
 }
 
@@ -273,6 +274,17 @@ fn under_slurms_ownership_a_job_runs_on_its_shards_gpu() {
     assert!(carmas.jobs.iter().all(|j| j.end_s == Some(j.submit_s + 1000.0)), "{:?}", carmas.jobs);
     let slurms = run(1, shards, GpuOwner::Slurm);
     assert!(slurms.jobs[0].end_s.is_some() && slurms.jobs[1].failed_no_fit, "{:?}", slurms.jobs);
+    // LL_SHARED_GRES: slurmctld takes the second shard from the empty GPU.
+    let cluster = Cluster { nodes: 1, gpus_per_node: 2, mem_mib: 40 * 1024 };
+    let c = SimConfig {
+        cluster,
+        admission: shards,
+        gpu_owner: GpuOwner::Slurm,
+        least_loaded: true,
+        ..cfg(Policy::Magm, Estimator::Oracle, 0.0)
+    };
+    let spread = simulate(&trace, &w, &c).unwrap();
+    assert!(spread.jobs.iter().all(|j| j.end_s == Some(j.submit_s + 1000.0)), "{:?}", spread.jobs);
     let memory = Admission::NodeMemory { hand_back: 3 };
     assert_eq!(run(2, memory, GpuOwner::Carma).handed_back, 0);
     let o = run(2, memory, GpuOwner::Slurm);

@@ -21,6 +21,7 @@ fn cfg(policy: Policy, estimator: Estimator) -> SimConfig {
         assumptions: Assumptions::default(),
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
+        least_loaded: false,
     }
 }
 

@@ -15,7 +15,7 @@ pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster
                 [--sm-cap 0.8] [--busy-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
                 [--mps-capacity 1.06] [--mps-overhead 0.01] [--mps-solo 0.87]
                 [--idle-w W] [--active-w W] [--sm-w W] [--admission anywhere|shards|memory-shards|informed|node-memory]
-                [--gpu-owner slurm|carma] [--json] [--csv FILE] [--plots DIR]
+                [--gpu-owner slurm|carma] [--least-loaded] [--json] [--csv FILE] [--plots DIR]
 carma simulate-report --data DIR --out DIR    (the report in docs/simulation.md; DIR is data/)";
 
 const FLAGS: &[&str] = &[
@@ -77,7 +77,7 @@ fn assumptions(a: &Args) -> Result<Assumptions, String> {
 }
 
 pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, FLAGS, &["compare", "json"])?;
+    let a = Args::parse(argv, FLAGS, &["compare", "json", "least-loaded"])?;
     let trace = PathBuf::from(a.get("trace").ok_or("--trace FILE is required")?);
     let table_path = PathBuf::from(a.get("workloads").ok_or("--workloads FILE is required")?);
     let activity = match (a.get("activity"), a.get("measured")) {
@@ -105,6 +105,7 @@ pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
         admission: a.parsed("admission", Admission::parse)?.unwrap_or_default(),
         // carma.yaml's default: a job runs on its shards' GPU.
         gpu_owner: a.parsed("gpu-owner", GpuOwner::parse)?.unwrap_or(GpuOwner::Slurm),
+        least_loaded: a.has("least-loaded"),
     };
     let policies: Vec<Policy> = if a.has("compare") { Policy::ALL.to_vec() } else { vec![cfg.policy] };
     let outcomes = run_all(&trace, &w, &cfg, &policies)?;

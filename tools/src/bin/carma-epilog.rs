@@ -213,15 +213,16 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
 /// the bound; without Slurm's answers it is not requeued at all.
 fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, log: &dyn Fn(&str)) {
     use carma_placement::admin_comment;
-    use carma_tools::recovery::hand_back::{JobPlace, SQUEUE_FORMAT, names};
+    use carma_tools::recovery::hand_back::{JobPlace, SINFO_FORMAT, SQUEUE_FORMAT, names, usable_gpu_nodes};
     let bin = cfg.slurm_bin_dir.as_deref();
     let node = env("SLURMD_NODENAME");
     let tell = |msg: &str| {
         log(msg);
         append_to_job_output(msg, log);
     };
+    // A job cancelled while its step waited ends with status 0, which the
+    // caller never hands back; one killed by a signal is not requeued either.
     if status & 0x7f != 0 {
-        // Cancelled between the refusal and now: a requeue would undo it.
         return log(&format!("job {job} ended by signal {}: not handed back", status & 0x7f));
     }
     if node.is_empty() {
@@ -245,7 +246,8 @@ fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, lo
         let comment = admin_comment::read_ref(bin, job_ref, deadline)?;
         let place =
             JobPlace::parse(&slurm_output(bin, "squeue", &["-h", "-t", "all", "-j", &sel, "-o", SQUEUE_FORMAT])?)?;
-        let partition_nodes = names(&slurm_output(bin, "sinfo", &["-h", "-N", "-p", &place.partitions, "-o", "%N"])?);
+        let partition_nodes =
+            usable_gpu_nodes(&slurm_output(bin, "sinfo", &["-h", "-N", "-p", &place.partitions, "-o", SINFO_FORMAT])?);
         let excluded = names(&slurm_output(bin, "scontrol", &["show", "hostnames", &place.excluding(&node)])?);
         Ok(Asked { comment, place, partition_nodes, excluded })
     };
@@ -263,22 +265,36 @@ fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, lo
         return no(&why);
     }
     if let Err(e) = scontrol(bin, &["requeuehold", &sel]) {
-        return no(&format!("Slurm did not requeue it ({e})"));
+        // A call cut short by its bound may still have been applied.
+        let state = slurm_output(bin, "squeue", &["-h", "-t", "all", "-j", &sel, "-o", "%T"]);
+        if !state.is_ok_and(|s| s.trim() == "PENDING") {
+            return no(&format!("Slurm did not requeue it ({e})"));
+        }
     }
     let deadline = Instant::now() + SCONTROL_TIMEOUT;
-    let entry = |key: &str, text: &str| admin_comment::write_entry_ref(bin, job_ref, key, text, false, deadline);
-    let mut recorded =
-        scontrol(bin, &["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", place.excluding(&node))])
-            .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, &node, reason)));
+    // Verified: another writer's read-modify-write must not drop the count.
+    let entry = |key: &str, text: &str| admin_comment::write_entry_ref(bin, job_ref, key, text, true, deadline);
+    // An administrator's hold (requeuehold's is the user's, which the
+    // user could release before the exclusion is in).
+    let mut recorded = scontrol(bin, &["hold", &sel])
+        .and_then(|()| {
+            scontrol(bin, &["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", place.excluding(&node))])
+        })
+        .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, &node, reason)));
     // An OOM recovery's verdict names the run it is for; the requeue
     // starts the next one, which it is for now.
     let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
+    if restart.is_none() {
+        log(&format!(
+            "job {job}: no SLURM_JOB_RESTART_COUNT: an OOM recovery's verdict is not carried to its next run"
+        ));
+    }
     if let Some((run, verdict)) = restart.and_then(|r| jobfiles::recovery_in_comment(&comment, r).map(|v| (r, v))) {
         recorded = recorded.and_then(|()| entry(jobfiles::RECOVERY_KEY, &jobfiles::recovery_entry(verdict, run + 1)));
     }
     if let Err(e) = recorded.and_then(|()| scontrol(bin, &["release", &sel])) {
         return tell(&format!(
-            "carma: job {job} is requeued and held: its hand-back could not be recorded in Slurm ({e}); `scontrol release {sel}` runs it again"
+            "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again, without excluding {node}"
         ));
     }
     if let Err(e) = prompt_later(bin, &sel, &FollowUp::Prompt) {

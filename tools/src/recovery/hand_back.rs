@@ -4,8 +4,13 @@
 //! show hostnames`), never from text the job's user wrote.
 
 /// squeue's format for [`JobPlace::parse`]: excluded nodes, required
-/// nodes, partitions. None of them can hold `;` (slurm.conf names).
+/// nodes, partitions. None of them can hold `;` (slurm.conf names). A job
+/// that has run shows the partition it ran in only: one submitted to
+/// several is judged by that one.
 pub const SQUEUE_FORMAT: &str = "%x;%n;%P";
+
+/// sinfo's format (with `-N`) for [`usable_gpu_nodes`]: name, state, GRES.
+pub const SINFO_FORMAT: &str = "%N|%t|%G";
 
 /// Where slurmctld may run the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +40,9 @@ impl JobPlace {
             return Err(format!("squeue answered '{line}', not three fields"));
         };
         let unset = |s: &str| if s == "(null)" { String::new() } else { s.to_string() };
+        if unset(partitions).is_empty() {
+            return Err("squeue named no partition".into());
+        }
         Ok(JobPlace { excluded: unset(excluded), required: unset(required), partitions: unset(partitions) })
     }
 
@@ -54,6 +62,21 @@ impl JobPlace {
         let left = partition_nodes.iter().any(|n| n != node && !excluded.contains(n));
         (!left).then(|| format!("no node of partition(s) {} is left once {node} is excluded", self.partitions))
     }
+}
+
+/// The nodes of [`SINFO_FORMAT`] lines that could run the job: with GPUs
+/// (gpu or shard GRES) and in a state slurmctld schedules on (not down,
+/// drained, failed, future, or not responding: a `*` after the state).
+/// Features and reservations are not weighed: the bound still holds.
+pub fn usable_gpu_nodes(text: &str) -> Vec<String> {
+    const UNUSABLE: [&str; 9] = ["down", "drain", "drng", "fail", "futr", "future", "maint", "inval", "unk"];
+    let usable = |line: &&str| {
+        let mut f = line.split('|').map(str::trim);
+        let (_, state, gres) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let gpus = gres.split(',').any(|g| g.starts_with("gpu") || g.starts_with("shard"));
+        gpus && !state.ends_with('*') && !UNUSABLE.iter().any(|u| state.starts_with(u))
+    };
+    names(&text.lines().filter(usable).filter_map(|l| l.split('|').next()).collect::<Vec<_>>().join("\n"))
 }
 
 /// Node names, one per line (`sinfo -N -o %N`, `scontrol show hostnames`).
@@ -83,5 +106,13 @@ mod tests {
         assert_eq!(q.refusal("n1", &nodes, &[]).unwrap(), "it requires nodes n1 (-w)");
         assert!(JobPlace::parse("a;b;c\nd;e;f\n").unwrap_err().contains("heterogeneous"));
         assert!(JobPlace::parse("").is_err() && JobPlace::parse("a;b").is_err());
+        assert_eq!(JobPlace::parse(";;(null)").unwrap_err(), "squeue named no partition");
+    }
+
+    #[test]
+    fn only_nodes_with_gpus_that_slurm_schedules_on_are_left() {
+        let sinfo = "n1|mix|gpu:4,shard:32(S:0)\nn2|idle*|gpu:4\nn3|drain|gpu:4\nn4|idle|(null)\n\
+                     n5|alloc|shard:8\nn6|down~|gpu:1\nn1|mix|gpu:4,shard:32(S:0)\nn7|idle|nic:1,gpu:a100:2\n";
+        assert_eq!(usable_gpu_nodes(sinfo), ["n1", "n5", "n7"]);
     }
 }
