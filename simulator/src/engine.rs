@@ -562,6 +562,13 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             let mut placed = None;
             let mut slurm_gpus = Vec::new();
             let need = shards_needed(cfg, cl, plan.request.estimate_mib);
+            // Under Slurm's ownership a job of several GPUs on job-count
+            // shards asks whole GPUs (`--gres=gpu:N`: Slurm takes one job's
+            // shards from one GPU; job_submit.lua keeps such jobs whole).
+            // Memory shards assume MULTIPLE_SHARING_GRES_PJ instead.
+            let whole = cfg.gpu_owner == GpuOwner::Slurm
+                && w.gpus > 1
+                && matches!(cfg.admission, Admission::Shards { .. } | Admission::NodeMemory { .. });
             match cfg.admission {
                 Admission::Anywhere => {
                     for (node, st) in states.iter_mut().enumerate() {
@@ -606,14 +613,23 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                             // GPUs with one free, whatever their memory.
                             let free: Vec<u32> = tried(node)
                                 .into_iter()
-                                .filter(|&g| slurm.shards(node, g) < JOB_SHARDS_PER_GPU)
+                                .filter(|&g| {
+                                    if whole {
+                                        slurm.shards(node, g) == 0
+                                    } else {
+                                        slurm.shards(node, g) < JOB_SHARDS_PER_GPU
+                                    }
+                                })
                                 .take(w.gpus as usize)
                                 .collect();
                             return (free.len() == w.gpus as usize).then_some(free);
                         }
                         let free: Vec<u32> = tried(node)
                             .into_iter()
-                            .filter(|&g| !over[g as usize] && slurm.shards(node, g) + need <= per_gpu)
+                            .filter(|&g| {
+                                let ask = if whole { per_gpu } else { need };
+                                !over[g as usize] && slurm.shards(node, g) + ask <= per_gpu
+                            })
                             .take(w.gpus as usize)
                             .collect();
                         (free.len() == w.gpus as usize).then_some(free)
@@ -672,8 +688,14 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 job,
                 pid,
                 node,
-                // Node memory counts GiB per node and one job shard per GPU.
-                shards: if matches!(cfg.admission, Admission::NodeMemory { .. }) { 1 } else { need },
+                // Node memory counts GiB per node and one job shard per GPU;
+                // a whole GPU takes all of its shards.
+                shards: match (whole, cfg.admission) {
+                    (true, Admission::NodeMemory { .. }) => JOB_SHARDS_PER_GPU,
+                    (true, _) => shards_per_gpu(cfg.admission, cl),
+                    (false, Admission::NodeMemory { .. }) => 1,
+                    (false, _) => need,
+                },
                 slurm_gpus,
                 node_gib,
                 gpus: choice.gpus,

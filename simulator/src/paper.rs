@@ -408,8 +408,9 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
          Slurm sent them, \"with room elsewhere\" those another node could have taken at that moment.\n\
          \"GPU chosen by\": carma.yaml `gpu_owner` (#37). `slurm` keeps CARMA to the GPU of the job's shard, which\n\
          slurmctld takes from the first GPU with one free (one job shard of 8 per GPU beside `carmamem` under\n\
-         node-memory); `carma` lets the policy pick any GPU of the node. Shards as memory are Slurm's choice either\n\
-         way, `anywhere` is CARMA's.\n\n\
+         node-memory); `carma` lets the policy pick any GPU of the node. Under `slurm` a job of several GPUs holds\n\
+         them whole (`--gres=gpu:N`: Slurm takes one job's shards from one GPU). Shards as memory are Slurm's\n\
+         choice either way (assuming `MULTIPLE_SHARING_GRES_PJ` for jobs of several GPUs), `anywhere` is CARMA's.\n\n\
          | trace | cluster | admission | GPU chosen by | jobs | finished | failed | with room elsewhere | handed back | makespan (h) | mean wait (min) | GPU memory used (GiB, mean) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -510,13 +511,13 @@ fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<Stri
          rows, none of which moved). Under\n\
          `gpu_owner: slurm`, the plugin's default, slurmctld takes a job's shard from the first GPU with one free,\n\
          so the second job of a node lands beside the first whatever their memory, and CARMA, kept to that GPU,\n\
-         refuses it while other GPUs stand empty: with 8 job shards per GPU 10, 13 and 61 jobs finish of 3840,\n\
-         3840 and 20,000, with hand-back 40, 52 and 236, and node-memory admission does no better (the same 40,\n\
-         52 and 236: its node-level count admits the job, its shard still comes from the first GPU). slurm.conf\n\
+         refuses it while other GPUs stand empty: with 8 job shards per GPU 205, 205 and 61 jobs finish of 3840,\n\
+         3840 and 20,000, with hand-back 244, 244 and 236, and node-memory admission does no better (the same\n\
+         244, 244 and 236: its node-level count admits the job, its shard still comes from the first GPU). slurm.conf\n\
          `SelectTypeParameters=...,LL_SHARED_GRES` (Slurm 23.11 and later: shards from the least loaded GPU,\n\
-         measured on 26.05.5) spreads them: with hand-back 152, 208 and 1510 finish, about as many as CARMA's own\n\
-         choice on the same shards, and with node-memory 1513, 1600 and 4734. Fewer shards per GPU spread jobs\n\
-         too: 2 per GPU finish 492, 608 and 658; 1 per GPU fails none but collocates nothing (makespans 7.71 and\n\
+         measured on 26.05.5) spreads them: with hand-back 400, 400 and 1510 finish (CARMA's own choice on the\n\
+         same shards: 152, 208 and 1759), and with node-memory 1821, 1311 and 4734. Fewer shards per GPU spread\n\
+         jobs too: 2 per GPU finish 604, 800 and 658; 1 per GPU fails none but collocates nothing (makespans 7.71 and\n\
          9.48 h against `anywhere`'s 6.39 and 8.41, mean waits 121 and 94 minutes). So under Slurm's ownership\n\
          slurmctld must know each GPU's free memory and activity (`informed`), which it\n\
          does not allow at run time for a GRES with device files (docs/admission.md); until it does,\n\

@@ -291,3 +291,21 @@ fn under_slurms_ownership_a_job_runs_on_its_shards_gpu() {
     assert_eq!(o.handed_back, 1, "{:?}", o.jobs);
     assert!(o.jobs.iter().all(|j| j.end_s == Some(j.submit_s + 1000.0)), "{:?}", o.jobs);
 }
+
+/// Under Slurm's ownership a job of two GPUs on job-count shards holds two
+/// whole GPUs (`--gres=gpu:2`): beside a one-GPU job on a two-GPU node it
+/// waits for that job's end. CARMA's own choice collocates it at once.
+#[test]
+fn under_slurms_ownership_a_two_gpu_job_waits_for_two_whole_gpus() {
+    let pair = Workload { gpus: 2, ..wl("pair", 5, 1000.0, 0.1, None) };
+    let w: HashMap<_, _> = [("one".to_string(), wl("one", 5, 1000.0, 0.1, None)), ("pair".to_string(), pair)].into();
+    let trace = [job(0, 0.0, "one"), job(1, 10.0, "pair")];
+    let run = |gpu_owner: GpuOwner| {
+        let cluster = Cluster { nodes: 1, gpus_per_node: 2, mem_mib: 40 * 1024 };
+        let admission = Admission::Shards { per_gpu: 8, hand_back: 0 };
+        let c = SimConfig { cluster, admission, gpu_owner, ..cfg(Policy::Magm, Estimator::Oracle, 0.0) };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    assert_eq!(run(GpuOwner::Carma).jobs[1].start_s, Some(10.0));
+    assert_eq!(run(GpuOwner::Slurm).jobs[1].start_s, Some(1000.0));
+}
