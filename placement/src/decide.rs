@@ -60,10 +60,17 @@ pub fn decide(
         }
         None => readings,
     };
+    // A Slurm GPU no reading has is named, not passed over in silence.
+    let unread = |mut e: NoFit| {
+        for &g in req.within.iter().flatten().filter(|g| !readings.iter().any(|r| r.index == **g)) {
+            e.reasons.push((g, Some(Reject::NotRead)));
+        }
+        e
+    };
     let choice = match choose(readings, st, &demand, params, owners) {
         Ok(c) => c,
-        Err(e) if !retry(st) => return Err(e),
-        Err(_) => choose(readings, st, &demand, params, owners)?,
+        Err(e) if !retry(st) => return Err(unread(e)),
+        Err(_) => choose(readings, st, &demand, params, owners).map_err(unread)?,
     };
     st.reservations.push(Reservation {
         job: step.job,
@@ -210,6 +217,22 @@ mod tests {
         let no = step(&mut st, 100, &big, &g).unwrap_err();
         assert_eq!(no.reasons.len(), 1, "GPU 1 is not the job's: {no}");
         assert!(st.reservations.is_empty());
+    }
+
+    /// A Slurm GPU that no reading has (Slurm's indices are not NVML's) is
+    /// named in the refusal, not left out of it.
+    #[test]
+    fn a_slurm_gpu_without_a_reading_is_named() {
+        let mut st = NodeState::default();
+        let g = gpus(0);
+        let req = Request { within: Some(vec![5]), ..Request::declared(Policy::Magm, 4096) };
+        let no = step(&mut st, 100, &req, &g).unwrap_err();
+        assert_eq!(no.reasons, vec![(5, Some(Reject::NotRead))], "{no}");
+        assert!(
+            no.to_string().contains("GPU5: Slurm gave the job this GPU, but no GPU with this index was read"),
+            "{no}"
+        );
+        assert_eq!(no.class(), "gpu_count");
     }
 
     /// Two concurrent `srun --carma-mem=10G &` steps (no batch step, as

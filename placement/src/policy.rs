@@ -122,6 +122,9 @@ pub enum Reject {
         job: u32,
         held: u32,
     },
+    /// One of the job's Slurm GPUs (`gpu_owner: slurm`) that no reading
+    /// has: Slurm's GPU indices and the readings' differ.
+    NotRead,
 }
 
 impl fmt::Display for Reject {
@@ -149,6 +152,10 @@ impl fmt::Display for Reject {
                 f,
                 "held by job {job}, whose steps share the {held} GPU(s) its first step was given here (ask for more GPUs in the job's own options, sbatch/salloc --carma-gpus)"
             ),
+            Reject::NotRead => write!(
+                f,
+                "Slurm gave the job this GPU, but no GPU with this index was read (gres.conf's order or carma.yaml gpu_indices differ from NVML's: docs/isolation.md)"
+            ),
         }
     }
 }
@@ -165,7 +172,7 @@ impl NoFit {
     /// (the node has fewer GPUs than asked), `memory`, `activity`, `held`
     /// (whole, exclusive or not idle for an exclusive job) or `mps_user`.
     pub fn class(&self) -> &'static str {
-        if (self.reasons.len() as u32) < self.wanted {
+        if (self.reasons.len() as u32) < self.wanted || self.reasons.iter().any(|(_, w)| *w == Some(Reject::NotRead)) {
             return "gpu_count";
         }
         let mut counts = [0usize; 4];
@@ -179,6 +186,7 @@ impl NoFit {
                 | Reject::Exclusive(_)
                 | Reject::NotIdleJob(_)
                 | Reject::NotIdleProcesses { .. } => 2,
+                Reject::NotRead => 0,
             };
             counts[i] += 1;
         }
