@@ -569,6 +569,16 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             let whole = cfg.gpu_owner == GpuOwner::Slurm
                 && w.gpus > 1
                 && matches!(cfg.admission, Admission::Shards { .. } | Admission::NodeMemory { .. });
+            // Shards a GPU offers and the job asks of each of its GPUs (node
+            // memory counts GiB per node, beside one job shard per GPU; a
+            // whole GPU takes all its shards).
+            let node_memory = matches!(cfg.admission, Admission::NodeMemory { .. });
+            let gpu_shards = if node_memory { JOB_SHARDS_PER_GPU } else { shards_per_gpu(cfg.admission, cl) };
+            let ask = match (whole, node_memory) {
+                (true, _) => gpu_shards,
+                (false, true) => 1,
+                (false, false) => need,
+            };
             match cfg.admission {
                 Admission::Anywhere => {
                     for (node, st) in states.iter_mut().enumerate() {
@@ -592,14 +602,17 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                     };
                     let fits = |node: usize| -> Option<Vec<u32>> {
                         // Informed, node memory: GPUs over the cap offer none.
-                        let over: Vec<bool> = if matches!(admission, Admission::Informed | Admission::NodeMemory { .. })
-                        {
-                            let view =
-                                NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a };
-                            view.read_now().iter().map(|g| g.activity(cfg.params.metric) > cfg.params.cap()).collect()
-                        } else {
-                            vec![false; cl.gpus_per_node as usize]
-                        };
+                        let mut over: Vec<bool> =
+                            if matches!(admission, Admission::Informed | Admission::NodeMemory { .. }) {
+                                let view =
+                                    NodeView { cluster: cl, runs: &runs, on_node: &by_node[node], t, assumptions: a };
+                                view.read_now()
+                                    .iter()
+                                    .map(|g| g.activity(cfg.params.metric) > cfg.params.cap())
+                                    .collect()
+                            } else {
+                                vec![false; cl.gpus_per_node as usize]
+                            };
                         if matches!(admission, Admission::NodeMemory { .. }) {
                             let capacity = over.iter().filter(|o| !**o).count() as u32 * per_gpu;
                             let free = capacity.saturating_sub(slurm.node_gib[node]);
@@ -609,27 +622,13 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                             if cfg.gpu_owner == GpuOwner::Carma {
                                 return Some(Vec::new());
                             }
-                            // The job's shard (one per GPU): from the first
-                            // GPUs with one free, whatever their memory.
-                            let free: Vec<u32> = tried(node)
-                                .into_iter()
-                                .filter(|&g| {
-                                    if whole {
-                                        slurm.shards(node, g) == 0
-                                    } else {
-                                        slurm.shards(node, g) < JOB_SHARDS_PER_GPU
-                                    }
-                                })
-                                .take(w.gpus as usize)
-                                .collect();
-                            return (free.len() == w.gpus as usize).then_some(free);
+                            // The job's shard of each GPU, whatever its memory
+                            // or activity (Slurm sees neither per GPU).
+                            over = vec![false; cl.gpus_per_node as usize];
                         }
                         let free: Vec<u32> = tried(node)
                             .into_iter()
-                            .filter(|&g| {
-                                let ask = if whole { per_gpu } else { need };
-                                !over[g as usize] && slurm.shards(node, g) + ask <= per_gpu
-                            })
+                            .filter(|&g| !over[g as usize] && slurm.shards(node, g) + ask <= gpu_shards)
                             .take(w.gpus as usize)
                             .collect();
                         (free.len() == w.gpus as usize).then_some(free)
@@ -688,14 +687,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
                 job,
                 pid,
                 node,
-                // Node memory counts GiB per node and one job shard per GPU;
-                // a whole GPU takes all of its shards.
-                shards: match (whole, cfg.admission) {
-                    (true, Admission::NodeMemory { .. }) => JOB_SHARDS_PER_GPU,
-                    (true, _) => shards_per_gpu(cfg.admission, cl),
-                    (false, Admission::NodeMemory { .. }) => 1,
-                    (false, _) => need,
-                },
+                shards: ask,
                 slurm_gpus,
                 node_gib,
                 gpus: choice.gpus,

@@ -75,12 +75,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     // (no_fit: hand_back): the job never ran, so there is no OOM to look for.
     if let Some(reason) = jobfiles::read_hand_back(&cfg.state_dir, job_no).filter(|_| status != 0) {
         let ends = scan_output(cfg, &job, &earlier, 0).ends;
-        jobfiles::remove(&cfg.state_dir, job_no);
-        if !ends.is_empty()
-            && let Err(e) = jobfiles::write_output_ends(&cfg.state_dir, job_no, &ends)
-        {
-            log(&format!("job {job}: cannot record where its output ended in {}: {e}", cfg.state_dir.display()));
-        }
+        end_run(cfg, job_no, &ends, log);
         hand_back(cfg, &job, job_no, &reason, status, log);
         sweep_stale_jobfiles(cfg, log);
         return Ok(());
@@ -120,13 +115,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     facts.recoveries = recoveries;
     let verdict = decide(&facts);
     // The job's per-run files are done with, unless it is requeued below.
-    jobfiles::remove(&cfg.state_dir, job_no);
-    // The next run's output starts where this run's ended (--open-mode=append).
-    if let Some(ends) = ends.filter(|e| !e.is_empty())
-        && let Err(e) = jobfiles::write_output_ends(&cfg.state_dir, job_no, &ends)
-    {
-        log(&format!("job {job}: cannot record where its output ended in {}: {e}", cfg.state_dir.display()));
-    }
+    end_run(cfg, job_no, &ends.unwrap_or_default(), log);
     match verdict {
         Verdict::NotCarma | Verdict::Succeeded => {}
         Verdict::Signaled(sig) => log(&format!("job {job} ended by signal {sig}: not requeued")),
@@ -202,6 +191,17 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     }
     sweep_stale_jobfiles(cfg, log);
     Ok(())
+}
+
+/// Forgets the run's job files, keeping where its output files ended:
+/// the next run's output starts there (--open-mode=append).
+fn end_run(cfg: &Config, job: u32, ends: &[jobfiles::OutputEnd], log: &dyn Fn(&str)) {
+    jobfiles::remove(&cfg.state_dir, job);
+    if !ends.is_empty()
+        && let Err(e) = jobfiles::write_output_ends(&cfg.state_dir, job, ends)
+    {
+        log(&format!("job {job}: cannot record where its output ended in {}: {e}", cfg.state_dir.display()));
+    }
 }
 
 /// Requeues a job slurmstepd handed back (no GPU fitted here) to run on
