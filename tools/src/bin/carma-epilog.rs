@@ -71,12 +71,15 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     let mut req = JobRequest::default();
     let status: i32 = env("SLURM_JOB_EXIT_CODE").parse().unwrap_or(0);
     let earlier = jobfiles::read_output_ends(&cfg.state_dir, job_no);
+    // Slurm's restart count of this run (slurmd's environment; `None` where
+    // Slurm did not say).
+    let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
     // slurmstepd found no GPU here for the batch step and failed it
     // (no_fit: hand_back): the job never ran, so there is no OOM to look for.
     if let Some(reason) = jobfiles::read_hand_back(&cfg.state_dir, job_no).filter(|_| status != 0) {
         let ends = scan_output(cfg, &job, &earlier, 0).ends;
         end_run(cfg, job_no, &ends, log);
-        hand_back(cfg, &job, job_no, &reason, status, log);
+        hand_back(cfg, &job, job_no, &reason, status, restart, log);
         sweep_stale_jobfiles(cfg, log);
         return Ok(());
     }
@@ -84,9 +87,6 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     let carma = OptionName::ALL.iter().any(|o| std::env::var_os(format!("SPANK_{}", o.env())).is_some())
         || transparent.is_some();
     let _ = req.fill_from_env(|name| std::env::var(format!("SPANK_{name}")).ok().map(String::into_bytes));
-    // Slurm's restart count of this run (slurmd's environment; `None` where
-    // Slurm did not say).
-    let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
     let mut facts = Facts {
         carma,
         status,
@@ -161,7 +161,7 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
             // The job prolog of the rerun records its new GPU (measured on
             // 24.11 and 26.05: it runs for a requeued job's next start).
             let follow_up = if whole { FollowUp::WholePrompt } else { FollowUp::Prompt };
-            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), &follow_up).map(|()| r)) {
+            match resolved.and_then(|r| requeue(cfg.slurm_bin_dir.as_deref(), &r.selector(), follow_up).map(|()| r)) {
                 Ok(job_ref) => {
                     // Requeued, the job is pending and takes updates again
                     // (slurmctld refuses them for a finished job): the
@@ -174,8 +174,8 @@ fn epilog(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
                         facts.max_recoveries,
                         facts.mode.name(),
                         match follow_up {
+                            FollowUp::Prompt => "",
                             FollowUp::WholePrompt => " (a job on shards asks Slurm for a whole GPU instead)",
-                            _ => "",
                         }
                     ));
                     // carma-monitor exports the node's count of recoveries.
@@ -211,7 +211,15 @@ fn end_run(cfg: &Config, job: u32, ends: &[jobfiles::OutputEnd], log: &dyn Fn(&s
 /// once its exclusion and count are in slurmctld, so neither a short
 /// requeue delay nor a failed update lets it start here again or past
 /// the bound; without Slurm's answers it is not requeued at all.
-fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, log: &dyn Fn(&str)) {
+fn hand_back(
+    cfg: &Config,
+    job: &str,
+    job_no: u32,
+    reason: &str,
+    status: i32,
+    restart: Option<u32>,
+    log: &dyn Fn(&str),
+) {
     use carma_placement::admin_comment;
     use carma_tools::recovery::hand_back::{JobPlace, SINFO_FORMAT, SQUEUE_FORMAT, names, usable_gpu_nodes};
     let bin = cfg.slurm_bin_dir.as_deref();
@@ -283,7 +291,6 @@ fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, lo
         .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, &node, reason)));
     // An OOM recovery's verdict names the run it is for; the requeue
     // starts the next one, which it is for now.
-    let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
     if restart.is_none() {
         log(&format!(
             "job {job}: no SLURM_JOB_RESTART_COUNT: an OOM recovery's verdict is not carried to its next run"
@@ -297,7 +304,7 @@ fn hand_back(cfg: &Config, job: &str, job_no: u32, reason: &str, status: i32, lo
             "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again, without excluding {node}"
         ));
     }
-    if let Err(e) = prompt_later(bin, &sel, &FollowUp::Prompt) {
+    if let Err(e) = prompt_later(bin, &sel, FollowUp::Prompt) {
         log(&format!("job {job}: {e}; it starts after Slurm's requeue delay"));
     }
     tell(&format!(
@@ -625,13 +632,8 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
     }
 }
 
-/// Requeues the job. Slurm refuses jobs submitted with --no-requeue. Slurm
-/// delays a requeued job's start (BeginTime); that can only be lifted once
-/// the job has left COMPLETING, i.e. after this epilog ends, so a detached
-/// follow-up (own process group: slurmd cleans up the epilog's) does it,
-/// told where Slurm's commands are.
 /// What the follow-up of a requeue does once the job is pending.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 enum FollowUp {
     /// Lifts Slurm's requeue delay.
     Prompt,
@@ -641,7 +643,7 @@ enum FollowUp {
 }
 
 impl FollowUp {
-    fn arg(&self) -> &'static str {
+    fn arg(self) -> &'static str {
         match self {
             FollowUp::Prompt => "keep",
             FollowUp::WholePrompt => "whole",
@@ -649,13 +651,18 @@ impl FollowUp {
     }
 }
 
-fn requeue(bin_dir: Option<&Path>, job: &str, next: &FollowUp) -> Result<(), String> {
+/// Requeues the job. Slurm refuses jobs submitted with --no-requeue. Slurm
+/// delays a requeued job's start (BeginTime); that can only be lifted once
+/// the job has left COMPLETING, i.e. after this epilog ends, so a detached
+/// follow-up (own process group: slurmd cleans up the epilog's) does it,
+/// told where Slurm's commands are.
+fn requeue(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), String> {
     scontrol(bin_dir, &["requeue", job])?;
     prompt_later(bin_dir, job, next).map_err(|e| format!("requeued, but {e}"))
 }
 
 /// Starts the detached follow-up of a requeue.
-fn prompt_later(bin_dir: Option<&Path>, job: &str, next: &FollowUp) -> Result<(), String> {
+fn prompt_later(bin_dir: Option<&Path>, job: &str, next: FollowUp) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = bin_dir.map(Path::as_os_str).unwrap_or_default();
@@ -673,10 +680,6 @@ fn prompt_later(bin_dir: Option<&Path>, job: &str, next: &FollowUp) -> Result<()
     Ok(())
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole]]`: waits (at most a
-/// minute) until the requeued job is PENDING; with `whole`, turns its
-/// shards into a whole GPU (24.11 and later apply it, measured; 22.05
-/// refuses the update); then sets its start time to 3 s from now.
 /// The detached follow-up has no terminal and no carma.yaml: what it
 /// could not do goes to syslog.
 fn logged(job: &str, what: &str, r: Result<(), String>) {
@@ -685,6 +688,10 @@ fn logged(job: &str, what: &str, r: Result<(), String>) {
     }
 }
 
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole]]`: waits (at most a
+/// minute) until the requeued job is PENDING; with `whole`, turns its
+/// shards into a whole GPU (24.11 and later apply it, measured; 22.05
+/// refuses the update); then sets its start time to 3 s from now.
 fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
