@@ -414,6 +414,22 @@ stop() {
     done
     # Leftover slurmstepds of killed jobs would hold GPUs in CARMA's state.
     pkill -KILL -x slurmstepd 2>/dev/null || true
+    remove_job_cgroups
+}
+
+# Job cgroups a killed step left behind (cgroup/v1: this host's hierarchy,
+# which its chroots share). Job ids restart with each cluster, and slurmd
+# reuses a job_N directory it finds: a new job would enter an old task's
+# cgroup and its device rules (measured on 24.11: a plain job denied its
+# own GPU by the task_0 rules of an earlier cluster's CARMA job).
+remove_job_cgroups() {
+    local root left
+    for root in /sys/fs/cgroup/*/slurm_"$NODE" /sys/fs/cgroup/*/slurm_"$NODE2"; do
+        [ -d "$root" ] || continue
+        find "$root" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+        left=$(find "$root" -mindepth 1 -type d -name 'job_*' | head -3)
+        [ -z "$left" ] || echo "cluster.sh: job cgroups still in use, left in place: $left" >&2
+    done
 }
 
 start_munge() {
