@@ -597,3 +597,27 @@ fn a_job_past_its_hand_backs_fails_with_the_reason() {
     let comment = job_field(&job, "AdminComment");
     assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
 }
+
+/// A hand-back mark is its run's only: one an earlier run left behind (its
+/// epilog lost, a node rebooted mid-job) does not turn this run's ordinary
+/// failure into a hand-back, whatever carma.yaml's `no_fit` says now.
+/// The job fails once, with its own status, and the mark is gone.
+#[test]
+fn a_hand_back_mark_an_earlier_run_left_is_not_this_runs() {
+    require_cluster();
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let (job, out) = submit(&["-H", "-p", "debug", "-w", &host, "--carma-mem=4G"], "echo RAN\nexit 3");
+    let _cancel = Cancel(vec![job.clone()]);
+    let mark = format!("/run/carma/handback-{job}");
+    std::fs::write(&mark, "policy ff: no GPU fit (a lost epilog's)\n").unwrap();
+    root(&["scontrol", "release", &job], 20).ok();
+    assert_eq!(wait_done(&job, 60), "FAILED");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(text.contains("RAN") && !text.contains("handed back") && !text.contains("found no GPU"), "{text}");
+    assert_eq!((field(&job, "Restarts"), field(&job, "ExcNodeList")), ("0".into(), "(null)".into()));
+    assert!(!std::path::Path::new(&mark).exists(), "the stale mark stayed in /run/carma");
+    report(
+        "fault",
+        "a hand-back mark an earlier run left (its epilog lost): the next run's own failure is not taken for a hand-back; the mark is dropped when the batch step starts",
+    );
+}

@@ -138,6 +138,11 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     // The root-owned job files matter only to a CARMA step: a plain shard
     // step (its whole-GPU record dropped) opens none of them.
     let node = if *carma { NodeFacts::read(&cfg.state_dir, job) } else { NodeFacts::default() };
+    if *carma && facts.batch_step {
+        // A hand-back mark is this run's only: one an earlier run left (its
+        // epilog lost) must not make this run's other failure a hand-back.
+        jobfiles::forget_hand_back(&cfg.state_dir, job);
+    }
     // The state directory first: where it is unsafe or full, the job
     // prolog could not record the job's Slurm GPUs either, and that, not
     // a missing GPU, is the reason to give.
@@ -176,11 +181,6 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     let decision = placer
         .place(step, &plan.request, plan.wait, cfg.timeouts.poll, &mut alive)
         .map_err(|e| Error::msg(refused(cfg, &plan, job, &e)))?;
-    if plan.hand_back {
-        // A mark an earlier run left (its epilog lost) must not make this
-        // run's ordinary failure a hand-back.
-        jobfiles::forget_hand_back(&cfg.state_dir, job);
-    }
     if let Some(mark) = plan.transparent.as_ref().filter(|_| !decision.reused) {
         // carma-epilog recovers only CARMA jobs: this mark says it is one,
         // and under which signature to remember what an OOM needed. The

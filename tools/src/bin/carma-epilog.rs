@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 const TAIL_BYTES: u64 = 64 * 1024;
 const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A hand-back's Slurm calls before its requeue, and again those after it
+/// (a timed-out requeue's check and the release have SCONTROL_TIMEOUT each):
+/// about 70 s in all.
+const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -237,7 +241,13 @@ fn hand_back(
         return tell(&format!("carma: job {job} was not handed back: slurmd named no node"));
     }
     let no = |why: &str| tell(&format!("carma: job {job} found no GPU on {node}; not handed back: {why}: {reason}"));
-    let deadline = Instant::now() + SCONTROL_TIMEOUT;
+    // Bounds for all of Slurm's answers together (about a dozen calls):
+    // the epilog ends well inside PrologEpilogTimeout. One for what is
+    // asked and the requeue, one for what is recorded after it, and the
+    // release on its own, so a slow slurmctld never leaves the job held
+    // for want of time.
+    let deadline = Instant::now() + HAND_BACK_TIMEOUT;
+    let slurm = |name: &str, args: &[&str], by: Instant| slurm_output_by(bin, name, args, by);
     let Ok(job_ref) = JobRef::resolve(bin, job_no, deadline) else {
         return no("slurmctld did not say which job it is");
     };
@@ -253,10 +263,10 @@ fn hand_back(
     let read = || -> Result<Asked, String> {
         let comment = admin_comment::read_ref(bin, job_ref, deadline)?;
         let place =
-            JobPlace::parse(&slurm_output(bin, "squeue", &["-h", "-t", "all", "-j", &sel, "-o", SQUEUE_FORMAT])?)?;
+            JobPlace::parse(&slurm("squeue", &["-h", "-t", "all", "-j", &sel, "-o", SQUEUE_FORMAT], deadline)?)?;
         let partition_nodes =
-            usable_gpu_nodes(&slurm_output(bin, "sinfo", &["-h", "-N", "-p", &place.partitions, "-o", SINFO_FORMAT])?);
-        let excluded = names(&slurm_output(bin, "scontrol", &["show", "hostnames", &place.excluding(&node)])?);
+            usable_gpu_nodes(&slurm("sinfo", &["-h", "-N", "-p", &place.partitions, "-o", SINFO_FORMAT], deadline)?);
+        let excluded = names(&slurm("scontrol", &["show", "hostnames", &place.excluding(&node)], deadline)?);
         Ok(Asked { comment, place, partition_nodes, excluded })
     };
     let Asked { comment, place, partition_nodes, excluded } = match read() {
@@ -272,21 +282,22 @@ fn hand_back(
     if let Some(why) = place.refusal(&node, &partition_nodes, &excluded) {
         return no(&why);
     }
-    if let Err(e) = scontrol(bin, &["requeuehold", &sel]) {
+    if let Err(e) = slurm("scontrol", &["requeuehold", &sel], deadline) {
         // A call cut short by its bound may still have been applied.
-        let state = slurm_output(bin, "squeue", &["-h", "-t", "all", "-j", &sel, "-o", "%T"]);
+        let state = slurm("squeue", &["-h", "-t", "all", "-j", &sel, "-o", "%T"], Instant::now() + SCONTROL_TIMEOUT);
         if !state.is_ok_and(|s| s.trim() == "PENDING") {
             return no(&format!("Slurm did not requeue it ({e})"));
         }
     }
-    let deadline = Instant::now() + SCONTROL_TIMEOUT;
+    let deadline = Instant::now() + HAND_BACK_TIMEOUT;
+    let scontrol = |args: &[&str]| slurm("scontrol", args, deadline).map(drop);
     // Verified: another writer's read-modify-write must not drop the count.
     let entry = |key: &str, text: &str| admin_comment::write_entry_ref(bin, job_ref, key, text, true, deadline);
     // An administrator's hold (requeuehold's is the user's, which the
     // user could release before the exclusion is in).
-    let mut recorded = scontrol(bin, &["hold", &sel])
+    let mut recorded = scontrol(&["hold", &sel])
         .and_then(|()| {
-            scontrol(bin, &["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", place.excluding(&node))])
+            scontrol(&["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", place.excluding(&node))])
         })
         .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, &node, reason)));
     // An OOM recovery's verdict names the run it is for; the requeue
@@ -299,7 +310,7 @@ fn hand_back(
     if let Some((run, verdict)) = restart.and_then(|r| jobfiles::recovery_in_comment(&comment, r).map(|v| (r, v))) {
         recorded = recorded.and_then(|()| entry(jobfiles::RECOVERY_KEY, &jobfiles::recovery_entry(verdict, run + 1)));
     }
-    if let Err(e) = recorded.and_then(|()| scontrol(bin, &["release", &sel])) {
+    if let Err(e) = recorded.and_then(|()| self::scontrol(bin, &["release", &sel])) {
         return tell(&format!(
             "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again, without excluding {node}"
         ));
@@ -545,6 +556,16 @@ fn slurm_output(bin_dir: Option<&Path>, name: &str, args: &[&str]) -> Result<Str
     carma_placement::command::run(&carma_placement::command::slurm_program(bin_dir, name), args, SCONTROL_TIMEOUT)
 }
 
+/// As `slurm_output`, within what is left until `deadline` (an error
+/// once it has passed).
+fn slurm_output_by(bin_dir: Option<&Path>, name: &str, args: &[&str], deadline: Instant) -> Result<String, String> {
+    let left = deadline.saturating_duration_since(Instant::now()).min(SCONTROL_TIMEOUT);
+    if left.is_zero() {
+        return Err(format!("no time left for `{name} {}` (the epilog's bound on Slurm's answers)", args.join(" ")));
+    }
+    carma_placement::command::run(&carma_placement::command::slurm_program(bin_dir, name), args, left)
+}
+
 fn scontrol(bin_dir: Option<&Path>, args: &[&str]) -> Result<(), String> {
     slurm_output(bin_dir, "scontrol", args).map(drop)
 }
@@ -731,4 +752,24 @@ fn prompt_restart(args: &[OsString]) -> i32 {
     }
     logged(job, "it was not pending within a minute, so its requeue delay was not lifted", Err("gave up".into()));
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Calls under one deadline share it: a slow command is cut at what
+    /// is left, and once it has passed nothing more is started.
+    #[test]
+    fn slurm_calls_under_one_deadline_end_by_it() {
+        let bin = Some(Path::new("/bin"));
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(400);
+        assert!(slurm_output_by(bin, "sleep", &["5"], deadline).is_err());
+        assert!(start.elapsed() < Duration::from_secs(2), "the call outlived its deadline: {:?}", start.elapsed());
+        let e = slurm_output_by(bin, "sleep", &["5"], deadline).unwrap_err();
+        assert!(e.contains("no time left for `sleep 5`"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        assert_eq!(slurm_output_by(bin, "echo", &["ok"], Instant::now() + SCONTROL_TIMEOUT).unwrap(), "ok\n");
+    }
 }
