@@ -7,6 +7,12 @@
 
 use carma_config::ADMISSION_GRES;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long a count set (or found right) stands while the node's
+/// promisable GiB stay the same: slurmctld is asked again after it, to
+/// undo an administrator's edit or a slurmctld restart's reset.
+pub const RESYNC_EVERY: Duration = Duration::from_secs(300);
 
 /// `scontrol show node -o`'s `Gres=` and `GresUsed=` of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,19 +97,36 @@ pub struct Admission {
     bin_dir: Option<PathBuf>,
     /// The node has no admission GRES: said once, then nothing is done.
     off: bool,
+    /// The promisable GiB the count was last made right for, and when.
+    synced: Option<(u64, Instant)>,
 }
 
 impl Admission {
     pub fn new(node: String, bin_dir: Option<PathBuf>) -> Admission {
-        Admission { node, bin_dir, off: false }
+        Admission { node, bin_dir, off: false, synced: None }
     }
 
     /// Sets the node's count to `free_gib` + what Slurm has allocated, if
-    /// it differs. Returns the change made, as a log line.
+    /// it differs. Returns the change made, as a log line. slurmctld is
+    /// asked only when `free_gib` moved since the count was last made right
+    /// (or RESYNC_EVERY later): a job's start or end moves its GiB between
+    /// the two terms together, leaving the count as it is. `scontrol show
+    /// node` loads every node's record and the partitions (measured on
+    /// 22.05): asked every interval by every node, it would cost slurmctld
+    /// in the square of the cluster's size.
     pub fn sync(&mut self, free_gib: u64) -> Result<Option<String>, String> {
         if self.off {
             return Ok(None);
         }
+        if self.synced.is_some_and(|(gib, at)| gib == free_gib && at.elapsed() < RESYNC_EVERY) {
+            return Ok(None);
+        }
+        let change = self.set_count(free_gib)?;
+        self.synced = Some((free_gib, Instant::now()));
+        Ok(change)
+    }
+
+    fn set_count(&mut self, free_gib: u64) -> Result<Option<String>, String> {
         let text = scontrol(self.bin_dir.as_deref(), &["show", "node", "-o", &self.node])?;
         let Some(now) = parse_node(&text) else {
             self.off = true;
@@ -163,6 +186,16 @@ mod tests {
         assert!(change.contains("100 -> 60"), "{change}");
         let said = std::fs::read_to_string(&calls).unwrap();
         assert_eq!(said, "show node -o n1\nupdate NodeName=n1 Gres=gpu:4,carmamem:60\n");
+        // The same promisable GiB: slurmctld is not asked again until
+        // RESYNC_EVERY; a change asks at once.
+        assert_eq!(a.sync(50).unwrap(), None);
+        assert_eq!(std::fs::read_to_string(&calls).unwrap(), said);
+        assert!(a.sync(51).unwrap().unwrap().contains("100 -> 61"));
+        let said = std::fs::read_to_string(&calls).unwrap();
+        assert_eq!(said.lines().count(), 4, "{said}");
+        a.synced = a.synced.map(|(gib, at)| (gib, at - RESYNC_EVERY));
+        a.sync(51).unwrap();
+        assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), 6);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
