@@ -406,8 +406,14 @@ stop() {
     local prom
     if prom=$(pid_of "$RUN/prometheus.pid"); then kill -TERM "$prom" 2>/dev/null || true; fi
     rm -f "$RUN/prometheus.pid"
-    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN/slurmctld.pid" "$RUN/b/carma-monitor.pid"; do
-        local pid
+    # Monitors do not stop with slurmctld: all told at once (tests/scale.sh
+    # runs one per node).
+    local pid
+    for p in "$RUN/b/carma-monitor.pid" "$RUN"/scale/monitor-*.pid; do
+        if pid=$(pid_of "$p"); then kill -TERM "$pid" 2>/dev/null || true; fi
+    done
+    # tests/scale.sh's slurmds and monitors too, where it ran.
+    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN"/scale/*.pid "$RUN/slurmctld.pid" "$RUN/b/carma-monitor.pid"; do
         for _ in $(seq 50); do pid=$(pid_of "$p") || break; sleep 0.1; done
         if pid=$(pid_of "$p"); then kill -TERM "$pid" 2>/dev/null || true; sleep 1; kill -KILL "$pid" 2>/dev/null || true; fi
         rm -f "$p"
@@ -424,7 +430,7 @@ stop() {
 # own GPU by the task_0 rules of an earlier cluster's CARMA job).
 remove_job_cgroups() {
     local root left
-    for root in /sys/fs/cgroup/*/slurm_"$NODE" /sys/fs/cgroup/*/slurm_"$NODE2"; do
+    for root in /sys/fs/cgroup/*/slurm_"$NODE" /sys/fs/cgroup/*/slurm_"$NODE2" /sys/fs/cgroup/*/slurm_"$NODE"-s*; do
         [ -d "$root" ] || continue
         find "$root" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
         left=$(find "$root" -mindepth 1 -type d -name 'job_*' | head -3)
@@ -484,6 +490,9 @@ start() {
     scontrol update nodename="$NODE,$NODE2" state=resume >/dev/null 2>&1 || true
     echo "cluster.sh: $NODE and $NODE2 up with 4 simulated GPUs each behind the NVML stand-in; CARMA plugin $PLUGIN"
 }
+
+# tests/scale.sh reads this file for its functions.
+[ -z "${CARMA_CLUSTER_SOURCED:-}" ] || return 0
 
 case "${1:-}" in
     deps) deps ;;

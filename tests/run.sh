@@ -173,6 +173,13 @@ for r in $RELEASES; do
     since=$(date -u +%Y-%m-%dT%H:%M:%S)
     tests/releases.sh enter "$r" tests/suites.sh "$suites" $chosen || failed+=("$r")
     tests/releases.sh enter "$r" tests/hook-times.sh "$since" || true
+    if [ "$r" = sid ]; then
+        # What CARMA costs slurmctld, with and without it (#42; 64 nodes by
+        # hand: tests/scale.sh burst 64, docs/admission.md).
+        phase "scale figures: 16 nodes on $r's Slurm, CARMA on and off (tests/scale.sh)"
+        { tests/releases.sh enter "$r" tests/scale.sh burst 16 on 4 &&
+            tests/releases.sh enter "$r" tests/scale.sh burst 16 off 4; } || failed+=("scale-$r")
+    fi
     tests/releases.sh enter "$r" tests/cluster.sh stop
     tests/releases.sh umount "$r"
     trap - EXIT

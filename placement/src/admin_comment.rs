@@ -7,6 +7,7 @@
 //! squeue prints for an unset one). Slurm's commands run through [`crate::command`]:
 //! fixed arguments, no shell, bounded in time.
 
+use crate::command::SQUEUE_LOCAL;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
@@ -56,7 +57,7 @@ impl JobRef {
     /// job id is `id`.
     pub fn resolve(bin_dir: Option<&Path>, id: u32, deadline: Instant) -> Result<JobRef, String> {
         let job = id.to_string();
-        let args = ["-h", "-t", "all", "-j", &job, "-o", "%A %F %K"].map(OsStr::new);
+        let args = [SQUEUE_LOCAL, "-h", "-t", "all", "-j", &job, "-o", "%A %F %K"].map(OsStr::new);
         let out = slurm(bin_dir, "squeue", &args, deadline)?;
         let text = String::from_utf8_lossy(&out);
         JobRef::from_squeue(id, &text).ok_or_else(|| format!("squeue does not know job {id}"))
@@ -134,7 +135,7 @@ pub fn read(bin_dir: Option<&Path>, job: u32, deadline: Instant) -> Result<Vec<u
 /// [`read`] for a job already resolved.
 pub fn read_ref(bin_dir: Option<&Path>, job: JobRef, deadline: Instant) -> Result<Vec<u8>, String> {
     let job = job.selector();
-    let args = ["-h", "-t", "all", "-j", &job, "-O", "admin_comment:0"].map(OsStr::new);
+    let args = [SQUEUE_LOCAL, "-h", "-t", "all", "-j", &job, "-O", "admin_comment:0"].map(OsStr::new);
     let mut out = slurm(bin_dir, "squeue", &args, deadline)?;
     if out.last() == Some(&b'\n') {
         out.pop();

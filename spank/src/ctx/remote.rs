@@ -15,6 +15,7 @@ use crate::log;
 use crate::options;
 use crate::spank::{Item, Spank};
 use carma_config::{Config, JobRequest};
+use carma_placement::command::SQUEUE_LOCAL;
 use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
 use carma_placement::{Placer, StepRef, jobfiles};
 use once_cell::sync::OnceCell;
@@ -249,7 +250,7 @@ const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(1500);
 /// (the wait is bounded anyway).
 fn job_alive(bin_dir: Option<&std::path::Path>, job: u32) -> bool {
     let job = job.to_string();
-    let args = ["-h", "-j", &job, "-o", "%T"];
+    let args = [SQUEUE_LOCAL, "-h", "-j", &job, "-o", "%T"];
     let squeue = carma_placement::command::slurm_program(bin_dir, "squeue");
     match carma_placement::command::run(&squeue, &args, std::time::Duration::from_secs(1)) {
         Ok(state) => {

@@ -10,6 +10,7 @@
 
 use carma_config::{Config, JobRequest, OptionName, RecoveryMode};
 use carma_placement::admin_comment::JobRef;
+use carma_placement::command::SQUEUE_LOCAL;
 use carma_placement::{eventlog, jobfiles};
 use carma_tools::recovery::asuser::{User, run_self_as};
 use carma_tools::recovery::paths::{JobFields, Resolved, resolve};
@@ -262,8 +263,11 @@ fn hand_back(
     }
     let read = || -> Result<Asked, String> {
         let comment = admin_comment::read_ref(bin, job_ref, deadline)?;
-        let place =
-            JobPlace::parse(&slurm("squeue", &["-h", "-t", "all", "-j", &sel, "-o", SQUEUE_FORMAT], deadline)?)?;
+        let place = JobPlace::parse(&slurm(
+            "squeue",
+            &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &sel, "-o", SQUEUE_FORMAT],
+            deadline,
+        )?)?;
         let partition_nodes =
             usable_gpu_nodes(&slurm("sinfo", &["-h", "-N", "-p", &place.partitions, "-o", SINFO_FORMAT], deadline)?);
         let excluded = names(&slurm("scontrol", &["show", "hostnames", &place.excluding(&node)], deadline)?);
@@ -284,7 +288,11 @@ fn hand_back(
     }
     if let Err(e) = slurm("scontrol", &["requeuehold", &sel], deadline) {
         // A call cut short by its bound may still have been applied.
-        let state = slurm("squeue", &["-h", "-t", "all", "-j", &sel, "-o", "%T"], Instant::now() + SCONTROL_TIMEOUT);
+        let state = slurm(
+            "squeue",
+            &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &sel, "-o", "%T"],
+            Instant::now() + SCONTROL_TIMEOUT,
+        );
         if !state.is_ok_and(|s| s.trim() == "PENDING") {
             return no(&format!("Slurm did not requeue it ({e})"));
         }
@@ -595,7 +603,7 @@ fn sweep_stale_jobfiles(cfg: &Config, log: &dyn Fn(&str)) {
     let known = match slurm_output(
         cfg.slurm_bin_dir.as_deref(),
         "squeue",
-        &["-h", "-t", "all", "-o", "%A %T", "-j", &list.join(",")],
+        &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%A %T", "-j", &list.join(",")],
     ) {
         Ok(out) => out,
         Err(e) if e.contains("Invalid job id") => String::new(),
@@ -728,12 +736,12 @@ fn prompt_restart(args: &[OsString]) -> i32 {
     while start.elapsed() < Duration::from_secs(60) {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
-        let state = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%T", "-j", job]);
+        let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
             let how = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
             if how == "whole" {
                 // slurmctld's field (squeue %b), never text the user wrote.
-                let tres = slurm_output(bin_dir, "squeue", &["-h", "-t", "all", "-o", "%b", "-j", job]);
+                let tres = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%b", "-j", job]);
                 if let Some(whole) = tres.ok().as_deref().and_then(carma_tools::recovery::whole_gpu_for_shards) {
                     let update =
                         scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("TresPerNode={whole}")]);
