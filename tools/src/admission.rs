@@ -108,8 +108,8 @@ impl Admission {
 
     /// Sets the node's count to `free_gib` + what Slurm has allocated, if
     /// it differs. Returns the change made, as a log line. slurmctld is
-    /// asked only when `free_gib` moved since the count was last made right
-    /// (or RESYNC_EVERY later): a job's start or end moves its GiB between
+    /// asked only when `free_gib` moved since the count was last found
+    /// right (or RESYNC_EVERY later): a job's start or end moves its GiB between
     /// the two terms together, leaving the count as it is. `scontrol show
     /// node` loads every node's record and the partitions (measured on
     /// 22.05): asked every interval by every node, it would cost slurmctld
@@ -122,7 +122,11 @@ impl Admission {
             return Ok(None);
         }
         let change = self.set_count(free_gib)?;
-        self.synced = Some((free_gib, Instant::now()));
+        // Only a count found right stands: after an update the next check
+        // reads again, since CARMA's release of a job's memory comes before
+        // slurmctld's release of its allocation (the epilog runs between),
+        // and a count set in that gap is too high until read again.
+        self.synced = change.is_none().then(|| (free_gib, Instant::now()));
         Ok(change)
     }
 
@@ -175,9 +179,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("carma-admission-bin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let calls = dir.join("calls");
+        // Slurm's count: 100 until updated.
+        let count = dir.join("count");
         let script = format!(
-            "#!/bin/sh\necho \"$*\" >>{}\n[ \"$1\" = show ] && echo 'NodeName=n1 Gres=gpu:4,carmamem:100 GresUsed=carmamem:(null):10'\nexit 0\n",
-            calls.display()
+            "#!/bin/sh\necho \"$*\" >>{calls}\nc=$(cat {count} 2>/dev/null || echo 100)\n\
+             [ \"$1\" = show ] && echo \"NodeName=n1 Gres=gpu:4,carmamem:$c GresUsed=carmamem:(null):10\"\n\
+             [ \"$1\" = update ] && echo \"${{3##*:}}\" >{count}\nexit 0\n",
+            calls = calls.display(),
+            count = count.display()
         );
         std::fs::write(dir.join("scontrol"), script).unwrap();
         std::fs::set_permissions(dir.join("scontrol"), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -186,16 +195,22 @@ mod tests {
         assert!(change.contains("100 -> 60"), "{change}");
         let said = std::fs::read_to_string(&calls).unwrap();
         assert_eq!(said, "show node -o n1\nupdate NodeName=n1 Gres=gpu:4,carmamem:60\n");
-        // The same promisable GiB: slurmctld is not asked again until
-        // RESYNC_EVERY; a change asks at once.
+        let calls_now = || std::fs::read_to_string(&calls).unwrap().lines().count();
+        // After an update the next check reads again and finds it right;
+        // then the same promisable GiB ask nothing until RESYNC_EVERY, and
+        // a change asks at once.
         assert_eq!(a.sync(50).unwrap(), None);
-        assert_eq!(std::fs::read_to_string(&calls).unwrap(), said);
-        assert!(a.sync(51).unwrap().unwrap().contains("100 -> 61"));
-        let said = std::fs::read_to_string(&calls).unwrap();
-        assert_eq!(said.lines().count(), 4, "{said}");
+        assert_eq!(calls_now(), 3);
+        assert_eq!(a.sync(50).unwrap(), None);
+        assert_eq!(calls_now(), 3);
+        assert!(a.sync(51).unwrap().unwrap().contains("60 -> 61"));
+        assert_eq!(calls_now(), 5);
+        assert_eq!(a.sync(51).unwrap(), None);
+        assert_eq!(a.sync(51).unwrap(), None);
+        assert_eq!(calls_now(), 6);
         a.synced = a.synced.map(|(gib, at)| (gib, at - RESYNC_EVERY));
-        a.sync(51).unwrap();
-        assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), 6);
+        assert_eq!(a.sync(51).unwrap(), None);
+        assert_eq!(calls_now(), 7);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
