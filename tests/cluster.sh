@@ -427,15 +427,28 @@ stop() {
 # which its chroots share). Job ids restart with each cluster, and slurmd
 # reuses a job_N directory it finds: a new job would enter an old task's
 # cgroup and its device rules (measured on 24.11: a plain job denied its
-# own GPU by the task_0 rules of an earlier cluster's CARMA job).
+# own GPU by the task_0 rules of an earlier cluster's CARMA job). The
+# killed steps' tasks live on in them: they go first.
 remove_job_cgroups() {
-    local root left
+    local roots=() root procs left
     for root in /sys/fs/cgroup/*/slurm_"$NODE" /sys/fs/cgroup/*/slurm_"$NODE2" /sys/fs/cgroup/*/slurm_"$NODE"-s*; do
-        [ -d "$root" ] || continue
-        find "$root" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
-        left=$(find "$root" -mindepth 1 -type d -name 'job_*' | head -3)
-        [ -z "$left" ] || echo "cluster.sh: job cgroups still in use, left in place: $left" >&2
+        [ -d "$root" ] && roots+=("$root")
     done
+    [ ${#roots[@]} -gt 0 ] || return 0
+    for _ in $(seq 50); do
+        procs=$(find "${roots[@]}" -path '*/job_*' -name cgroup.procs -exec cat {} + 2>/dev/null || true)
+        [ -n "$procs" ] || pgrep -x slurmstepd >/dev/null || break
+        # shellcheck disable=SC2086
+        [ -z "$procs" ] || kill -KILL $procs 2>/dev/null || true
+        sleep 0.1
+    done
+    find "${roots[@]}" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+    # tests/scale.sh's nodes' roots too (the test cluster's stay).
+    for root in "${roots[@]}"; do
+        case $root in *-s[0-9][0-9][0-9]) rmdir "$root" 2>/dev/null || true ;; esac
+    done
+    left=$(find "${roots[@]}" -mindepth 1 -type d -name 'job_*' -print -quit 2>/dev/null || true)
+    [ -z "$left" ] || echo "cluster.sh: job cgroups still in use, left in place (such as $left)" >&2
 }
 
 start_munge() {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 const MAX_OUTPUT: u64 = 1 << 20;
 
 /// squeue's first argument wherever CARMA asks about a job of this cluster
-/// (every job CARMA asks about runs, or ran, here): without it each squeue
+/// (every job CARMA asks about runs, or ran, here; a federation, where a
+/// requeued job's live record may move to its origin cluster, is not
+/// supported for recovery and hand-back): without it each squeue
 /// also asks slurmctld for the federation (sdiag: a `REQUEST_FED_INFO`
 /// beside `REQUEST_JOB_INFO_SINGLE` and `REQUEST_PARTITION_INFO`, on
 /// 22.05 and 26.05), a third of what every call costs slurmctld.

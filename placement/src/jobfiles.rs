@@ -50,6 +50,22 @@ fn hand_back_path(dir: &Path, job: u32) -> PathBuf {
     dir.join(format!("handback-{job}"))
 }
 
+fn jobs_changed_path(dir: &Path) -> PathBuf {
+    dir.join("jobs-changed")
+}
+
+/// A job started or ended on this node (the job prolog or epilog ran):
+/// carma-monitor reads the admission count again until slurmctld has
+/// caught up with it (`tools/src/admission.rs`). Its time is the mark.
+pub fn touch_jobs_changed(dir: &Path) -> std::io::Result<()> {
+    write_atomic(&jobs_changed_path(dir), "")
+}
+
+/// When a job last started or ended here, if one did.
+pub fn jobs_changed_at(dir: &Path) -> Option<std::time::SystemTime> {
+    std::fs::symlink_metadata(jobs_changed_path(dir)).ok()?.modified().ok()
+}
+
 /// Root writes these in a directory users cannot write; still, no planted
 /// link or FIFO is ever followed (see fsutil::write_atomic).
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {

@@ -7,12 +7,17 @@
 
 use carma_config::ADMISSION_GRES;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How long a count set (or found right) stands while the node's
 /// promisable GiB stay the same: slurmctld is asked again after it, to
 /// undo an administrator's edit or a slurmctld restart's reset.
 pub const RESYNC_EVERY: Duration = Duration::from_secs(300);
+/// How long after a job started or ended here slurmctld is still asked at
+/// every check: its allocation changes when the job prolog has run, or the
+/// epilog has (the mark is written in them), and the count is found right
+/// only after that.
+pub const SETTLE: Duration = Duration::from_secs(30);
 
 /// `scontrol show node -o`'s `Gres=` and `GresUsed=` of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,36 +102,46 @@ pub struct Admission {
     bin_dir: Option<PathBuf>,
     /// The node has no admission GRES: said once, then nothing is done.
     off: bool,
-    /// The promisable GiB the count was last made right for, and when.
-    synced: Option<(u64, Instant)>,
+    /// What the count was last found right for (the promisable GiB and the
+    /// time of the node's last job start or end), and when.
+    synced: Option<(u64, Option<SystemTime>, Instant)>,
+    /// RESYNC_EVERY and up to a minute more, differing per monitor: monitors
+    /// restarted together (an upgrade) do not ask slurmctld together.
+    resync: Duration,
 }
 
 impl Admission {
     pub fn new(node: String, bin_dir: Option<PathBuf>) -> Admission {
-        Admission { node, bin_dir, off: false, synced: None }
+        let resync = RESYNC_EVERY + Duration::from_secs(u64::from(std::process::id() % 60));
+        Admission { node, bin_dir, off: false, synced: None, resync }
     }
 
     /// Sets the node's count to `free_gib` + what Slurm has allocated, if
-    /// it differs. Returns the change made, as a log line. slurmctld is
-    /// asked only when `free_gib` moved since the count was last found
-    /// right (or RESYNC_EVERY later): a job's start or end moves its GiB between
-    /// the two terms together, leaving the count as it is. `scontrol show
-    /// node` loads every node's record and the partitions (measured on
-    /// 22.05): asked every interval by every node, it would cost slurmctld
-    /// in the square of the cluster's size.
-    pub fn sync(&mut self, free_gib: u64) -> Result<Option<String>, String> {
+    /// it differs. Returns the change made, as a log line. `jobs_changed`
+    /// is when a job last started or ended here (`jobfiles::jobs_changed_at`).
+    /// `scontrol show node` loads every node's record and the partitions
+    /// (measured on 22.05 and 26.05): asked every interval by every node, it
+    /// would cost slurmctld in the square of the cluster's size. So it is
+    /// asked only while something may have moved: `free_gib` or the node's
+    /// jobs changed since the count was last found right, or a job started
+    /// or ended less than SETTLE ago, or `resync` has passed.
+    pub fn sync(&mut self, free_gib: u64, jobs_changed: Option<SystemTime>) -> Result<Option<String>, String> {
         if self.off {
             return Ok(None);
         }
-        if self.synced.is_some_and(|(gib, at)| gib == free_gib && at.elapsed() < RESYNC_EVERY) {
+        if self
+            .synced
+            .is_some_and(|(gib, changed, at)| gib == free_gib && changed == jobs_changed && at.elapsed() < self.resync)
+        {
             return Ok(None);
         }
         let change = self.set_count(free_gib)?;
-        // Only a count found right stands: after an update the next check
-        // reads again, since CARMA's release of a job's memory comes before
-        // slurmctld's release of its allocation (the epilog runs between),
-        // and a count set in that gap is too high until read again.
-        self.synced = change.is_none().then(|| (free_gib, Instant::now()));
+        // Only a count found right, with no job start or end in the last
+        // SETTLE, stands: CARMA gives a job's memory back before slurmctld
+        // frees its allocation (the epilog runs between), and a count set
+        // or found right in that gap is too high until read again.
+        let settled = jobs_changed.is_none_or(|t| t.elapsed().is_ok_and(|e| e >= SETTLE));
+        self.synced = (change.is_none() && settled).then(|| (free_gib, jobs_changed, Instant::now()));
         Ok(change)
     }
 
@@ -191,26 +206,36 @@ mod tests {
         std::fs::write(dir.join("scontrol"), script).unwrap();
         std::fs::set_permissions(dir.join("scontrol"), std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut a = Admission::new("n1".into(), Some(dir.clone()));
-        let change = a.sync(50).unwrap().unwrap();
+        let change = a.sync(50, None).unwrap().unwrap();
         assert!(change.contains("100 -> 60"), "{change}");
         let said = std::fs::read_to_string(&calls).unwrap();
         assert_eq!(said, "show node -o n1\nupdate NodeName=n1 Gres=gpu:4,carmamem:60\n");
         let calls_now = || std::fs::read_to_string(&calls).unwrap().lines().count();
         // After an update the next check reads again and finds it right;
-        // then the same promisable GiB ask nothing until RESYNC_EVERY, and
+        // then the same promisable GiB ask nothing until the resync, and
         // a change asks at once.
-        assert_eq!(a.sync(50).unwrap(), None);
+        assert_eq!(a.sync(50, None).unwrap(), None);
         assert_eq!(calls_now(), 3);
-        assert_eq!(a.sync(50).unwrap(), None);
+        assert_eq!(a.sync(50, None).unwrap(), None);
         assert_eq!(calls_now(), 3);
-        assert!(a.sync(51).unwrap().unwrap().contains("60 -> 61"));
+        assert!(a.sync(51, None).unwrap().unwrap().contains("60 -> 61"));
         assert_eq!(calls_now(), 5);
-        assert_eq!(a.sync(51).unwrap(), None);
-        assert_eq!(a.sync(51).unwrap(), None);
+        assert_eq!(a.sync(51, None).unwrap(), None);
+        assert_eq!(a.sync(51, None).unwrap(), None);
         assert_eq!(calls_now(), 6);
-        a.synced = a.synced.map(|(gib, at)| (gib, at - RESYNC_EVERY));
-        assert_eq!(a.sync(51).unwrap(), None);
-        assert_eq!(calls_now(), 7);
+        // A job started or ended here just now: asked at every check until
+        // SETTLE has passed since, though the GiB stay the same.
+        let now = SystemTime::now();
+        a.sync(51, Some(now)).unwrap();
+        a.sync(51, Some(now)).unwrap();
+        assert_eq!(calls_now(), 8);
+        let before = now - SETTLE;
+        a.sync(51, Some(before)).unwrap();
+        a.sync(51, Some(before)).unwrap();
+        assert_eq!(calls_now(), 9);
+        a.synced = a.synced.map(|(gib, changed, at)| (gib, changed, at - a.resync));
+        assert_eq!(a.sync(51, Some(before)).unwrap(), None);
+        assert_eq!(calls_now(), 10);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

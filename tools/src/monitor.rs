@@ -96,7 +96,8 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
     let admissible: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
     if !once {
         let bin_dir = cfg.slurm_bin_dir.clone();
-        spawn_admission(node.clone(), bin_dir, cfg.monitor.admission_interval, admissible.clone(), log);
+        let state_dir = cfg.state_dir.clone();
+        spawn_admission(node.clone(), bin_dir, state_dir, cfg.monitor.admission_interval, admissible.clone(), log);
     }
     // The metrics endpoint serves the page rendered after each sample.
     let page = crate::http::Page::default();
@@ -168,6 +169,7 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
 fn spawn_admission(
     node: String,
     bin_dir: Option<std::path::PathBuf>,
+    state_dir: std::path::PathBuf,
     every: Duration,
     latest: Arc<Mutex<Option<u64>>>,
     log: fn(&str),
@@ -181,7 +183,8 @@ fn spawn_admission(
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             };
-            match admission.sync(gib).map_err(|e| format!("admission count: {e}")) {
+            let jobs_changed = carma_placement::jobfiles::jobs_changed_at(&state_dir);
+            match admission.sync(gib, jobs_changed).map_err(|e| format!("admission count: {e}")) {
                 Ok(change) => {
                     if let Some(change) = change {
                         log(&format!("carma-monitor: {change}"));

@@ -70,6 +70,7 @@ pub fn prolog(_sp: &Spank) -> Result<(), Error> {
         // What slurmstepd checks before it places a CARMA step: the job
         // holds a GPU Slurm accounts for (resolve::UNACCOUNTED).
         jobfiles::write_gpus(&cfg.state_dir, job, &gpus).context("recording the job's Slurm GPUs")?;
+        jobs_changed(cfg, job);
         let recorded = placer.record_whole(job, &gpus).context("placement");
         // The rerun's verdict whatever became of the record.
         recovery_from_admin_comment(cfg, job).and(recorded)
@@ -103,12 +104,21 @@ fn recovery_from_admin_comment(cfg: &carma_config::Config, job: u32) -> Result<(
     Ok(())
 }
 
+/// Marks that a job started or ended here, for carma-monitor's admission
+/// count; a failure costs only that count's freshness.
+fn jobs_changed(cfg: &carma_config::Config, job: u32) {
+    if let Err(e) = jobfiles::touch_jobs_changed(&cfg.state_dir) {
+        log::error(&format!("job {job}: cannot mark the node's jobs changed in {}: {e}", cfg.state_dir.display()));
+    }
+}
+
 /// Releases whatever the job still holds on this node.
 pub fn epilog(_sp: &Spank) -> Result<(), Error> {
     never_fail("job_epilog", || {
         let Some(job) = job_id() else { return Ok(()) };
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
+        jobs_changed(cfg, job);
         if let Some(r) = Placer::from_config(cfg, log::event).context("release")?.release_job(job).context("release")? {
             log::event(&format!("job {job} ended: released gpu_indices={}", carma_placement::index_list(&r.gpus)));
         }

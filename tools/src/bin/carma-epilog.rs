@@ -27,8 +27,8 @@ const TAIL_BYTES: u64 = 64 * 1024;
 const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A hand-back's Slurm calls before its requeue, and again those after it
-/// (a timed-out requeue's check and the release have SCONTROL_TIMEOUT each):
-/// about 70 s in all.
+/// (the requeue, a timed-out requeue's check and the release have
+/// SCONTROL_TIMEOUT each): about 80 s in all.
 const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn main() {
@@ -244,9 +244,10 @@ fn hand_back(
     let no = |why: &str| tell(&format!("carma: job {job} found no GPU on {node}; not handed back: {why}: {reason}"));
     // Bounds for all of Slurm's answers together (about a dozen calls):
     // the epilog ends well inside PrologEpilogTimeout. One for what is
-    // asked and the requeue, one for what is recorded after it, and the
-    // release on its own, so a slow slurmctld never leaves the job held
-    // for want of time.
+    // asked, one for what is recorded after the requeue; the requeue and
+    // the release have their own, so no read's slowness keeps a job from
+    // being requeued or, once recorded, released. A recording cut short
+    // leaves the job held, and says so, for an administrator.
     let deadline = Instant::now() + HAND_BACK_TIMEOUT;
     let slurm = |name: &str, args: &[&str], by: Instant| slurm_output_by(bin, name, args, by);
     let Ok(job_ref) = JobRef::resolve(bin, job_no, deadline) else {
@@ -286,14 +287,13 @@ fn hand_back(
     if let Some(why) = place.refusal(&node, &partition_nodes, &excluded) {
         return no(&why);
     }
-    if let Err(e) = slurm("scontrol", &["requeuehold", &sel], deadline) {
-        // A call cut short by its bound may still have been applied.
-        let state = slurm(
-            "squeue",
-            &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &sel, "-o", "%T"],
-            Instant::now() + SCONTROL_TIMEOUT,
-        );
-        if !state.is_ok_and(|s| s.trim() == "PENDING") {
+    // The requeue has its own bound: one cut short may still be applied.
+    if let Err(e) = self::scontrol(bin, &["requeuehold", &sel]) {
+        // Then the job's restart count is this run's plus one (its state
+        // reads COMPLETING until this epilog ends, requeued or not).
+        let count = slurm_output(bin, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &sel, "-O", "restartcnt"]);
+        let requeued = restart.is_some_and(|r| count.is_ok_and(|c| c.trim().parse() == Ok(r + 1)));
+        if !requeued {
             return no(&format!("Slurm did not requeue it ({e})"));
         }
     }
