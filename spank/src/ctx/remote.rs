@@ -168,16 +168,18 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     }
     let step_name = crate::spank::step_name(step_id);
     let step = StepRef { job, holder: std::process::id() };
-    // Slurm is asked at most every ALIVE_EVERY while the step waits: a
-    // cancel ends it within about that, at a bounded cost to slurmctld.
-    let mut asked: Option<(std::time::Instant, bool)> = None;
-    let mut alive = || match asked {
-        Some((at, answer)) if at.elapsed() < ALIVE_EVERY => answer,
-        _ => {
-            let answer = job_alive(cfg.slurm_bin_dir.as_deref(), job);
-            asked = Some((std::time::Instant::now(), answer));
-            answer
+    // Slurm is asked while the step waits, first ALIVE_EVERY after it
+    // began, then every ALIVE_EVERY, and every ALIVE_LATER once it has
+    // waited ALIVE_FAST_FOR: a cancel ends it within about that, at a
+    // bounded cost to slurmctld (2 RPCs a question; tests/scale.sh).
+    let began = std::time::Instant::now();
+    let mut asked = (began, true);
+    let mut alive = || {
+        let every = if began.elapsed() < ALIVE_FAST_FOR { ALIVE_EVERY } else { ALIVE_LATER };
+        if asked.0.elapsed() >= every {
+            asked = (std::time::Instant::now(), job_alive(cfg.slurm_bin_dir.as_deref(), job));
         }
+        asked.1
     };
     let decision = placer
         .place(step, &plan.request, plan.wait, cfg.timeouts.poll, &mut alive)
@@ -240,8 +242,12 @@ fn unwritable(dir: &std::path::Path) -> Option<String> {
     r.err().map(|e| format!("{}: {e}", dir.display()))
 }
 
-/// How often a waiting step asks slurmctld whether its job still runs.
+/// How often a waiting step asks slurmctld whether its job still runs:
+/// every ALIVE_EVERY in its first ALIVE_FAST_FOR of waiting, then every
+/// ALIVE_LATER (a cancel of a long wait ends it within that).
 const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(1500);
+const ALIVE_FAST_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+const ALIVE_LATER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether slurmctld still runs the job, asked while its step waits for a
 /// GPU: slurmstepd shows a hook nothing of a cancel (its terminate handler
