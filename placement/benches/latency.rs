@@ -53,7 +53,7 @@ fn setup(dir: &Path, gpus: usize) -> PathBuf {
     // What carma-monitor would publish for these GPUs.
     let gpus = SimulatedGpus::load(&file).unwrap().read().unwrap();
     let p = Published {
-        written_ms: published::now_ms(),
+        written_ms: carma_placement::clock::now_ms(),
         interval_ms: 1000,
         window_ms: 60_000,
         source: "simulated".into(),

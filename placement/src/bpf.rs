@@ -16,7 +16,7 @@
 //! The only `unsafe` of this module is the bpf(2) system call itself; the
 //! attribute structs are plain `repr(C)` data, zeroed before use.
 
-use crate::devices::Device;
+use crate::device::Device;
 use std::ffi::c_long;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;

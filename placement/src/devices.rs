@@ -35,19 +35,7 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-/// A character device as the device cgroup names it (`c MAJOR:MINOR`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Device {
-    pub major: u32,
-    pub minor: u32,
-}
-
-impl Device {
-    /// The cgroup v1 rule granting or denying read, write and mknod.
-    pub fn rule(&self) -> String {
-        format!("c {}:{} rwm", self.major, self.minor)
-    }
-}
+pub use crate::device::Device;
 
 /// The character device `path` is (stat(2), following links).
 pub fn char_device(path: &Path) -> Result<Device, String> {

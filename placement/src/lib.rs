@@ -18,6 +18,7 @@ pub mod bpf;
 pub mod clock;
 pub mod command;
 pub mod decide;
+pub mod device;
 pub mod devices;
 pub mod eventlog;
 pub mod fsutil;

@@ -119,7 +119,7 @@ pub fn run(cfg: &Config, stop: &AtomicBool, once: bool, log: fn(&str)) -> Result
                 let now = Instant::now();
                 window.push(now, &gpus);
                 let p = Published {
-                    written_ms: published::now_ms(),
+                    written_ms: carma_placement::clock::now_ms(),
                     interval_ms: interval.as_millis() as u64,
                     window_ms: cfg.monitor_window.as_millis() as u64,
                     source: source.name().to_string(),

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 pub const READINGS_FILE: &str = "readings.json";
 /// Bounds what a placing step reads (a node with 64 GPUs and many processes
@@ -42,13 +42,9 @@ pub struct Published {
     pub gpus: Vec<GpuReading>,
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Published {
     pub fn age(&self) -> Duration {
-        Duration::from_millis(now_ms().saturating_sub(self.written_ms))
+        Duration::from_millis(crate::clock::now_ms().saturating_sub(self.written_ms))
     }
 }
 
@@ -168,9 +164,9 @@ mod tests {
     fn fresh_readings_round_trip_and_old_ones_are_stale() {
         let d = TempDir::new();
         assert!(fresh(&d.0, Duration::from_secs(10)).unwrap_err().contains("does not exist"));
-        publish(&d.0, &publication(now_ms(), 0.25)).unwrap();
+        publish(&d.0, &publication(crate::clock::now_ms(), 0.25)).unwrap();
         assert_eq!(fresh(&d.0, Duration::from_secs(10)).unwrap().gpus[0].sm_activity, 0.25);
-        publish(&d.0, &publication(now_ms() - 30_000, 0.25)).unwrap();
+        publish(&d.0, &publication(crate::clock::now_ms() - 30_000, 0.25)).unwrap();
         let why = fresh(&d.0, Duration::from_secs(10)).unwrap_err();
         assert!(why.contains("s old") && why.contains("stale_after 10 s"), "{why}");
         std::fs::write(path(&d.0), b"{half").unwrap();
@@ -189,9 +185,9 @@ mod tests {
             ..Config::default()
         };
         let mut src = PublishedSource::new(&cfg, |_| {});
-        publish(&d.0, &publication(now_ms(), 0.5)).unwrap();
+        publish(&d.0, &publication(crate::clock::now_ms(), 0.5)).unwrap();
         assert_eq!(src.read().unwrap()[0].uuid, "GPU-x");
-        publish(&d.0, &publication(now_ms() - 60_000, 0.5)).unwrap();
+        publish(&d.0, &publication(crate::clock::now_ms() - 60_000, 0.5)).unwrap();
         let t = std::time::Instant::now();
         let e = src.read().unwrap_err().0;
         assert!(e.contains("s old") && e.contains("CARMA steps are refused"), "{e}");

@@ -21,8 +21,9 @@ use carma_placement::{Placer, StepRef, jobfiles};
 use once_cell::sync::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-/// The step's decision, made in init_post_opt, read after fork (lock-free).
-struct Decision {
+/// What the step was granted (the placer's decision, its device minors and
+/// the task's environment), made in init_post_opt, read after fork (lock-free).
+struct Granted {
     gpus: Vec<u32>,
     /// The device minor number of each of `gpus` (`/dev/nvidia<minor>`).
     minors: Vec<u32>,
@@ -36,7 +37,7 @@ struct Decision {
 /// `Err` holds why a CARMA step could not be placed. It is reported by
 /// task_init, in the task: a failing init_post_opt would make slurmd drain
 /// the node for a batch step, and the user would never see the reason.
-static DECISION: OnceCell<Result<Decision, String>> = OnceCell::new();
+static GRANTED: OnceCell<Result<Granted, String>> = OnceCell::new();
 
 /// Options given to this step win; then values resolved at submit time
 /// (sbatch/salloc pass them as SLURM_SPANK_CARMA_*, which survives
@@ -95,7 +96,7 @@ pub fn place(sp: &Spank) -> Result<(), Error> {
             // How long the step was held here: tests/hook-times.sh prints
             // the longest over a run.
             log::record_failure(&format!("not placed: {msg} in_hook={}ms", started.elapsed().as_millis()));
-            let _ = DECISION.set(Err(msg));
+            let _ = GRANTED.set(Err(msg));
         }
     }
     Ok(())
@@ -210,7 +211,7 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     };
     let summary = plan.summary(&decision, &sharing);
     log::event(&format!("job {job} step {step_name}: {summary} in_hook={}ms", started.elapsed().as_millis()));
-    let _ = DECISION.set(Ok(Decision { gpus: decision.gpus, minors, summary, env, step, step_name }));
+    let _ = GRANTED.set(Ok(Granted { gpus: decision.gpus, minors, summary, env, step, step_name }));
     Ok(())
 }
 
@@ -318,7 +319,7 @@ fn constrained(placed_minors: &[u32]) -> bool {
 
 pub fn task_init(sp: &Spank) -> Result<(), Error> {
     // Runs in the forked task: no locks, no NVML, no logging on success.
-    match DECISION.get() {
+    match GRANTED.get() {
         // No decision for a step that asked for CARMA (placement never ran
         // in this slurmstepd): it must not run unplaced beside others.
         None if is_carma_step(sp) => {
@@ -359,7 +360,7 @@ pub fn task_init(sp: &Spank) -> Result<(), Error> {
 /// carma.log, and the node stays up (a failing task_post_fork would drain
 /// it for a batch step).
 pub fn task_post_fork(sp: &Spank) -> Result<(), Error> {
-    let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
+    let Some(Ok(d)) = GRANTED.get() else { return Ok(()) };
     let pid = sp.item_u32(Item::TaskPid)?;
     if let Err(e) = isolate(&d.minors, pid) {
         let msg =
@@ -431,7 +432,7 @@ fn cuda_devices(count: usize, node_indices: &str, constrained: bool) -> (String,
 /// Writes the job's record in its AdminComment (crate::record): the
 /// decision without its moment's readings, and the peak its processes were
 /// seen at. False if it could not (logged).
-fn record_job(sp: &Spank, cfg: &carma_config::Config, d: &Decision, r: &carma_placement::Reservation) -> bool {
+fn record_job(sp: &Spank, cfg: &carma_config::Config, d: &Granted, r: &carma_placement::Reservation) -> bool {
     let one_node = sp.getenv("SLURM_JOB_NUM_NODES").ok().flatten().is_some_and(|n| n.trim() == "1");
     let node = cfg.monitor.node_name();
     let kept: Vec<&str> = d
@@ -463,7 +464,7 @@ static RECORDED: AtomicBool = AtomicBool::new(false);
 /// finished", on every such job). Never fails; costs the step's end a few
 /// scontrol calls, bounded in time.
 pub fn task_exit(sp: &Spank) -> Result<(), Error> {
-    let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
+    let Some(Ok(d)) = GRANTED.get() else { return Ok(()) };
     let exited = TASKS_EXITED.fetch_add(1, Ordering::SeqCst) + 1;
     if exited < sp.item_u32(Item::LocalTaskCount).unwrap_or(1) {
         return Ok(());
@@ -486,7 +487,7 @@ pub fn task_exit(sp: &Spank) -> Result<(), Error> {
 /// Releases the step's hold; failures are logged only (garbage collection
 /// reclaims the reservation once this slurmstepd is gone).
 pub fn exit(sp: &Spank) -> Result<(), Error> {
-    let Some(Ok(d)) = DECISION.get() else { return Ok(()) };
+    let Some(Ok(d)) = GRANTED.get() else { return Ok(()) };
     let release = || -> Result<(), Error> {
         let placer = Placer::from_config(options::config()?, log::event).context("release")?;
         if let Some(r) = placer.release(d.step).context("release")? {
