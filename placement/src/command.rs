@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// More output than this is not read (a job's or node's record is a few KiB).
@@ -47,18 +47,34 @@ fn describe(prog: &str, args: &[&OsStr]) -> String {
 /// [`run`] with arguments and output as bytes: for fields (and values
 /// written back) that may hold any byte.
 pub fn run_bytes(prog: &str, args: &[&OsStr], timeout: Duration) -> Result<Vec<u8>, String> {
-    let mut child = Command::new(prog)
+    let child = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {prog}: {e}"))?;
+    let Some((status, out, err)) = wait_bounded(child, MAX_OUTPUT, timeout) else {
+        return Err(format!("{} timed out after {} s", describe(prog, args), timeout.as_secs_f64()));
+    };
+    if status.success() {
+        Ok(out)
+    } else {
+        let err = String::from_utf8_lossy(&err);
+        Err(format!("{} failed ({status}): {}", describe(prog, args), err.trim().replace('\n', " ")))
+    }
+}
+
+/// Waits for `child` at most `timeout`, reading what it writes to its
+/// piped stdout and stderr meanwhile (at most `limit` bytes of each, so a
+/// full pipe never blocks it); past the bound it is killed and reaped
+/// (`None`). Every command CARMA runs ends here.
+pub fn wait_bounded(mut child: Child, limit: u64, timeout: Duration) -> Option<(ExitStatus, Vec<u8>, Vec<u8>)> {
     let reader = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
             if let Some(p) = pipe {
-                let _ = p.take(MAX_OUTPUT).read_to_end(&mut bytes);
+                let _ = p.take(limit).read_to_end(&mut bytes);
             }
             bytes
         })
@@ -73,17 +89,11 @@ pub fn run_bytes(prog: &str, args: &[&OsStr], timeout: Duration) -> Result<Vec<u
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{} timed out after {} s", describe(prog, args), timeout.as_secs_f64()));
+                return None;
             }
         }
     };
-    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
-    if status.success() {
-        Ok(out)
-    } else {
-        let err = String::from_utf8_lossy(&err);
-        Err(format!("{} failed ({status}): {}", describe(prog, args), err.trim().replace('\n', " ")))
-    }
+    Some((status, out.join().unwrap_or_default(), err.join().unwrap_or_default()))
 }
 
 #[cfg(test)]

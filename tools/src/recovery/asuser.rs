@@ -8,9 +8,8 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, OsString};
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy)]
 pub struct User {
@@ -42,7 +41,7 @@ pub fn run_self_as(user: User, args: &[OsString], limit: usize, timeout: Duratio
             Ok(())
         });
     }
-    let mut child = cmd
+    let child = cmd
         .args(args)
         .env_clear()
         .current_dir("/")
@@ -51,25 +50,10 @@ pub fn run_self_as(user: User, args: &[OsString], limit: usize, timeout: Duratio
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start helper as uid {}: {e}", user.uid))?;
-    let mut out = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = (&mut out).take(limit as u64).read_to_end(&mut buf);
-        buf
-    });
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("helper as uid {} timed out after {:?}", user.uid, timeout));
-            }
-        }
+    match carma_placement::command::wait_bounded(child, limit as u64, timeout) {
+        Some((_, out, _)) => Ok(out),
+        None => Err(format!("helper as uid {} timed out after {:?}", user.uid, timeout)),
     }
-    reader.join().map_err(|_| "helper output reader failed".to_string())
 }
 
 /// The user's supplementary groups, as the system's user database (NSS)
