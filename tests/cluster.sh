@@ -435,6 +435,9 @@ remove_job_cgroups() {
         [ -d "$root" ] && roots+=("$root")
     done
     [ ${#roots[@]} -gt 0 ] || return 0
+    # A step's cgroup Slurm froze to kill it takes no signal until thawed.
+    find /sys/fs/cgroup/freezer/slurm_"$NODE"* -path '*/job_*' -name freezer.state 2>/dev/null |
+        while read -r f; do echo THAWED >"$f" 2>/dev/null || true; done
     for _ in $(seq 50); do
         procs=$(find "${roots[@]}" -path '*/job_*' -name cgroup.procs -exec cat {} + 2>/dev/null || true)
         [ -n "$procs" ] || pgrep -x slurmstepd >/dev/null || break

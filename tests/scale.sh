@@ -142,7 +142,7 @@ burst() {
     local n=$1 carma=${2:-on} per=${3:-4}
     start_scale "$n" "$carma"
     local ctld jobs=$((n * per)) opts=(-p scale --gres=shard:1 -o /dev/null)
-    ctld=$(pid_of "$RUN/slurmctld.pid")
+    ctld=$(pid_of "$RUN/slurmctld.pid") || die "scale: slurmctld is not running"
     [ "$carma" = off ] || opts+=(--carma-mem=8G)
     # Let every monitor publish and set its count first.
     sleep 12
@@ -171,7 +171,7 @@ burst() {
     done
     t_end=$(date +%s.%N)
     local states
-    states=$(runuser -u nobody -- squeue -h -t all -u "$TEST_USER" -o %T | sort | uniq -c | awk '{printf "%s %s ", $1, $2}')
+    states=$(runuser -u nobody -- squeue -h -t all -u "$TEST_USER" -o %T | sort | uniq -c | awk '{printf "%s %s ", $1, $2}' || true)
     echo "== scale burst: $n nodes, CARMA $carma, $jobs jobs of 5 s (shard:1$([ "$carma" = off ] || echo ", carma-mem 8G")), $per per node"
     awk -v a="$t0" -v b="$t_sub" -v c="$t_end" -v j="$jobs" \
         'BEGIN {printf "submitted in %.1f s, all done in %.1f s (%.1f jobs/s end to end)\n", b - a, c - a, j / (c - a)}'
@@ -182,7 +182,7 @@ burst() {
     monitors=$(cat "$RUN"/scale/monitor-*.pid 2>/dev/null | tr '\n' ' ' || true)
     # shellcheck disable=SC2086
     echo "slurmd: $(rss_mib $slurmds) MiB RSS in all ($n); carma-monitor: $( [ -n "$monitors" ] && rss_mib $monitors || echo 0) MiB in all"
-    sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC'
+    sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC' || true
     # Every job of the burst fits somewhere: none may fail (for no fit or
     # anything else).
     [ "$states" = "$jobs COMPLETED " ] || die "scale: not every job completed: $states"

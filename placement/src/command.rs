@@ -68,24 +68,28 @@ pub fn run_bytes(prog: &str, args: &[&OsStr], timeout: Duration) -> Result<Vec<u
 /// Waits for `child` at most `timeout`, reading what it writes to its
 /// piped stdout and stderr meanwhile (at most `limit` bytes of each, so a
 /// full pipe never blocks it); past the bound it is killed and reaped
-/// (`None`). Every command CARMA runs ends here.
+/// (`None`). A pipe still held open after the child has exited (by a
+/// process it left behind) is waited for within the same bound. The Slurm
+/// commands and the epilog's as-user reader end here.
 pub fn wait_bounded(mut child: Child, limit: u64, timeout: Duration) -> Option<(ExitStatus, Vec<u8>, Vec<u8>)> {
     let reader = |pipe: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
             if let Some(p) = pipe {
                 let _ = p.take(limit).read_to_end(&mut bytes);
             }
-            bytes
-        })
+            let _ = tx.send(bytes);
+        });
+        rx
     };
     let out = reader(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let err = reader(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let start = Instant::now();
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(st)) => break st,
-            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -93,7 +97,10 @@ pub fn wait_bounded(mut child: Child, limit: u64, timeout: Duration) -> Option<(
             }
         }
     };
-    Some((status, out.join().unwrap_or_default(), err.join().unwrap_or_default()))
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let out = out.recv_timeout(left()).ok()?;
+    let err = err.recv_timeout(left()).ok()?;
+    Some((status, out, err))
 }
 
 #[cfg(test)]
@@ -109,6 +116,11 @@ mod tests {
         let t = Instant::now();
         let e = run("sleep", &["10"], Duration::from_millis(200)).unwrap_err();
         assert!(e.contains("timed out") && t.elapsed() < Duration::from_secs(2), "{e}");
+        // A command that exits at once, leaving a process that holds its
+        // output open: still bounded.
+        let t = Instant::now();
+        let e = run("sh", &["-c", "sleep 5 & echo hi"], Duration::from_millis(300)).unwrap_err();
+        assert!(e.contains("timed out") && t.elapsed() < Duration::from_secs(2), "{e} after {:?}", t.elapsed());
         // More than a pipe holds, while the command runs.
         let big = run("head", &["-c", "300000", "/dev/zero"], s).unwrap();
         assert_eq!(big.len(), 300000);

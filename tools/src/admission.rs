@@ -13,10 +13,10 @@ use std::time::{Duration, Instant, SystemTime};
 /// promisable GiB stay the same: slurmctld is asked again after it, to
 /// undo an administrator's edit or a slurmctld restart's reset.
 pub const RESYNC_EVERY: Duration = Duration::from_secs(300);
-/// How long after a job started or ended here slurmctld is still asked at
-/// every check: its allocation changes when the job prolog has run, or the
-/// epilog has (the mark is written in them), and the count is found right
-/// only after that.
+/// How old a job start or end mark must be for the read that follows it
+/// to stand (one more read is made once it is): slurmctld has changed the
+/// job's allocation before the prolog or epilog marks, and this second
+/// read covers a slurmctld slow to show it.
 pub const SETTLE: Duration = Duration::from_secs(30);
 
 /// `scontrol show node -o`'s `Gres=` and `GresUsed=` of one node.
@@ -103,17 +103,33 @@ pub struct Admission {
     /// The node has no admission GRES: said once, then nothing is done.
     off: bool,
     /// What the count was last found right for (the promisable GiB and the
-    /// time of the node's last job start or end), and when.
-    synced: Option<(u64, Option<SystemTime>, Instant)>,
-    /// RESYNC_EVERY and up to a minute more, differing per monitor: monitors
+    /// time of the node's last job start or end), when, and whether that
+    /// mark was then younger than SETTLE.
+    synced: Option<Synced>,
+    /// The mark last seen, and when this monitor first saw it (its age is
+    /// taken on the monotonic clock: a wall clock stepped back must not
+    /// keep it young).
+    mark_seen: Option<(Option<SystemTime>, Instant)>,
+    /// RESYNC_EVERY and up to a minute more, differing per node: monitors
     /// restarted together (an upgrade) do not ask slurmctld together.
     resync: Duration,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Synced {
+    gib: u64,
+    mark: Option<SystemTime>,
+    at: Instant,
+    young: bool,
+}
+
 impl Admission {
     pub fn new(node: String, bin_dir: Option<PathBuf>) -> Admission {
-        let resync = RESYNC_EVERY + Duration::from_secs(u64::from(std::process::id() % 60));
-        Admission { node, bin_dir, off: false, synced: None, resync }
+        // FNV-1a of the node's name (PIDs repeat on nodes booted alike).
+        let spread =
+            node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let resync = RESYNC_EVERY + Duration::from_secs(spread % 60);
+        Admission { node, bin_dir, off: false, synced: None, mark_seen: None, resync }
     }
 
     /// Sets the node's count to `free_gib` + what Slurm has allocated, if
@@ -122,26 +138,30 @@ impl Admission {
     /// `scontrol show node` loads every node's record and the partitions
     /// (measured on 22.05 and 26.05): asked every interval by every node, it
     /// would cost slurmctld in the square of the cluster's size. So it is
-    /// asked only while something may have moved: `free_gib` or the node's
-    /// jobs changed since the count was last found right, or a job started
-    /// or ended less than SETTLE ago, or `resync` has passed.
+    /// asked only when something may have moved: `free_gib` or the mark
+    /// changed since the count was last found right (slurmctld allocates
+    /// before the job prolog marks and frees before the epilog does), once
+    /// more when a mark found young reaches SETTLE, after an update, and
+    /// every `resync`.
     pub fn sync(&mut self, free_gib: u64, jobs_changed: Option<SystemTime>) -> Result<Option<String>, String> {
         if self.off {
             return Ok(None);
         }
-        if self
-            .synced
-            .is_some_and(|(gib, changed, at)| gib == free_gib && changed == jobs_changed && at.elapsed() < self.resync)
-        {
+        let seen = match self.mark_seen {
+            Some((mark, at)) if mark == jobs_changed => at,
+            _ => self.mark_seen.insert((jobs_changed, Instant::now())).1,
+        };
+        let young = jobs_changed.is_some() && seen.elapsed() < SETTLE;
+        if self.synced.is_some_and(|s| {
+            s.gib == free_gib && s.mark == jobs_changed && s.at.elapsed() < self.resync && (young || !s.young)
+        }) {
             return Ok(None);
         }
         let change = self.set_count(free_gib)?;
-        // Only a count found right, with no job start or end in the last
-        // SETTLE, stands: CARMA gives a job's memory back before slurmctld
-        // frees its allocation (the epilog runs between), and a count set
-        // or found right in that gap is too high until read again.
-        let settled = jobs_changed.is_none_or(|t| t.elapsed().is_ok_and(|e| e >= SETTLE));
-        self.synced = (change.is_none() && settled).then(|| (free_gib, jobs_changed, Instant::now()));
+        // Only a count found right stands: after an update the next check
+        // reads again (a step's memory comes back at its end, before
+        // slurmctld frees the job: a count set between is too high).
+        self.synced = change.is_none().then(|| Synced { gib: free_gib, mark: jobs_changed, at: Instant::now(), young });
         Ok(change)
     }
 
@@ -223,19 +243,20 @@ mod tests {
         assert_eq!(a.sync(51, None).unwrap(), None);
         assert_eq!(a.sync(51, None).unwrap(), None);
         assert_eq!(calls_now(), 6);
-        // A job started or ended here just now: asked at every check until
-        // SETTLE has passed since, though the GiB stay the same.
-        let now = SystemTime::now();
-        a.sync(51, Some(now)).unwrap();
-        a.sync(51, Some(now)).unwrap();
+        // A job started or ended here (a new mark): asked at once, then
+        // once more when the mark is SETTLE old (on this monitor's clock),
+        // though the GiB stay the same.
+        let mark = SystemTime::now();
+        a.sync(51, Some(mark)).unwrap();
+        a.sync(51, Some(mark)).unwrap();
+        assert_eq!(calls_now(), 7);
+        a.mark_seen = a.mark_seen.map(|(m, at)| (m, at - SETTLE));
+        a.sync(51, Some(mark)).unwrap();
+        a.sync(51, Some(mark)).unwrap();
         assert_eq!(calls_now(), 8);
-        let before = now - SETTLE;
-        a.sync(51, Some(before)).unwrap();
-        a.sync(51, Some(before)).unwrap();
+        a.synced = a.synced.map(|s| Synced { at: s.at - a.resync, ..s });
+        assert_eq!(a.sync(51, Some(mark)).unwrap(), None);
         assert_eq!(calls_now(), 9);
-        a.synced = a.synced.map(|(gib, changed, at)| (gib, changed, at - a.resync));
-        assert_eq!(a.sync(51, Some(before)).unwrap(), None);
-        assert_eq!(calls_now(), 10);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -118,7 +118,10 @@ pub fn epilog(_sp: &Spank) -> Result<(), Error> {
         let Some(job) = job_id() else { return Ok(()) };
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
-        jobs_changed(cfg, job);
+        // As the prolog: only a job with GPUs can have held admission memory.
+        if std::env::var("SLURM_JOB_GPUS").is_ok_and(|g| !g.trim().is_empty()) {
+            jobs_changed(cfg, job);
+        }
         if let Some(r) = Placer::from_config(cfg, log::event).context("release")?.release_job(job).context("release")? {
             log::event(&format!("job {job} ended: released gpu_indices={}", carma_placement::index_list(&r.gpus)));
         }

@@ -28,7 +28,8 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A hand-back's Slurm calls before its requeue, and again those after it
 /// (the requeue, a timed-out requeue's check and the release have
-/// SCONTROL_TIMEOUT each): about 80 s in all.
+/// SCONTROL_TIMEOUT each; with the output write and the stale-file sweep,
+/// about 90 s in all).
 const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn main() {
@@ -294,7 +295,9 @@ fn hand_back(
         let count = slurm_output(bin, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &sel, "-O", "restartcnt"]);
         let requeued = restart.is_some_and(|r| count.is_ok_and(|c| c.trim().parse() == Ok(r + 1)));
         if !requeued {
-            return no(&format!("Slurm did not requeue it ({e})"));
+            return tell(&format!(
+                "carma: job {job} found no GPU on {node}; Slurm did not confirm its requeue ({e}): if it was requeued it is held (`scontrol release {sel}` runs it again): {reason}"
+            ));
         }
     }
     let deadline = Instant::now() + HAND_BACK_TIMEOUT;
