@@ -115,11 +115,7 @@ pub fn merge(existing: &[u8], key: &str, entry: &str) -> Vec<u8> {
 }
 
 fn slurm(bin_dir: Option<&Path>, prog: &str, args: &[&OsStr], deadline: Instant) -> Result<Vec<u8>, String> {
-    let left = deadline.saturating_duration_since(Instant::now()).min(CALL_TIME);
-    if left.is_zero() {
-        return Err(format!("{prog}: out of time for the job's AdminComment"));
-    }
-    crate::command::run_bytes(&crate::command::slurm_program(bin_dir, prog), args, left)
+    crate::command::run_bytes_by(&crate::command::slurm_program(bin_dir, prog), args, deadline, CALL_TIME)
 }
 
 /// The job's AdminComment alone, as bytes: squeue prints just that field

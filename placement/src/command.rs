@@ -65,6 +65,17 @@ pub fn run_bytes(prog: &str, args: &[&OsStr], timeout: Duration) -> Result<Vec<u
     }
 }
 
+/// [`run_bytes`] within what is left until `deadline`, at most `cap`:
+/// calls that share one deadline share its time, and none starts once it
+/// has passed.
+pub fn run_bytes_by(prog: &str, args: &[&OsStr], deadline: Instant, cap: Duration) -> Result<Vec<u8>, String> {
+    let left = deadline.saturating_duration_since(Instant::now()).min(cap);
+    if left.is_zero() {
+        return Err(format!("no time left for `{}`", describe(prog, args)));
+    }
+    run_bytes(prog, args, left)
+}
+
 /// Waits for `child` at most `timeout`, reading what it writes to its
 /// piped stdout and stderr meanwhile (at most `limit` bytes of each, so a
 /// full pipe never blocks it); past the bound it is killed and reaped

@@ -570,11 +570,11 @@ fn slurm_output(bin_dir: Option<&Path>, name: &str, args: &[&str]) -> Result<Str
 /// As `slurm_output`, within what is left until `deadline` (an error
 /// once it has passed).
 fn slurm_output_by(bin_dir: Option<&Path>, name: &str, args: &[&str], deadline: Instant) -> Result<String, String> {
-    let left = deadline.saturating_duration_since(Instant::now()).min(SCONTROL_TIMEOUT);
-    if left.is_zero() {
-        return Err(format!("no time left for `{name} {}` (the epilog's bound on Slurm's answers)", args.join(" ")));
-    }
-    carma_placement::command::run(&carma_placement::command::slurm_program(bin_dir, name), args, left)
+    use carma_placement::command::{run_bytes_by, slurm_program};
+    let prog = slurm_program(bin_dir, name);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let out = run_bytes_by(&prog, &args, deadline, SCONTROL_TIMEOUT)?;
+    String::from_utf8(out).map_err(|_| format!("{prog} printed output that is not UTF-8"))
 }
 
 fn scontrol(bin_dir: Option<&Path>, args: &[&str]) -> Result<(), String> {
@@ -779,7 +779,7 @@ mod tests {
         assert!(slurm_output_by(bin, "sleep", &["5"], deadline).is_err());
         assert!(start.elapsed() < Duration::from_secs(2), "the call outlived its deadline: {:?}", start.elapsed());
         let e = slurm_output_by(bin, "sleep", &["5"], deadline).unwrap_err();
-        assert!(e.contains("no time left for `sleep 5`"), "{e}");
+        assert!(e.contains("no time left for `/bin/sleep 5`"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(2));
         assert_eq!(slurm_output_by(bin, "echo", &["ok"], Instant::now() + SCONTROL_TIMEOUT).unwrap(), "ok\n");
     }
