@@ -102,8 +102,15 @@ pub fn wait_bounded(mut child: Child, limit: u64, timeout: Duration) -> Option<(
             Ok(Some(st)) => break st,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
             _ => {
+                // Reaped if it dies within a second: one stuck in the
+                // kernel (a hung file system) is left, never waited on.
                 let _ = child.kill();
-                let _ = child.wait();
+                for _ in 0..200 {
+                    if !matches!(child.try_wait(), Ok(None)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return None;
             }
         }

@@ -144,16 +144,29 @@ impl Admission {
     /// more when a mark found young reaches SETTLE, after an update, and
     /// every `resync`.
     pub fn sync(&mut self, free_gib: u64, jobs_changed: Option<SystemTime>) -> Result<Option<String>, String> {
+        self.sync_at(free_gib, jobs_changed, Instant::now())
+    }
+
+    /// [`Admission::sync`] at the monotonic time `now`.
+    fn sync_at(
+        &mut self,
+        free_gib: u64,
+        jobs_changed: Option<SystemTime>,
+        now: Instant,
+    ) -> Result<Option<String>, String> {
         if self.off {
             return Ok(None);
         }
         let seen = match self.mark_seen {
             Some((mark, at)) if mark == jobs_changed => at,
-            _ => self.mark_seen.insert((jobs_changed, Instant::now())).1,
+            _ => self.mark_seen.insert((jobs_changed, now)).1,
         };
-        let young = jobs_changed.is_some() && seen.elapsed() < SETTLE;
+        let young = jobs_changed.is_some() && now.saturating_duration_since(seen) < SETTLE;
         if self.synced.is_some_and(|s| {
-            s.gib == free_gib && s.mark == jobs_changed && s.at.elapsed() < self.resync && (young || !s.young)
+            s.gib == free_gib
+                && s.mark == jobs_changed
+                && now.saturating_duration_since(s.at) < self.resync
+                && (young || !s.young)
         }) {
             return Ok(None);
         }
@@ -161,7 +174,7 @@ impl Admission {
         // Only a count found right stands: after an update the next check
         // reads again (a step's memory comes back at its end, before
         // slurmctld frees the job: a count set between is too high).
-        self.synced = change.is_none().then(|| Synced { gib: free_gib, mark: jobs_changed, at: Instant::now(), young });
+        self.synced = change.is_none().then_some(Synced { gib: free_gib, mark: jobs_changed, at: now, young });
         Ok(change)
     }
 
@@ -246,16 +259,14 @@ mod tests {
         // A job started or ended here (a new mark): asked at once, then
         // once more when the mark is SETTLE old (on this monitor's clock),
         // though the GiB stay the same.
-        let mark = SystemTime::now();
-        a.sync(51, Some(mark)).unwrap();
-        a.sync(51, Some(mark)).unwrap();
+        let (mark, t) = (SystemTime::now(), Instant::now());
+        a.sync_at(51, Some(mark), t).unwrap();
+        a.sync_at(51, Some(mark), t).unwrap();
         assert_eq!(calls_now(), 7);
-        a.mark_seen = a.mark_seen.map(|(m, at)| (m, at - SETTLE));
-        a.sync(51, Some(mark)).unwrap();
-        a.sync(51, Some(mark)).unwrap();
+        a.sync_at(51, Some(mark), t + SETTLE).unwrap();
+        a.sync_at(51, Some(mark), t + SETTLE).unwrap();
         assert_eq!(calls_now(), 8);
-        a.synced = a.synced.map(|s| Synced { at: s.at - a.resync, ..s });
-        assert_eq!(a.sync(51, Some(mark)).unwrap(), None);
+        assert_eq!(a.sync_at(51, Some(mark), t + SETTLE + a.resync).unwrap(), None);
         assert_eq!(calls_now(), 9);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -59,7 +59,7 @@ pub fn bad_args(what: &str, args: &[String], e: &Error) {
 pub fn prolog(_sp: &Spank) -> Result<(), Error> {
     never_fail("job_prolog", || {
         let Some(job) = job_id() else { return Ok(()) };
-        let gpus = std::env::var("SLURM_JOB_GPUS").ok().and_then(|l| parse_gpu_list(&l)).unwrap_or_default();
+        let gpus = job_gpus().unwrap_or_default();
         if gpus.is_empty() {
             return Ok(());
         }
@@ -104,6 +104,11 @@ fn recovery_from_admin_comment(cfg: &carma_config::Config, job: u32) -> Result<(
     Ok(())
 }
 
+/// The job's GPUs as slurmd's prolog and epilog environment names them.
+fn job_gpus() -> Option<Vec<u32>> {
+    std::env::var("SLURM_JOB_GPUS").ok().and_then(|l| parse_gpu_list(&l))
+}
+
 /// Marks that a job started or ended here, for carma-monitor's admission
 /// count; a failure costs only that count's freshness.
 fn jobs_changed(cfg: &carma_config::Config, job: u32) {
@@ -119,7 +124,7 @@ pub fn epilog(_sp: &Spank) -> Result<(), Error> {
         let cfg = options::config()?;
         log::set_log_file(cfg.log_file.clone());
         // As the prolog: only a job with GPUs can have held admission memory.
-        if std::env::var("SLURM_JOB_GPUS").is_ok_and(|g| !g.trim().is_empty()) {
+        if job_gpus().is_some_and(|g| !g.is_empty()) {
             jobs_changed(cfg, job);
         }
         if let Some(r) = Placer::from_config(cfg, log::event).context("release")?.release_job(job).context("release")? {

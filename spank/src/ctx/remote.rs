@@ -140,15 +140,16 @@ fn try_place(sp: &Spank, carma: &mut bool, started: std::time::Instant) -> Resul
     // The root-owned job files matter only to a CARMA step: a plain shard
     // step (its whole-GPU record dropped) opens none of them.
     let node = if *carma { NodeFacts::read(&cfg.state_dir, job) } else { NodeFacts::default() };
-    if *carma && facts.batch_step {
-        // A hand-back mark is this run's only: one an earlier run left (its
-        // epilog lost) must not make this run's other failure a hand-back.
-        jobfiles::forget_hand_back(&cfg.state_dir, job);
-    }
     // The state directory first: where it is unsafe or full, the job
     // prolog could not record the job's Slurm GPUs either, and that, not
     // a missing GPU, is the reason to give.
     let mut placer = Placer::from_config(cfg, log::event).context("placement")?;
+    if *carma && facts.batch_step {
+        // A hand-back mark is this run's only: one an earlier run left (its
+        // epilog lost) must not make this run's other failure a hand-back.
+        // (After from_config: the state directory is checked safe.)
+        jobfiles::forget_hand_back(&cfg.state_dir, job);
+    }
     let resolution = resolve::resolve(&facts, &node, cfg).map_err(|e| {
         match (e.as_str() == resolve::UNACCOUNTED).then(|| unwritable(&cfg.state_dir)).flatten() {
             Some(why) => Error::msg(format!("the job prolog could not record the job's Slurm GPUs: {why}")),

@@ -28,8 +28,8 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A hand-back's Slurm calls before its requeue, and again those after it
 /// (the requeue, a timed-out requeue's check and the release have
-/// SCONTROL_TIMEOUT each; with the output write and the stale-file sweep,
-/// about 90 s in all).
+/// SCONTROL_TIMEOUT each; with the output scans and write and the stale-file sweep,
+/// about 95 s at worst).
 const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn main() {
@@ -290,6 +290,9 @@ fn hand_back(
     }
     // The requeue has its own bound: one cut short may still be applied.
     if let Err(e) = self::scontrol(bin, &["requeuehold", &sel]) {
+        if !e.contains("timed out") {
+            return no(&format!("Slurm did not requeue it ({e})"));
+        }
         // Then the job's restart count is this run's plus one (its state
         // reads COMPLETING until this epilog ends, requeued or not).
         let count = slurm_output(bin, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &sel, "-O", "restartcnt"]);
@@ -564,7 +567,7 @@ fn helper_append(args: &[OsString]) -> i32 {
 /// A Slurm command (in `bin_dir`: carma.yaml's `slurm_bin_dir`) with fixed
 /// arguments (no shell), bounded in time; its standard output on success.
 fn slurm_output(bin_dir: Option<&Path>, name: &str, args: &[&str]) -> Result<String, String> {
-    carma_placement::command::run(&carma_placement::command::slurm_program(bin_dir, name), args, SCONTROL_TIMEOUT)
+    slurm_output_by(bin_dir, name, args, Instant::now() + SCONTROL_TIMEOUT)
 }
 
 /// As `slurm_output`, within what is left until `deadline` (an error
