@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=spank/wrapper.h");
+    println!("cargo:rerun-if-changed=spank-plugin/wrapper.h");
     for var in ["CARMA_SLURM_INCLUDE", "SLURM_PREFIX", "PKG_CONFIG_PATH"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -69,7 +69,7 @@ fn main() {
     link_only(&slurm, &only_slurm);
 
     let mut builder = bindgen::Builder::default()
-        .header("spank/wrapper.h")
+        .header("spank-plugin/wrapper.h")
         .clang_arg(format!("-I{}", only_slurm.display()))
         .allowlist_function("spank_.*")
         .allowlist_function("slurm_(info|error|verbose|debug|debug2|spank_log)")
