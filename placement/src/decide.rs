@@ -75,7 +75,7 @@ pub fn decide(
     st.reservations.push(Reservation {
         job: step.job,
         gpus: choice.gpus.clone(),
-        estimate_mib: choice.reserve_mib,
+        reserved_mib: choice.reserve_mib,
         estimate_source: if history_mib.is_some() { "history".into() } else { req.estimate_source.clone() },
         exclusive: choice.exclusive,
         holding: Holding::Carma,
@@ -135,7 +135,7 @@ fn join(
         learned_from: None,
     };
     if r.holders.contains(&step.holder) {
-        return Ok(decision(r.estimate_mib));
+        return Ok(decision(r.reserved_mib));
     }
     if req.count as usize > r.gpus.len() {
         let held = r.gpus.len() as u32;
@@ -144,7 +144,7 @@ fn join(
     }
     // An exclusive holding is the job's whole GPUs: nothing to add.
     let asked = req.estimate_mib.filter(|_| !r.exclusive).unwrap_or(0);
-    let base = r.estimate_mib.saturating_sub(st.step_parts.get(&step.job).map_or(0, |p| p.values().sum()));
+    let base = r.reserved_mib.saturating_sub(st.step_parts.get(&step.job).map_or(0, |p| p.values().sum()));
     // Inside the batch script (or after the job's steps ended): the
     // job's promise is there for it.
     let batch = st.batch_steps.get(&step.job);
@@ -177,8 +177,8 @@ fn join(
     }
     let r = st.job_mut(step.job).expect("found above");
     r.holders.push(step.holder);
-    r.estimate_mib += part;
-    Ok(decision(if r.exclusive { r.estimate_mib } else { mine }))
+    r.reserved_mib += part;
+    Ok(decision(if r.exclusive { r.reserved_mib } else { mine }))
 }
 
 #[cfg(test)]
@@ -244,16 +244,16 @@ mod tests {
         assert_eq!(step(&mut st, 100, &mem(10240), &g).unwrap().gpus, vec![0]);
         let second = step(&mut st, 101, &mem(10240), &g).unwrap();
         assert!(second.reused && second.gpus == vec![0]);
-        assert_eq!(st.job(7).unwrap().estimate_mib, 20480);
+        assert_eq!(st.job(7).unwrap().reserved_mib, 20480);
         assert_eq!(crate::policy::promised_mib(&g[0], &st, &HashMap::new()), 20480);
         assert!(st.release_holder(7, 101).is_none());
-        assert_eq!(st.job(7).unwrap().estimate_mib, 10240, "the ended step's part is taken back");
+        assert_eq!(st.job(7).unwrap().reserved_mib, 10240, "the ended step's part is taken back");
         // A third, after the second ended, again adds to the first.
         step(&mut st, 102, &mem(4096), &g).unwrap();
-        assert_eq!(st.job(7).unwrap().estimate_mib, 14336);
+        assert_eq!(st.job(7).unwrap().reserved_mib, 14336);
         // Garbage collection takes a dead step's part back too.
         st.collect_garbage(|_, pid| pid != 102, |_| true);
-        assert_eq!(st.job(7).unwrap().estimate_mib, 10240);
+        assert_eq!(st.job(7).unwrap().reserved_mib, 10240);
     }
 
     /// srun inside a batch script shares the batch step's promise (it
@@ -266,16 +266,16 @@ mod tests {
         let batch = Request { batch_step: true, ..mem(10240) };
         step(&mut st, 100, &batch, &g).unwrap();
         step(&mut st, 101, &mem(10240), &g).unwrap();
-        assert_eq!(st.job(7).unwrap().estimate_mib, 10240, "one srun in the script: the job's promise");
+        assert_eq!(st.job(7).unwrap().reserved_mib, 10240, "one srun in the script: the job's promise");
         step(&mut st, 102, &mem(10240), &g).unwrap();
-        assert_eq!(st.job(7).unwrap().estimate_mib, 20480, "a second concurrent srun adds");
+        assert_eq!(st.job(7).unwrap().reserved_mib, 20480, "a second concurrent srun adds");
         st.release_holder(7, 102);
         st.release_holder(7, 101);
         // A later srun asking more than the job holds raises the promise.
         let d = step(&mut st, 103, &mem(16384), &g).unwrap();
-        assert_eq!((d.reserve_mib, st.job(7).unwrap().estimate_mib), (16384, 16384));
+        assert_eq!((d.reserve_mib, st.job(7).unwrap().reserved_mib), (16384, 16384));
         st.release_holder(7, 103);
-        assert_eq!(st.job(7).unwrap().estimate_mib, 10240);
+        assert_eq!(st.job(7).unwrap().reserved_mib, 10240);
     }
 
     /// A step asking more than the job's GPUs can take waits (a memory
@@ -287,7 +287,7 @@ mod tests {
         step(&mut st, 100, &mem(10240), &gpus(0)).unwrap();
         let e = step(&mut st, 101, &mem(30720), &gpus(0)).unwrap_err();
         assert_eq!(e.class(), "memory", "{e}");
-        assert_eq!(st.job(7).unwrap().estimate_mib, 10240, "nothing added by a refused step");
+        assert_eq!(st.job(7).unwrap().reserved_mib, 10240, "nothing added by a refused step");
         assert!(!st.job(7).unwrap().holders.contains(&101));
         let two = Request { count: 2, ..mem(1024) };
         let e = step(&mut st, 102, &two, &gpus(0)).unwrap_err();

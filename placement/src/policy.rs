@@ -238,7 +238,7 @@ pub fn promised_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u
                 .filter(|p| owners.get(&p.pid).is_some_and(|h| r.holders.contains(h)))
                 .map(|p| p.used_mib)
                 .sum();
-            r.estimate_mib.saturating_sub(used)
+            r.reserved_mib.saturating_sub(used)
         })
         .sum()
 }

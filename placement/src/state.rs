@@ -48,8 +48,11 @@ pub struct Reservation {
     /// The node's GPU indices (never a count); older state files say `gpus`.
     #[serde(rename = "gpu_indices", alias = "gpus")]
     pub gpus: Vec<u32>,
-    /// Expected peak per GPU, MiB (the whole GPU for exclusive holdings).
-    pub estimate_mib: u64,
+    /// Memory held per GPU, MiB: the promise (estimate and headroom), or the
+    /// whole GPU for exclusive holdings. On disk still `estimate_mib`, the name
+    /// older builds read and write.
+    #[serde(rename = "estimate_mib")]
+    pub reserved_mib: u64,
     /// Which estimator source decided the estimate (declared, gpumemnet, ...).
     pub estimate_source: String,
     /// No other job may be placed on these GPUs.
@@ -91,7 +94,7 @@ impl Reservation {
         Reservation {
             job,
             gpus,
-            estimate_mib: 0,
+            reserved_mib: 0,
             estimate_source: "slurm".into(),
             exclusive: true,
             holding: Holding::SlurmWhole,
@@ -134,7 +137,7 @@ pub struct NodeState {
     /// (carma-monitor exports them as counters).
     pub counters: Counters,
     /// Per job, what each of its later steps (by holder) added to the
-    /// job's promise (`estimate_mib`), taken back when the step ends
+    /// job's promise (`reserved_mib`), taken back when the step ends
     /// (see `decide::join`).
     pub step_parts: BTreeMap<u32, BTreeMap<u32, u64>>,
     /// Per job, its batch step's holder, where the batch step holds.
@@ -428,8 +431,8 @@ impl NodeState {
         }
         // How far the estimate was from what the job used: shared
         // reservations only (an exclusive one holds the whole GPU).
-        if !r.exclusive && r.estimate_mib > 0 {
-            self.counters.observe_accuracy(r.observed_mib as f64 / r.estimate_mib as f64);
+        if !r.exclusive && r.reserved_mib > 0 {
+            self.counters.observe_accuracy(r.observed_mib as f64 / r.reserved_mib as f64);
         }
         if let (Some(model), Some(uid)) = (r.model_mib, r.uid) {
             crate::learned::observe(&mut self.runtime_by_user, uid, r.observed_mib, model);
@@ -487,7 +490,7 @@ fn take_back_parts(r: &mut Reservation, mut parts: Option<&mut BTreeMap<u32, u64
     r.holders.retain(|&pid| {
         let kept = keep(pid);
         if !kept && let Some(part) = parts.as_mut().and_then(|p| p.remove(&pid)) {
-            r.estimate_mib = r.estimate_mib.saturating_sub(part);
+            r.reserved_mib = r.reserved_mib.saturating_sub(part);
         }
         kept
     });
@@ -846,7 +849,7 @@ mod tests {
         Reservation {
             job,
             gpus: vec![0],
-            estimate_mib: 1000,
+            reserved_mib: 1000,
             estimate_source: "declared".into(),
             exclusive: false,
             holding: Holding::Carma,
@@ -1100,7 +1103,7 @@ mod tests {
     fn ended_jobs_count_their_estimates_accuracy() {
         let mut st = NodeState::default();
         for (job, est, seen) in [(1, 1000, 950), (2, 1000, 1300), (3, 1000, 0), (4, 1000, 5000)] {
-            st.reservations.push(Reservation { estimate_mib: est, observed_mib: seen, ..res(job, 10 + job) });
+            st.reservations.push(Reservation { reserved_mib: est, observed_mib: seen, ..res(job, 10 + job) });
             st.release_job(job);
         }
         // 0.95 in the bucket up to 1.0, 1.3 up to 1.5, 5.0 beyond 2.0; an

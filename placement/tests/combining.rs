@@ -117,7 +117,7 @@ fn racing_launches_never_overcommit_and_leave_nothing_queued() {
         assert_eq!(placed, 4, "round {round}: {placed} placed, state {:?}", st.reservations);
         assert_eq!(st.reservations.len(), 4);
         for gpu in 0..2 {
-            let promised: u64 = st.reservations.iter().filter(|r| r.gpus.contains(&gpu)).map(|r| r.estimate_mib).sum();
+            let promised: u64 = st.reservations.iter().filter(|r| r.gpus.contains(&gpu)).map(|r| r.reserved_mib).sum();
             assert!(promised <= 10240 - 2048, "GPU {gpu} promised {promised} MiB");
         }
         assert_eq!(busy(&d.0), 0, "round {round} left slots in use");
@@ -275,7 +275,7 @@ fn an_answer_outside_the_jobs_slurm_gpus_is_given_back_and_refused() {
     let mut lock = lock;
     let mut st = lock.load().unwrap();
     let mut r = carma_placement::Reservation::slurm_whole(9, vec![1], 1);
-    (r.holding, r.exclusive, r.holders, r.estimate_mib) = (carma_placement::Holding::Carma, false, vec![me], 4096);
+    (r.holding, r.exclusive, r.holders, r.reserved_mib) = (carma_placement::Holding::Carma, false, vec![me], 4096);
     st.reservations.push(r);
     lock.store(&st).unwrap();
     let foreign = carma_placement::Decision {

@@ -21,7 +21,7 @@ fn writer_loop() {
                     .map(|job| Reservation {
                         job: job + round,
                         gpus: vec![job % 8],
-                        estimate_mib: 1000 + u64::from(round),
+                        reserved_mib: 1000 + u64::from(round),
                         estimate_source: "declared".into(),
                         exclusive: false,
                         holding: Holding::Carma,

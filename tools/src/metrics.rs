@@ -101,8 +101,11 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         &|i| g[i].sm_occupancy,
     );
     per_gpu(&mut out, "carma_gpu_power_watts", "gauge", "Board power.", &|i| g[i].power_w);
+    // CARMA's own placements only: a GPU Slurm gave a plain job whole is held,
+    // but by no CARMA job.
     per_gpu(&mut out, "carma_gpu_jobs", "gauge", "CARMA jobs placed on the GPU.", &|i| {
-        Some(st.reservations.iter().filter(|r| r.gpus.contains(&g[i].index)).count() as f64)
+        let carma = |r: &&carma_placement::Reservation| r.holding == carma_placement::Holding::Carma;
+        Some(st.reservations.iter().filter(carma).filter(|r| r.gpus.contains(&g[i].index)).count() as f64)
     });
 
     out.family("carma_job_reserved_bytes", "gauge", "GPU memory reserved for a job on a GPU of this node.");
@@ -112,7 +115,7 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
             out.sample(
                 "carma_job_reserved_bytes",
                 &[("jobid", &job), ("gpu", &gpu.to_string())],
-                r.estimate_mib as f64 * MIB,
+                r.reserved_mib as f64 * MIB,
             );
         }
     }
@@ -122,7 +125,7 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         out.sample(
             "carma_job_estimate_bytes",
             &[("jobid", &job), ("source", &r.estimate_source)],
-            r.estimate_mib as f64 * MIB,
+            r.reserved_mib as f64 * MIB,
         );
     }
     out.family("carma_job_observed_peak_bytes", "gauge", "Highest per-GPU memory a job's processes were seen using.");
@@ -217,7 +220,7 @@ mod tests {
         st.reservations.push(Reservation {
             job: 42,
             gpus: vec![0],
-            estimate_mib: 8192,
+            reserved_mib: 8192,
             estimate_source: "model".into(),
             exclusive: false,
             holding: Holding::Carma,
@@ -230,6 +233,8 @@ mod tests {
             model_mib: None,
             uid: None,
         });
+        // Not a CARMA job: not counted in carma_gpu_jobs.
+        st.reservations.push(Reservation::slurm_whole(43, vec![0], 1));
         st.counters.placements = 3;
         st.counters.no_fit("memory");
         st.counters.observe_accuracy(0.95);

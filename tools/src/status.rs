@@ -126,7 +126,7 @@ pub fn table(gpus: &[GpuReading], state: &NodeState) -> String {
             .map(|r| {
                 let policy = r.policy.map(|p| p.name()).unwrap_or("slurm-whole");
                 let excl = if r.exclusive { ":excl" } else { "" };
-                format!("{}:{policy}:{}M{excl}", r.job, r.estimate_mib)
+                format!("{}:{policy}:{}M{excl}", r.job, r.reserved_mib)
             })
             .collect();
         out.push_str(&format!(
@@ -354,7 +354,7 @@ mod tests {
         let res = |job: u32, gpus: Vec<u32>, holding: Holding, exclusive: bool| Reservation {
             holding,
             exclusive,
-            estimate_mib: 1024,
+            reserved_mib: 1024,
             ..Reservation::slurm_whole(job, gpus, 0)
         };
         let state = NodeState {

@@ -40,7 +40,7 @@ fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
     Reservation {
         job,
         gpus,
-        estimate_mib: est,
+        reserved_mib: est,
         estimate_source: "declared".into(),
         exclusive: false,
         holding: Holding::Carma,
@@ -231,7 +231,7 @@ proptest! {
                     if let Ok(c) = choose(&g, &mut st, &d, &P, &owners) {
                         let job = next; next += 1;
                         prop_assert_eq!(c.gpus.len(), count as usize);
-                        st.reservations.push(Reservation { exclusive: c.exclusive, estimate_mib: c.reserve_mib, ..carma(job, c.gpus.clone(), 0, job) });
+                        st.reservations.push(Reservation { exclusive: c.exclusive, reserved_mib: c.reserve_mib, ..carma(job, c.gpus.clone(), 0, job) });
                         alive_holders.push(job);
                         jobs.push((job, c.gpus, c.reserve_mib, 0));
                     }
