@@ -7,8 +7,7 @@ pub enum GpuOwner {
     /// slurmctld: a CARMA job runs on the GPUs Slurm allocated to it (its
     /// shards' GPU, its gres/gpu); CARMA checks the preconditions there.
     /// Slurm never hands a GPU whose shards are allocated whole to another
-    /// job (measured on 24.11, 25.11, 26.05), so no job shares a GPU it did
-    /// not ask to share.
+    /// job, so no job shares a GPU it did not ask to share.
     Slurm,
     /// CARMA: a CARMA job may run on any GPU of the node that its policy
     /// picks. Only for nodes where every GPU job is CARMA's (every partition

@@ -364,7 +364,7 @@ mod tests {
         assert!(line.len() < 400);
         let line = r.set(OptionName::Policy, b"x\ny\x1b[31m", "--carma-policy").unwrap_err().to_string();
         assert!(!line.contains('\n') && !line.contains('\x1b'));
-        // Found by the option_values fuzz target: a reason quoting the value.
+        // A reason that quotes the value must not echo it raw either.
         let line = r.set(OptionName::Mem, b"\x05\x7f", "--carma-mem").unwrap_err().to_string();
         assert!(!line.chars().any(char::is_control), "{line:?}");
     }
