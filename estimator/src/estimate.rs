@@ -59,7 +59,7 @@ impl Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        // carma.yaml's defaults (runtime 700 MiB: see config/src/file.rs)
+        // carma.yaml's defaults (the runtime: `carma_config::DEFAULT_RUNTIME_MIB`)
         Settings::from_config(&carma_config::Config::default().estimator)
     }
 }
@@ -96,123 +96,134 @@ fn no_batch(name: &str) -> ParseError {
 pub fn estimate(bytes: Vec<u8>, name: &str, batch: Option<u64>, s: &Settings) -> Result<Estimate, ParseError> {
     let (described, format) = describe(bytes, name)?;
     match described {
-        Described::Transformer(mut shape) => {
+        Described::Transformer(shape) => {
             let batch = batch.ok_or_else(|| no_batch(name))?;
-            let seq_from = match s.seq_len {
-                Some(n) => {
-                    shape.seq = n;
-                    "--carma-seq-len"
-                }
-                None => "the model's maximum; set --carma-seq-len",
-            };
-            let parts = transformer::parts(&shape, s.runtime_mib, s.precision);
-            let mib = parts.at_batch(batch);
-            let why = format!(
-                "analytic transformer: {} blocks, hidden {}, {} heads ({} key/value), feed-forward {} ({} kept per token), \
-                 vocabulary {}, sequence {} ({seq_from}), precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime \
-                 + {:.0} MiB weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample (activations at {} B \
-                 for matmul outputs; attention {}; head {} B per vocabulary entry)",
-                shape.blocks,
-                shape.hidden,
-                shape.heads,
-                shape.kv_heads,
-                shape.intermediate,
-                shape.ff_kept,
-                shape.vocab,
-                shape.seq,
-                s.precision.name(),
-                shape.params as f64 / 1e6,
-                parts.runtime_mib,
-                parts.params_mib,
-                layers_model::param_bytes(s.precision),
-                layers_model::param_note(s.precision),
-                parts.per_sample_mib,
-                if s.precision == carma_config::Precision::Fp32 { 4 } else { 2 },
-                if shape.fused_attention { "fused, no probabilities kept" } else { "probabilities kept" },
-                transformer::HEAD_BYTES,
-            );
-            Ok(Estimate {
-                mib,
-                source: "analytic",
-                format,
-                family: Family::Transformer,
-                batch,
-                params: shape.params,
-                parts,
-                gpumemnet_mib: None,
-                why,
-            })
+            Ok(analytic_estimate(shape, batch, format, s))
         }
         Described::Layers(net) => {
             let batch = batch.or(net.batch_in_file).ok_or_else(|| no_batch(name))?;
-            let profile = features::profile(&net);
-            let kept = kept::kept(&net, s.precision);
-            let parts = layers_model::parts(&profile, &kept, s.runtime_mib, s.precision);
-            let continuous = parts.at_batch(batch);
-            // GPUMemNet's classifiers were trained on data published without
-            // a licence (docs/estimator.md): run only where the admin chose them.
-            let gpumemnet = match s.method {
-                Method::Gpumemnet => gpumemnet(&net, batch, &profile.activation, profile.family == Family::Cnn),
-                Method::Continuous => Err("not used (estimator.method: continuous)".into()),
-            };
-            let (mib, source) = match (s.method, &gpumemnet) {
-                (Method::Gpumemnet, Ok(bin)) => (*bin, "gpumemnet"),
-                _ => (continuous, "layers"),
-            };
-            let why = format!(
-                "{} of {} layers, {:.1} M parameters, batch {batch}, precision {}: {} MiB runtime + {:.0} MiB \
-                 weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample ({:.1} MiB saved for the backward pass: \
-                 activations at {} B{}, pooling indices, dropout masks{}; {:.1} MiB gradients and allocator blocks in flight) = {continuous} MiB; \
-                 GPUMemNet bin {}",
-                if net.attention_blocks > 0 {
-                    format!("image transformer ({} attention blocks)", net.attention_blocks)
-                } else {
-                    profile.family.name().to_string()
-                },
-                profile.layers,
-                profile.params as f64 / 1e6,
-                s.precision.name(),
-                parts.runtime_mib,
-                parts.params_mib,
-                layers_model::param_bytes(s.precision),
-                layers_model::param_note(s.precision),
-                parts.per_sample_mib,
-                parts.saved_mib,
-                kept.half_bytes,
-                if s.precision == carma_config::Precision::Mixed {
-                    " for convolutions and matmuls, 4 B for norms and softmax"
-                } else {
-                    ""
-                },
-                if parts.saved_mib > kept.saved_bytes / (1024.0 * 1024.0) {
-                    format!(
-                        "; the table folds blocks, so the footer's {:.1} M output elements of layers with parameters \
-                         x {} at 4 B, above the {:.1} MiB its rows show",
-                        profile.param_leaf_floor / features::PARAM_LEAF_RETENTION / 1e6,
-                        features::PARAM_LEAF_RETENTION,
-                        kept.saved_bytes / (1024.0 * 1024.0)
-                    )
-                } else {
-                    String::new()
-                },
-                layers_model::transient(&kept) * kept.largest_bytes / (1024.0 * 1024.0),
-                match &gpumemnet {
-                    Ok(b) => format!("<= {b} MiB"),
-                    Err(e) => e.clone(),
-                }
-            );
-            Ok(Estimate {
-                mib,
-                source,
-                format,
-                family: profile.family,
-                batch,
-                params: profile.params,
-                parts,
-                gpumemnet_mib: gpumemnet.ok(),
-                why,
-            })
+            Ok(layers_estimate(&net, batch, format, s))
         }
+    }
+}
+
+/// A transformer's estimate by the analytic model.
+fn analytic_estimate(mut shape: Shape, batch: u64, format: &'static str, s: &Settings) -> Estimate {
+    let seq_from = match s.seq_len {
+        Some(n) => {
+            shape.seq = n;
+            "--carma-seq-len"
+        }
+        None => "the model's maximum; set --carma-seq-len",
+    };
+    let parts = transformer::parts(&shape, s.runtime_mib, s.precision);
+    let mib = parts.at_batch(batch);
+    let why = format!(
+        "analytic transformer: {} blocks, hidden {}, {} heads ({} key/value), feed-forward {} ({} kept per token), \
+         vocabulary {}, sequence {} ({seq_from}), precision {}, {:.0} M parameters, batch {batch}: {} MiB runtime \
+         + {:.0} MiB weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample (activations at {} B \
+         for matmul outputs; attention {}; head {} B per vocabulary entry)",
+        shape.blocks,
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape.intermediate,
+        shape.ff_kept,
+        shape.vocab,
+        shape.seq,
+        s.precision.name(),
+        shape.params as f64 / 1e6,
+        parts.runtime_mib,
+        parts.params_mib,
+        layers_model::param_bytes(s.precision),
+        layers_model::param_note(s.precision),
+        parts.per_sample_mib,
+        if s.precision == carma_config::Precision::Fp32 { 4 } else { 2 },
+        if shape.fused_attention { "fused, no probabilities kept" } else { "probabilities kept" },
+        transformer::HEAD_BYTES,
+    );
+    Estimate {
+        mib,
+        source: "analytic",
+        format,
+        family: Family::Transformer,
+        batch,
+        params: shape.params,
+        parts,
+        gpumemnet_mib: None,
+        why,
+    }
+}
+
+/// A CNN's or MLP's estimate by the continuous per-sample model (or
+/// GPUMemNet's bin, where the admin chose it).
+fn layers_estimate(net: &Network, batch: u64, format: &'static str, s: &Settings) -> Estimate {
+    let profile = features::profile(net);
+    let kept = kept::kept(net, s.precision);
+    let parts = layers_model::parts(&profile, &kept, s.runtime_mib, s.precision);
+    let continuous = parts.at_batch(batch);
+    // GPUMemNet's classifiers were trained on data published without
+    // a licence (docs/estimator.md): run only where the admin chose them.
+    let gpumemnet = match s.method {
+        Method::Gpumemnet => gpumemnet(net, batch, &profile.activation, profile.family == Family::Cnn),
+        Method::Continuous => Err("not used (estimator.method: continuous)".into()),
+    };
+    let (mib, source) = match (s.method, &gpumemnet) {
+        (Method::Gpumemnet, Ok(bin)) => (*bin, "gpumemnet"),
+        _ => (continuous, "layers"),
+    };
+    let why = format!(
+        "{} of {} layers, {:.1} M parameters, batch {batch}, precision {}: {} MiB runtime + {:.0} MiB \
+         weights/gradients/Adam ({} B per parameter{}) + {:.1} MiB per sample ({:.1} MiB saved for the backward pass: \
+         activations at {} B{}, pooling indices, dropout masks{}; {:.1} MiB gradients and allocator blocks in flight) = {continuous} MiB; \
+         GPUMemNet bin {}",
+        if net.attention_blocks > 0 {
+            format!("image transformer ({} attention blocks)", net.attention_blocks)
+        } else {
+            profile.family.name().to_string()
+        },
+        profile.layers,
+        profile.params as f64 / 1e6,
+        s.precision.name(),
+        parts.runtime_mib,
+        parts.params_mib,
+        layers_model::param_bytes(s.precision),
+        layers_model::param_note(s.precision),
+        parts.per_sample_mib,
+        parts.saved_mib,
+        kept.half_bytes,
+        if s.precision == carma_config::Precision::Mixed {
+            " for convolutions and matmuls, 4 B for norms and softmax"
+        } else {
+            ""
+        },
+        if parts.saved_mib > kept.saved_bytes / (1024.0 * 1024.0) {
+            format!(
+                "; the table folds blocks, so the footer's {:.1} M output elements of layers with parameters \
+                 x {} at 4 B, above the {:.1} MiB its rows show",
+                profile.param_leaf_floor / features::PARAM_LEAF_RETENTION / 1e6,
+                features::PARAM_LEAF_RETENTION,
+                kept.saved_bytes / (1024.0 * 1024.0)
+            )
+        } else {
+            String::new()
+        },
+        layers_model::transient(&kept) * kept.largest_bytes / (1024.0 * 1024.0),
+        match &gpumemnet {
+            Ok(b) => format!("<= {b} MiB"),
+            Err(e) => e.clone(),
+        }
+    );
+    Estimate {
+        mib,
+        source,
+        format,
+        family: profile.family,
+        batch,
+        params: profile.params,
+        parts,
+        gpumemnet_mib: gpumemnet.ok(),
+        why,
     }
 }
 

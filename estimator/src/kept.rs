@@ -247,26 +247,46 @@ fn width(precision: Precision, half: bool) -> f64 {
     }
 }
 
-pub fn kept(net: &Network, precision: Precision) -> Kept {
-    let n = net.layers.len();
-    let mut ops: Vec<Op> = net.layers.iter().map(|l| op(&l.kind)).collect();
-    let known: Vec<bool> = ops.iter().map(|o| o.saves != Saves::Unknown).collect();
-    if net.edges.is_none() {
-        // A table's rows include containers (torchvision's Bottleneck,
-        // InvertedResidual, ...), listed after their children. A container
-        // as large as the row before it returns that row's tensor; one of
-        // another size returns what a functional call made (a scaling or a
-        // sum the table does not list), which keeps nothing itself.
-        for (j, o) in ops.iter_mut().enumerate() {
-            if o.saves == Saves::Unknown && net.layers[j].params == 0 {
-                let alias = j > 0 && net.layers[j - 1].out_elems == net.layers[j].out_elems;
-                o.saves = if alias { Saves::View } else { Saves::Nothing };
+/// The layers as the analysis sees them.
+struct Flow<'n> {
+    net: &'n Network,
+    ops: Vec<Op>,
+    /// The operator is one `op` knows (before table containers are resolved).
+    known: Vec<bool>,
+    /// Views alias their input: each layer's storage's producer (`None`:
+    /// the data batch).
+    storage: Vec<Option<usize>>,
+    /// Output is half precision (bf16) under autocast.
+    half: Vec<bool>,
+}
+
+impl Flow<'_> {
+    fn new(net: &Network) -> Flow<'_> {
+        let n = net.layers.len();
+        let mut ops: Vec<Op> = net.layers.iter().map(|l| op(&l.kind)).collect();
+        let known: Vec<bool> = ops.iter().map(|o| o.saves != Saves::Unknown).collect();
+        if net.edges.is_none() {
+            table_containers(net, &mut ops);
+        }
+        let mut flow = Flow { net, ops, known, storage: (0..n).map(Some).collect(), half: vec![false; n] };
+        for j in 0..n {
+            let ins = flow.inputs(j);
+            flow.half[j] = match flow.ops[j].computes {
+                Computes::Half => true,
+                Computes::Single => false,
+                Computes::Follows => ins.iter().all(|i| i.is_some_and(|i| flow.half[i])),
+            };
+            if flow.ops[j].saves == Saves::View {
+                // A view of the data batch is the data batch (`None`).
+                flow.storage[j] = ins.first().copied().flatten().and_then(|i| flow.storage[i]);
             }
         }
+        flow
     }
-    // None: the data batch (fp32 images, 4 bytes).
-    let inputs = |j: usize| -> Vec<Option<usize>> {
-        match &net.edges {
+
+    /// Layer `j`'s inputs; `None`: the data batch (fp32 images, 4 bytes).
+    fn inputs(&self, j: usize) -> Vec<Option<usize>> {
+        match &self.net.edges {
             Some(e) => {
                 let v: Vec<Option<usize>> =
                     e.get(j).map_or_else(Vec::new, |ins| ins.iter().map(|&i| Some(i)).collect());
@@ -274,158 +294,193 @@ pub fn kept(net: &Network, precision: Precision) -> Kept {
             }
             None => vec![j.checked_sub(1)],
         }
-    };
-    // Views alias their input: resolve to the storage's producer.
-    let mut storage: Vec<Option<usize>> = (0..n).map(Some).collect();
-    // Output is half precision (bf16) under autocast.
-    let mut half = vec![false; n];
-    for j in 0..n {
-        let ins = inputs(j);
-        half[j] = match ops[j].computes {
-            Computes::Half => true,
-            Computes::Single => false,
-            Computes::Follows => ins.iter().all(|i| i.is_some_and(|i| half[i])),
-        };
-        if ops[j].saves == Saves::View {
-            // A view of the data batch is the data batch (`None`).
-            storage[j] = ins.first().copied().flatten().and_then(|i| storage[i]);
+    }
+}
+
+/// A table's rows include containers (torchvision's Bottleneck,
+/// InvertedResidual, ...), listed after their children. A container as
+/// large as the row before it returns that row's tensor; one of another
+/// size returns what a functional call made (a scaling or a sum the table
+/// does not list), which keeps nothing itself.
+fn table_containers(net: &Network, ops: &mut [Op]) {
+    for (j, o) in ops.iter_mut().enumerate() {
+        if o.saves == Saves::Unknown && net.layers[j].params == 0 {
+            let alias = j > 0 && net.layers[j - 1].out_elems == net.layers[j].out_elems;
+            o.saves = if alias { Saves::View } else { Saves::Nothing };
         }
     }
-    // A table lists modules only: a shape-keeping row (dropout, a norm, an
-    // activation) smaller than the row before it follows a call
-    // the table does not show (`F.max_pool2d` in pytorch/examples' MNIST
-    // net). It is counted as max-pooling, the most such a call keeps: the
-    // row before it, and int64 indices of its output's size.
+}
+
+/// A table lists modules only: a shape-keeping row (dropout, a norm, an
+/// activation) smaller than the row before it follows a call the table
+/// does not show (`F.max_pool2d` in pytorch/examples' MNIST net). It is
+/// counted as max-pooling, the most such a call keeps: the row before it,
+/// and int64 indices of its output's size. Marks the row before.
+fn unlisted_poolings(f: &Flow) -> Vec<bool> {
+    let (net, n) = (f.net, f.net.layers.len());
     let mut unlisted = vec![false; n];
     if net.edges.is_none() {
         for j in 1..n {
-            let shape_keeping = known[j]
-                && matches!(ops[j].saves, Saves::Nothing | Saves::Result | Saves::Input)
-                && ops[j].computes != Computes::Half
+            let shape_keeping = f.known[j]
+                && matches!(f.ops[j].saves, Saves::Nothing | Saves::Result | Saves::Input)
+                && f.ops[j].computes != Computes::Half
                 && !net.layers[j].kind.to_ascii_lowercase().contains("pool");
             if shape_keeping && net.layers[j].out_elems < net.layers[j - 1].out_elems {
                 unlisted[j - 1] = true;
             }
         }
     }
-    // A table shows a block that joins parallel branches only by its
-    // modules and its container row: a parameter-free container that keeps
-    // the spatial size of the row before it and adds channels is a
-    // concatenation of branches that each read the block's input. A branch
-    // may open with a call the table does not list (torchvision's
-    // Inception-v3: `F.avg_pool2d` on the block input in its A, C and E
-    // blocks, `F.max_pool2d` in B and D), whose result the branch's
-    // convolution keeps. One tensor of the block input's size is counted
-    // per join: the most one such pooling keeps (an average pooling's
-    // result of the input's size; a strided max-pooling's int64 indices
-    // are a quarter of its input at twice the width). The row before the
-    // join ends the last branch; the activation that made it may be a call
-    // the table does not list either (Inception's `F.relu`), which keeps
-    // its result: that row is kept too.
-    let mut branch_inputs: Vec<Option<usize>> = Vec::new();
-    let mut branch_tails: Vec<usize> = Vec::new();
-    if net.edges.is_none() {
-        let l = &net.layers;
-        let join = |j: usize| {
-            j > 0
-                && !known[j]
-                && l[j].params == 0
-                && l[j - 1].channels > 0
-                && l[j].channels > l[j - 1].channels
-                && l[j].out_elems / l[j].channels == l[j - 1].out_elems / l[j - 1].channels
-        };
-        let joins: Vec<usize> = (0..n).filter(|&j| join(j)).collect();
-        for &j in &joins {
-            // The block's input: the last join or pooling row before it.
-            let start = (0..j).rev().find(|&r| joins.contains(&r) || l[r].kind.to_ascii_lowercase().contains("pool"));
-            branch_inputs.push(start.and_then(|r| storage[r]));
-            branch_tails.extend(storage[j - 1]);
-        }
+    unlisted
+}
+
+/// What the joins of parallel branches in a table keep beyond their rows.
+#[derive(Default)]
+struct Joins {
+    /// Per join: the block input's storage (`None`: the data batch), of
+    /// which one tensor is counted.
+    inputs: Vec<Option<usize>>,
+    /// The storage of each join's last branch, kept.
+    tails: Vec<usize>,
+}
+
+/// A table shows a block that joins parallel branches only by its modules
+/// and its container row: a parameter-free container that keeps the
+/// spatial size of the row before it and adds channels is a concatenation
+/// of branches that each read the block's input. A branch may open with a
+/// call the table does not list (torchvision's Inception-v3:
+/// `F.avg_pool2d` on the block input in its A, C and E blocks,
+/// `F.max_pool2d` in B and D), whose result the branch's convolution
+/// keeps. One tensor of the block input's size is counted per join: the
+/// most one such pooling keeps (an average pooling's result of the input's
+/// size; a strided max-pooling's int64 indices are a quarter of its input
+/// at twice the width). The row before the join ends the last branch; the
+/// activation that made it may be a call the table does not list either
+/// (Inception's `F.relu`), which keeps its result: that row is kept too.
+fn branch_joins(f: &Flow) -> Joins {
+    let mut out = Joins::default();
+    if f.net.edges.is_some() {
+        return out;
     }
+    let l = &f.net.layers;
+    let join = |j: usize| {
+        j > 0
+            && !f.known[j]
+            && l[j].params == 0
+            && l[j - 1].channels > 0
+            && l[j].channels > l[j - 1].channels
+            && l[j].out_elems / l[j].channels == l[j - 1].out_elems / l[j - 1].channels
+    };
+    let joins: Vec<usize> = (0..l.len()).filter(|&j| join(j)).collect();
+    for &j in &joins {
+        // The block's input: the last join or pooling row before it.
+        let start = (0..j).rev().find(|&r| joins.contains(&r) || l[r].kind.to_ascii_lowercase().contains("pool"));
+        out.inputs.push(start.and_then(|r| f.storage[r]));
+        out.tails.extend(f.storage[j - 1]);
+    }
+    out
+}
+
+/// Which tensors the backward pass keeps.
+struct Marks {
+    /// kept[i]: layer i's own storage; cast[i]: a bf16 copy of it.
+    kept: Vec<bool>,
+    cast: Vec<bool>,
+    data_kept: bool,
+    data_cast: bool,
+    /// Bytes of masks and indices.
+    extra: f64,
+}
+
+/// Marks what each operator saves (`unlisted`: rows before an unlisted
+/// pooling; `tails`: storage kept by table joins).
+fn mark_saved(f: &Flow, precision: Precision, unlisted: &[bool], tails: &[usize]) -> Marks {
+    let (net, ops, n) = (f.net, &f.ops, f.net.layers.len());
     // SiLU exported as x * sigmoid(x): PyTorch's SiLU keeps x alone.
-    let silu = silu_pairs(net, &ops);
+    let silu = silu_pairs(net, ops);
     // Plain scaled dot-product attention runs fused: no scores kept.
     let fused = fused_attention(net);
-    for &j in &fused {
-        ops[j].saves = Saves::Nothing;
+    let saves = |j: usize| if fused.contains(&j) { Saves::Nothing } else { ops[j].saves };
+    let mut m = Marks { kept: vec![false; n], cast: vec![false; n], data_kept: false, data_cast: false, extra: 0.0 };
+    for &t in tails {
+        m.kept[t] = true;
     }
-    // kept[i]: layer i's own storage; cast[i]: a bf16 copy of it.
-    let mut kept = vec![false; n];
-    let mut cast = vec![false; n];
-    for &t in &branch_tails {
-        kept[t] = true;
-    }
-    let mut data_kept = false;
-    let mut data_cast = false;
-    let mut extra = 0f64;
     for j in 0..n {
         let o = &ops[j];
-        extra += o.extra_bytes * net.layers[j].out_elems as f64;
+        m.extra += o.extra_bytes * net.layers[j].out_elems as f64;
         if unlisted[j] {
-            if let Some(s) = storage[j] {
-                kept[s] = true;
+            if let Some(s) = f.storage[j] {
+                m.kept[s] = true;
             }
-            extra += 8.0 * net.layers[j + 1].out_elems as f64;
+            m.extra += 8.0 * net.layers[j + 1].out_elems as f64;
         }
         if silu.sigmoids.contains(&j) {
             continue;
         }
-        if let (Saves::Result | Saves::Unknown, Some(s)) = (o.saves, storage[j]) {
-            kept[s] = true;
+        if let (Saves::Result | Saves::Unknown, Some(s)) = (saves(j), f.storage[j]) {
+            m.kept[s] = true;
         }
-        if matches!(o.saves, Saves::Input | Saves::Unknown) {
-            for i in inputs(j) {
-                if silu.muls.contains(&j) && i.is_some_and(|i| silu.sigmoids.contains(&i)) {
-                    continue;
-                }
-                if i.is_some_and(|i| fused.contains(&i) && net.layers[i].kind == "Softmax") {
-                    continue;
-                }
-                let s = i.and_then(|i| storage[i]);
-                let src_half = s.is_some_and(|s| half[s]);
-                // A half-precision operator under autocast saves the bf16
-                // copy it made of an fp32 input.
-                let copy = precision == Precision::Mixed && o.computes == Computes::Half && !src_half;
-                match (s, copy) {
-                    (Some(s), false) => kept[s] = true,
-                    (Some(s), true) => cast[s] = true,
-                    (None, false) => data_kept = true,
-                    (None, true) => data_cast = true,
-                }
+        if !matches!(saves(j), Saves::Input | Saves::Unknown) {
+            continue;
+        }
+        for i in f.inputs(j) {
+            if silu.muls.contains(&j) && i.is_some_and(|i| silu.sigmoids.contains(&i)) {
+                continue;
+            }
+            if i.is_some_and(|i| fused.contains(&i) && net.layers[i].kind == "Softmax") {
+                continue;
+            }
+            let s = i.and_then(|i| f.storage[i]);
+            let src_half = s.is_some_and(|s| f.half[s]);
+            // A half-precision operator under autocast saves the bf16
+            // copy it made of an fp32 input.
+            let copy = precision == Precision::Mixed && o.computes == Computes::Half && !src_half;
+            match (s, copy) {
+                (Some(s), false) => m.kept[s] = true,
+                (Some(s), true) => m.cast[s] = true,
+                (None, false) => m.data_kept = true,
+                (None, true) => m.data_cast = true,
             }
         }
     }
+    m
+}
+
+pub fn kept(net: &Network, precision: Precision) -> Kept {
+    let f = Flow::new(net);
+    let unlisted = unlisted_poolings(&f);
+    let joins = branch_joins(&f);
+    let m = mark_saved(&f, precision, &unlisted, &joins.tails);
     let data_elems = net.input_elems.unwrap_or(0) as f64;
-    let mut saved = extra;
+    let mut saved = m.extra;
     let mut largest = 0f64;
-    for i in 0..n {
+    for i in 0..net.layers.len() {
         let e = net.layers[i].out_elems as f64;
-        let w = width(precision, half[i]);
-        if storage[i] == Some(i) {
+        let w = width(precision, f.half[i]);
+        if f.storage[i] == Some(i) {
             largest = largest.max(e * w);
         }
         // A folded block's insides are not listed: its widest tensor at its
         // finest resolution bounds what it makes (and the gradient of it).
-        if !known[i] {
+        if !f.known[i] {
             largest = largest.max(net.layers[i].folded_elems as f64 * w);
         }
-        if kept[i] {
+        if m.kept[i] {
             saved += e * w;
         }
-        if cast[i] {
+        if m.cast[i] {
             saved += e * 2.0;
         }
     }
-    for b in &branch_inputs {
+    for b in &joins.inputs {
         saved += match *b {
-            Some(b) => net.layers[b].out_elems as f64 * width(precision, half[b]),
+            Some(b) => net.layers[b].out_elems as f64 * width(precision, f.half[b]),
             None => data_elems * 4.0,
         };
     }
-    if data_kept {
+    if m.data_kept {
         saved += data_elems * 4.0;
     }
-    if data_cast {
+    if m.data_cast {
         saved += data_elems * 2.0;
     }
     let max_pools = net.layers.iter().any(|l| l.kind.to_ascii_lowercase().starts_with("maxpool"));

@@ -15,13 +15,10 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// saved tensors: the gradient arriving at that operator and the one it
 /// hands back, and the blocks of that size the caching allocator keeps
 /// reserved beside them (cuDNN's workspaces for it; freed blocks of the
-/// forward pass that later requests of other sizes cannot reuse). Measured
-/// as reserved minus live bytes (data/h100/training-peaks.csv, and the
-/// paper's A100 rows): 1.9–3.8 blocks per sample for MobileNetV2,
-/// EfficientNet-B0, ConvNeXt-T and ViT-B/16 beside the two gradients, but
-/// 5.1–6.1 for ResNet-18/50, VGG-16 and DenseNet-121, and about 7 for
-/// Inception-v3 on the A100: the networks that max-pool their largest
-/// activations, whose backward pass scatters into a zeroed gradient of the
+/// forward pass that later requests of other sizes cannot reuse), as
+/// reserved minus live bytes show (data/h100/training-peaks.csv, the
+/// paper's A100 rows). Networks that max-pool their largest activations
+/// hold more: their backward pass scatters into a zeroed gradient of the
 /// pool's input size.
 pub fn transient(k: &Kept) -> f64 {
     if k.max_pools { 7.0 } else { 6.0 }

@@ -49,7 +49,7 @@ fn parse_with(bytes: &[u8], name: &str, fast: bool) -> Result<Graph, ParseError>
         .position(|i| !initialized.contains(i.name.as_str()))
         .ok_or_else(|| err("the ONNX graph has no input".into()))?;
     // The fast walk knows the operators training exports use; anything
-    // else goes to tract's general (and ~20x slower) shape inference.
+    // else goes to tract's general (and much slower) shape inference.
     if let Some(w) = crate::onnx_shapes::walk(graph, data_input).filter(|_| fast) {
         return finish(w.ops, w.input_elems, w.params, w.fixed_batch, &err);
     }

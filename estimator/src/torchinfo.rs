@@ -16,6 +16,7 @@
 //! `param_leaf_elems`.
 
 use crate::input::{Layer, Network, ParseError};
+use std::collections::BTreeMap;
 
 const HEADER: &str = "Layer (type:depth-idx)";
 
@@ -29,19 +30,68 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
     let lines: Vec<&str> = text.lines().collect();
     let header =
         lines.iter().position(|l| l.contains(HEADER)).ok_or_else(|| err(0, format!("no '{HEADER}' header")))?;
+    let rows = rows(&lines, header, &err)?;
+    if rows.layers.is_empty() {
+        return Err(err(header + 1, "the table has no rows".into()));
+    }
+    let mut net = Network::default();
+    // Windowed attention with no child rows (torchvision's Swin calls its
+    // projections as functions) runs what `windowed_attention` lists; its
+    // parameters are already in the row and the footer's total. A window
+    // attention whose projections are modules (timm's) has child rows.
+    let depths = &rows.depths;
+    for (i, layer) in rows.layers.into_iter().enumerate() {
+        let leaf = depths.get(i + 1).is_none_or(|d| *d <= depths[i]);
+        match crate::torchsummary::windowed_attention(&layer, rows.last_dims[i]).filter(|_| leaf) {
+            Some(expanded) => {
+                net.attention_blocks += 1;
+                net.layers.extend(expanded);
+            }
+            None => net.layers.push(layer),
+        }
+    }
+    let pass_mb = footer(&lines, &mut net, &err)?;
+    // The most common first dimension: the root row may show a list of
+    // images without one (Mask R-CNN's [3, 800, 1333]) or a final [100, 4].
+    let batch = rows
+        .batches
+        .iter()
+        .max_by_key(|(b, n)| (**n, **b))
+        .map(|(b, _)| *b)
+        .ok_or_else(|| err(header + 1, "no row has a batched output shape".into()))?;
+    net.batch_in_file = Some(batch);
+    let mb = pass_mb.ok_or_else(|| err(0, "no 'Forward/backward pass size (MB)' line in the footer".into()))?;
+    if !(mb.is_finite() && mb >= 0.0) {
+        return Err(err(0, "Forward/backward pass size: out of range".into()));
+    }
+    // torchinfo's MB are 10^6 bytes; 2 passes × 4 bytes per element.
+    net.param_leaf_elems = Some((mb * 1e6 / 8.0 / batch as f64).ceil() as u64);
+    Ok(net)
+}
+
+/// A line number (1-based) and a message to an error.
+type ErrAt<'a> = dyn Fn(usize, String) -> ParseError + 'a;
+
+/// The table's rows, before windowed attention is expanded.
+struct Rows {
+    layers: Vec<Layer>,
+    /// Each row's depth (`Kind: depth-idx`) and its output's last dimension.
+    depths: Vec<u32>,
+    last_dims: Vec<u64>,
+    /// First dimension of each output shape -> rows that have it.
+    batches: BTreeMap<u64, usize>,
+}
+
+/// The rows under the header at line index `header`, up to the `====`
+/// line that ends them.
+fn rows(lines: &[&str], header: usize, err: &ErrAt) -> Result<Rows, ParseError> {
     let columns = columns(lines[header]);
     let col = |name: &str| columns.iter().position(|(n, _)| n == name);
     let (Some(out_col), Some(param_col)) = (col("Output Shape"), col("Param #")) else {
         return Err(err(header + 1, "the header names no 'Output Shape' and 'Param #' columns".into()));
     };
-    let mut net = Network::default();
-    let mut rows = 0;
-    // First dimension of each output shape -> rows that have it.
-    let mut batches: std::collections::BTreeMap<u64, usize> = Default::default();
     let in_col = col("Input Shape");
-    // Each row's depth (`Kind: depth-idx`) and its output's last dimension.
-    let mut depths: Vec<u32> = Vec::new();
-    let mut last_dims: Vec<u64> = Vec::new();
+    let mut rows = Rows { layers: Vec::new(), depths: Vec::new(), last_dims: Vec::new(), batches: BTreeMap::new() };
     for (i, line) in lines.iter().enumerate().skip(header + 2) {
         let n = i + 1;
         let t = line.trim();
@@ -79,40 +129,27 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
             _ => 0,
         };
         if let Some(b) = batch.filter(|b| *b > 0) {
-            *batches.entry(b).or_insert(0) += 1;
+            *rows.batches.entry(b).or_insert(0) += 1;
         }
-        net.layers.push(Layer { kind, out_elems, params, channels, folded_elems });
-        depths.push(depth);
-        last_dims.push(last_dim(&field(out_col)));
-        rows += 1;
-        if rows > 100_000 {
+        rows.layers.push(Layer { kind, out_elems, params, channels, folded_elems });
+        rows.depths.push(depth);
+        rows.last_dims.push(last_dim(&field(out_col)));
+        if rows.layers.len() > 100_000 {
             return Err(err(n, "more than 100000 rows".into()));
         }
     }
     // A row whose children follow it (one level deeper) is not folded.
-    for i in 1..depths.len() {
-        if depths[i] > depths[i - 1] {
-            net.layers[i - 1].folded_elems = 0;
+    for i in 1..rows.depths.len() {
+        if rows.depths[i] > rows.depths[i - 1] {
+            rows.layers[i - 1].folded_elems = 0;
         }
     }
-    if rows == 0 {
-        return Err(err(header + 1, "the table has no rows".into()));
-    }
-    // Windowed attention with no child rows (torchvision's Swin calls its
-    // projections as functions) runs what `windowed_attention` lists; its
-    // parameters are already in the row and the footer's total. A window
-    // attention whose projections are modules (timm's) has child rows.
-    let layers = std::mem::take(&mut net.layers);
-    for (i, layer) in layers.into_iter().enumerate() {
-        let leaf = depths.get(i + 1).is_none_or(|d| *d <= depths[i]);
-        match crate::torchsummary::windowed_attention(&layer, last_dims[i]).filter(|_| leaf) {
-            Some(rows) => {
-                net.attention_blocks += 1;
-                net.layers.extend(rows);
-            }
-            None => net.layers.push(layer),
-        }
-    }
+    Ok(rows)
+}
+
+/// Reads the footer's total parameters into `net`; returns its
+/// `Forward/backward pass size (MB)`.
+fn footer(lines: &[&str], net: &mut Network, err: &ErrAt) -> Result<Option<f64>, ParseError> {
     let mut pass_mb = None;
     for (i, line) in lines.iter().enumerate() {
         let t = line.trim();
@@ -125,21 +162,7 @@ pub fn parse(text: &str, name: &str) -> Result<Network, ParseError> {
             );
         }
     }
-    // The most common first dimension: the root row may show a list of
-    // images without one (Mask R-CNN's [3, 800, 1333]) or a final [100, 4].
-    let batch = batches
-        .iter()
-        .max_by_key(|(b, n)| (**n, **b))
-        .map(|(b, _)| *b)
-        .ok_or_else(|| err(header + 1, "no row has a batched output shape".into()))?;
-    net.batch_in_file = Some(batch);
-    let mb = pass_mb.ok_or_else(|| err(0, "no 'Forward/backward pass size (MB)' line in the footer".into()))?;
-    if !(mb.is_finite() && mb >= 0.0) {
-        return Err(err(0, "Forward/backward pass size: out of range".into()));
-    }
-    // torchinfo's MB are 10^6 bytes; 2 passes × 4 bytes per element.
-    net.param_leaf_elems = Some((mb * 1e6 / 8.0 / batch as f64).ceil() as u64);
-    Ok(net)
+    Ok(pass_mb)
 }
 
 /// The header's column names and the char offsets where they start.

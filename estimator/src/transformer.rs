@@ -128,8 +128,7 @@ pub fn parts(s: &Shape, runtime_mib: u64, precision: Precision) -> Parts {
     // The embedding's backward pass makes a dense gradient of the whole
     // table before it is accumulated into the weight's (the head's, where
     // tied): 4 bytes per element in flight once (2 for a bf16 model); under
-    // autocast it arrives in bf16 and is copied to fp32: 6. What a mid-size
-    // GPT-2 at a short sequence was short by (1-3 %, docs/estimator.md).
+    // autocast it arrives in bf16 and is copied to fp32: 6.
     let embed_grad = match precision {
         Precision::Fp32 => 4.0,
         Precision::Mixed => 6.0,

@@ -162,9 +162,7 @@ fn learned_on_a_node_never_short_and_first_jobs_within_the_headroom() {
         // The measured stack is held to never short. On the larger one a
         // later job is short where its observation (peak less model part)
         // is more than all the user's earlier ones: no statistic of past
-        // jobs covers such a new record, so it is held to 5 % (the largest
-        // of the user's latest jobs, the default, keeps them within 4 %;
-        // the upper quartile left 19 of 76 short, by up to 10 %).
+        // jobs covers such a new record, so it is held to 5 %.
         println!("  under after learning: {} of {after} (lowest {:.3}x)", r.under_after.len(), r.worst_after);
         for u in &r.under_after {
             println!("    {u}");

@@ -11,8 +11,7 @@
 //! ratio bounds the new rows' GPU peak from above. Models an H100 has
 //! measured since (data/h100/training-peaks.csv: ViT-B/16, ConvNeXt-T) are
 //! held to those peaks in h100_peaks.rs instead: the GPU's figure is the
-//! fact the CPU bound stood in for (for ViT it is 0.7x the CPU bound,
-//! whose 1.66 comes from VGG's cuDNN workspaces).
+//! fact the CPU bound stood in for.
 
 mod common;
 use carma_estimator::{Settings, estimate, read_bounded_bytes};

@@ -2,7 +2,7 @@
 //! training): the default estimator must not under-estimate any usable
 //! single-GPU row, from the torchsummary and torchinfo tables the paper
 //! used or from ONNX exports of the same architectures; its median
-//! over-provision must be at most 1.30x (1.25x before the 1 GiB default).
+//! over-provision must be at most 1.30x.
 //! Prints our ratios next to the paper's three estimators.
 
 mod common;
