@@ -1,146 +1,28 @@
 //! One placement: read the GPUs, then under the state lock collect garbage,
 //! reuse the job's GPUs or choose new ones, and record the reservation.
 
+mod error;
+mod processes;
+mod queue;
+
+pub use error::PlaceError;
+pub use processes::{LinuxProcesses, LiveHolders, Processes};
+
+use queue::{Waited, answer_or_lock};
+
 use crate::clock::{now_ms, now_secs};
 use crate::gpu::GpuReading;
-use crate::policy::{NoFit, Params, observe};
-use crate::procs;
+use crate::policy::{Params, observe};
 use crate::request::{Decision, Request, StepRef};
-use crate::slots::{SlotRef, Slots};
 use crate::source::{GpuSource, SourceError, open_source};
-use crate::state::{Holding, Locked, Logger, NodeState, Reservation, StateError, StateStore};
+use crate::state::{Holding, Logger, NodeState, Reservation, StateStore};
 use carma_config::{Config, LearnRuntime};
 use std::collections::HashMap;
-use std::fmt;
 use std::time::{Duration, Instant};
 
 /// The longest pause between two looks while a step waits for a GPU: a
 /// cancelled job's step ends within about this (plus one question to Slurm).
 pub const WAIT_SLICE: Duration = Duration::from_millis(500);
-
-#[derive(Debug)]
-pub enum PlaceError {
-    State(StateError),
-    Source(SourceError),
-    NoFit(NoFit),
-    TimedOut {
-        waited: Duration,
-        last: NoFit,
-    },
-    /// The job ended (cancelled, timed out) while its step waited.
-    Ended {
-        waited: Duration,
-    },
-    /// Another launch's holder of the lock answered with GPUs outside the
-    /// job's Slurm GPUs: an older build, during an upgrade, that does not
-    /// know `Request::within`. The answer was given back.
-    OutsideSlurms {
-        gpus: Vec<u32>,
-        within: Vec<u32>,
-    },
-}
-
-impl PlaceError {
-    /// No GPU fitted (at once, or by the end of the wait): what another
-    /// node may not have to say.
-    pub fn is_no_fit(&self) -> bool {
-        matches!(self, PlaceError::NoFit(_) | PlaceError::TimedOut { .. })
-    }
-}
-
-impl fmt::Display for PlaceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PlaceError::State(e) => write!(f, "node state: {e}"),
-            PlaceError::Source(e) => write!(f, "GPU readings: {e}"),
-            PlaceError::NoFit(n) => write!(f, "no GPU fits: {n}"),
-            PlaceError::TimedOut { waited, last } => {
-                write!(f, "no GPU fit within {:.0}s (timeouts.wait): {last}", waited.as_secs_f64())
-            }
-            PlaceError::Ended { waited } => {
-                write!(f, "the job ended while its step waited {:.1}s for a GPU", waited.as_secs_f64())
-            }
-            PlaceError::OutsideSlurms { gpus, within } => write!(
-                f,
-                "an older CARMA build on this node (an upgrade in progress) placed the step on GPU(s) {}, not among the job's Slurm GPU(s) {}; given back (steps started after the node's old steps end are placed as they should be)",
-                crate::gpu::index_list(gpus),
-                crate::gpu::index_list(within)
-            ),
-        }
-    }
-}
-
-impl std::error::Error for PlaceError {}
-
-impl From<StateError> for PlaceError {
-    fn from(e: StateError) -> Self {
-        PlaceError::State(e)
-    }
-}
-
-impl From<SourceError> for PlaceError {
-    fn from(e: SourceError) -> Self {
-        PlaceError::Source(e)
-    }
-}
-
-/// How the placer learns which processes are alive and whose they are.
-/// Linux /proc in production; the simulator supplies its own.
-pub trait Processes: Send {
-    fn alive(&self, pid: u32) -> bool;
-    /// `pid`, recorded as a holder of `job`, still is one (and is not a
-    /// reused pid).
-    fn holds(&self, job: u32, pid: u32) -> bool {
-        let _ = job;
-        self.alive(pid)
-    }
-    /// The job still has a step on this node.
-    fn job_running(&self, job: u32) -> bool;
-    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32>;
-
-    /// Which holder (slurmstepd) each process on the GPUs descends from,
-    /// among the holders the node state records.
-    fn owners_on(&self, readings: &[GpuReading], st: &NodeState) -> HashMap<u32, u32> {
-        let pids: Vec<u32> = readings.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
-        let holders: Vec<u32> = st.reservations.iter().flat_map(|r| r.holders.iter().copied()).collect();
-        self.owners(&pids, &holders)
-    }
-}
-
-pub struct LinuxProcesses;
-
-impl Processes for LinuxProcesses {
-    fn alive(&self, pid: u32) -> bool {
-        procs::alive(pid)
-    }
-    fn holds(&self, job: u32, pid: u32) -> bool {
-        procs::stepd_of(job, pid)
-    }
-    fn job_running(&self, job: u32) -> bool {
-        procs::job_has_stepd(job)
-    }
-    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32> {
-        procs::owners(pids.iter().copied(), holders)
-    }
-}
-
-/// Linux's processes, where any live process holds the reservations it
-/// is recorded for: a stand-in for slurmstepd (in production only a root
-/// slurmstepd of the job holds: `procs::stepd_of`) for the latency bench
-/// and the tests, whose own process holds what it places.
-pub struct LiveHolders;
-
-impl Processes for LiveHolders {
-    fn alive(&self, pid: u32) -> bool {
-        procs::alive(pid)
-    }
-    fn job_running(&self, _job: u32) -> bool {
-        false
-    }
-    fn owners(&self, pids: &[u32], holders: &[u32]) -> HashMap<u32, u32> {
-        procs::owners(pids.iter().copied(), holders)
-    }
-}
 
 const GC_INTERVAL_MS: u64 = 1000;
 
@@ -158,50 +40,12 @@ pub struct Placer {
     log: Logger,
 }
 
-/// Sleeps on the slot's wake-up word (bounded by `timeouts.lock`) until
-/// the holder has decided for us, or the lock is ours to decide with.
-fn answer_or_lock<'a>(store: &'a StateStore, q: &Slots, slot: SlotRef) -> Result<Waited<'a>, PlaceError> {
-    let start = Instant::now();
-    let timeout = store.lock_timeout();
-    loop {
-        // Read before trying the lock: a release or an answer after
-        // this read makes the wait below return at once.
-        let seen = q.generation(slot);
-        // The answer first: a holder answers before it releases, so a
-        // launch woken by its answer would otherwise often find the lock
-        // free and read the GPUs for nothing.
-        if let Some(d) = q.take_answer(slot) {
-            return Ok(Waited::Answered(d));
-        }
-        if let Some(lock) = store.try_exclusive()? {
-            return Ok(Waited::Locked(lock));
-        }
-        let waited = start.elapsed();
-        if waited >= timeout {
-            if let Some(d) = q.withdraw(slot) {
-                return Ok(Waited::Answered(d));
-            }
-            return Err(StateError::LockTimeout { path: store.lock_path(), waited }.into());
-        }
-        // The holder is most likely deciding for us: sleep until it
-        // answers or releases (re-checking now and then, in case a
-        // holder died between unlocking and waking us).
-        q.wait(slot, seen, (timeout - waited).min(Duration::from_millis(20)));
-    }
-}
-
 /// The readings of an opened source.
 fn read_source(source: &mut Option<Box<dyn GpuSource>>) -> Result<Vec<GpuReading>, PlaceError> {
     match source.as_mut() {
         Some(s) => Ok(s.read()?),
         None => Err(PlaceError::Source(SourceError("no GPU source configured".into()))),
     }
-}
-
-/// How a queued launch's wait ended.
-enum Waited<'a> {
-    Answered(Decision),
-    Locked(Locked<'a>),
 }
 
 impl Placer {
@@ -358,107 +202,6 @@ impl Placer {
             None => read_source(&mut self.source)?,
         };
         self.decide_queued(lock, step, req, &readings)
-    }
-
-    /// An answer another launch decided for us, checked against the job's
-    /// Slurm GPUs: a holder of an older build ignores them.
-    fn within_slurms(&self, step: StepRef, req: &Request, d: Decision) -> Result<Decision, PlaceError> {
-        match &req.within {
-            Some(within) if !d.gpus.iter().all(|g| within.contains(g)) => {
-                if let Err(e) = self.release(step) {
-                    (self.log)(&format!(
-                        "job {} step holder {}: giving back a foreign answer: {e}",
-                        step.job, step.holder
-                    ));
-                }
-                Err(PlaceError::OutsideSlurms { gpus: d.gpus, within: within.clone() })
-            }
-            _ => Ok(d),
-        }
-    }
-
-    /// Under the exclusive lock (dead deciders' requests queued again, ours
-    /// out of the queue): decides our request, then the queued
-    /// ones in arrival order, writes the state, then answers them.
-    /// Requests queued meanwhile are taken in further rounds.
-    fn decide_queued(
-        &self,
-        mut lock: Locked<'_>,
-        step: StepRef,
-        req: &Request,
-        readings: &[GpuReading],
-    ) -> Result<Decision, PlaceError> {
-        let q = self.store.slots();
-        let mut st = lock.load()?;
-        self.collect(&mut st, false);
-        let owners = self.processes.owners_on(readings, &st);
-        observe(&mut st, readings, &owners);
-        let mut gc_forced = false;
-        let mine = self.decide(&mut st, step, req, readings, &owners, &mut gc_forced);
-        let mut stored = false;
-        let mut left = Vec::new();
-        for _round in 0..4 {
-            let Some(q) = q else { break };
-            let taken = q.take_queued(&left, &*self.log);
-            if taken.is_empty() {
-                break;
-            }
-            let decided: Vec<_> = taken
-                .into_iter()
-                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &mut gc_forced)))
-                .collect();
-            if let Err(e) = lock.store(&st) {
-                // Undecided after all: their owners try again themselves.
-                decided.iter().for_each(|(s, _)| q.put_back(*s));
-                if stored {
-                    break; // ours is already written
-                }
-                return Err(e.into());
-            }
-            stored = true;
-            for (s, d) in decided {
-                match d {
-                    Ok(d) => q.answer(s, &d),
-                    // Left to its owner, which decides it and reports why.
-                    Err(_) => {
-                        q.put_back(s);
-                        left.push(s);
-                    }
-                }
-            }
-        }
-        if !stored {
-            lock.store(&st)?;
-        }
-        drop(lock);
-        mine.map_err(PlaceError::NoFit)
-    }
-
-    /// One request against the state ([`crate::decide::decide`]), with
-    /// garbage collection forced once before a refusal.
-    fn decide(
-        &self,
-        st: &mut NodeState,
-        step: StepRef,
-        req: &Request,
-        readings: &[GpuReading],
-        owners: &HashMap<u32, u32>,
-        gc_forced: &mut bool,
-    ) -> Result<Decision, NoFit> {
-        let mut collect = |st: &mut NodeState| {
-            if *gc_forced {
-                return false;
-            }
-            *gc_forced = true;
-            self.collect(st, true);
-            true
-        };
-        let d =
-            crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect);
-        if d.is_ok() {
-            st.counters.placements += 1;
-        }
-        d
     }
 
     /// Counts a step that waits, or one that was not placed (carma-monitor

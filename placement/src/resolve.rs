@@ -145,25 +145,10 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
     };
     // A job requeued after a GPU OOM is rerun as its recovery mode says:
     // carma-epilog left its verdict on this node.
-    let mut recovery = "";
-    if let Some(verdict) = node.recovery {
-        match (verdict.mode, verdict.need_mib) {
-            (RecoveryMode::None, _) => {}
-            (RecoveryMode::Looser, Some(mib)) => {
-                let mib = mib.saturating_add(cfg.looser_margin_mib);
-                estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
-                source = "recovery".into();
-                // What the OOM showed it needs, not a model's estimate.
-                runtime_mib = None;
-                recovery = " recovery=looser";
-            }
-            // Exclusive, or looser without a recorded need: a GPU of its own.
-            _ => {
-                policy = Policy::Exclusive;
-                recovery = " recovery=exclusive";
-            }
-        }
-    }
+    let recovery = match node.recovery {
+        Some(verdict) => recover(verdict, cfg, &mut policy, &mut estimate_mib, &mut source, &mut runtime_mib),
+        None => "",
+    };
     // History is per user: another user cannot raise (or learn) this
     // user's estimates by claiming the same signature.
     let signature = signature.map(|s| format!("{}:{s}", f.uid));
@@ -212,6 +197,34 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         recovery,
         scope,
     })))
+}
+
+/// What a recovering rerun changes: a looser estimate (what the OOM showed
+/// it needs, plus the margin) or a GPU of its own. Returns the log mark.
+fn recover(
+    verdict: jobfiles::Recovery,
+    cfg: &Config,
+    policy: &mut Policy,
+    estimate_mib: &mut Option<u64>,
+    source: &mut String,
+    runtime_mib: &mut Option<u64>,
+) -> &'static str {
+    match (verdict.mode, verdict.need_mib) {
+        (RecoveryMode::None, _) => "",
+        (RecoveryMode::Looser, Some(mib)) => {
+            let mib = mib.saturating_add(cfg.looser_margin_mib);
+            *estimate_mib = Some(estimate_mib.map_or(mib, |e| e.max(mib)));
+            *source = "recovery".into();
+            // What the OOM showed it needs, not a model's estimate.
+            *runtime_mib = None;
+            " recovery=looser"
+        }
+        // Exclusive, or looser without a recorded need: a GPU of its own.
+        _ => {
+            *policy = Policy::Exclusive;
+            " recovery=exclusive"
+        }
+    }
 }
 
 /// The per-GPU estimate, its source, signature and fixed part: `--carma-mem`,

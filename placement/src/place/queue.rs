@@ -1,0 +1,154 @@
+//! Launches that find the state lock taken: each queues its request and
+//! waits for an answer or the lock; whoever holds the lock decides every
+//! queued request in one state write (see [`crate::slots`]).
+
+use super::{PlaceError, Placer};
+use crate::clock::now_secs;
+use crate::gpu::GpuReading;
+use crate::policy::{NoFit, observe};
+use crate::request::{Decision, Request, StepRef};
+use crate::slots::{SlotRef, Slots};
+use crate::state::{Locked, NodeState, StateError, StateStore};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Sleeps on the slot's wake-up word (bounded by `timeouts.lock`) until
+/// the holder has decided for us, or the lock is ours to decide with.
+pub(super) fn answer_or_lock<'a>(store: &'a StateStore, q: &Slots, slot: SlotRef) -> Result<Waited<'a>, PlaceError> {
+    let start = Instant::now();
+    let timeout = store.lock_timeout();
+    loop {
+        // Read before trying the lock: a release or an answer after
+        // this read makes the wait below return at once.
+        let seen = q.generation(slot);
+        // The answer first: a holder answers before it releases, so a
+        // launch woken by its answer would otherwise often find the lock
+        // free and read the GPUs for nothing.
+        if let Some(d) = q.take_answer(slot) {
+            return Ok(Waited::Answered(d));
+        }
+        if let Some(lock) = store.try_exclusive()? {
+            return Ok(Waited::Locked(lock));
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            if let Some(d) = q.withdraw(slot) {
+                return Ok(Waited::Answered(d));
+            }
+            return Err(StateError::LockTimeout { path: store.lock_path(), waited }.into());
+        }
+        // The holder is most likely deciding for us: sleep until it
+        // answers or releases (re-checking now and then, in case a
+        // holder died between unlocking and waking us).
+        q.wait(slot, seen, (timeout - waited).min(Duration::from_millis(20)));
+    }
+}
+
+/// How a queued launch's wait ended.
+pub(super) enum Waited<'a> {
+    Answered(Decision),
+    Locked(Locked<'a>),
+}
+
+impl Placer {
+    /// An answer another launch decided for us, checked against the job's
+    /// Slurm GPUs: a holder of an older build ignores them.
+    pub(super) fn within_slurms(&self, step: StepRef, req: &Request, d: Decision) -> Result<Decision, PlaceError> {
+        match &req.within {
+            Some(within) if !d.gpus.iter().all(|g| within.contains(g)) => {
+                if let Err(e) = self.release(step) {
+                    (self.log)(&format!(
+                        "job {} step holder {}: giving back a foreign answer: {e}",
+                        step.job, step.holder
+                    ));
+                }
+                Err(PlaceError::OutsideSlurms { gpus: d.gpus, within: within.clone() })
+            }
+            _ => Ok(d),
+        }
+    }
+
+    /// Under the exclusive lock (dead deciders' requests queued again, ours
+    /// out of the queue): decides our request, then the queued
+    /// ones in arrival order, writes the state, then answers them.
+    /// Requests queued meanwhile are taken in further rounds.
+    pub(super) fn decide_queued(
+        &self,
+        mut lock: Locked<'_>,
+        step: StepRef,
+        req: &Request,
+        readings: &[GpuReading],
+    ) -> Result<Decision, PlaceError> {
+        let q = self.store.slots();
+        let mut st = lock.load()?;
+        self.collect(&mut st, false);
+        let owners = self.processes.owners_on(readings, &st);
+        observe(&mut st, readings, &owners);
+        let mut gc_forced = false;
+        let mine = self.decide(&mut st, step, req, readings, &owners, &mut gc_forced);
+        let mut stored = false;
+        let mut left = Vec::new();
+        for _round in 0..4 {
+            let Some(q) = q else { break };
+            let taken = q.take_queued(&left, &*self.log);
+            if taken.is_empty() {
+                break;
+            }
+            let decided: Vec<_> = taken
+                .into_iter()
+                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &mut gc_forced)))
+                .collect();
+            if let Err(e) = lock.store(&st) {
+                // Undecided after all: their owners try again themselves.
+                decided.iter().for_each(|(s, _)| q.put_back(*s));
+                if stored {
+                    break; // ours is already written
+                }
+                return Err(e.into());
+            }
+            stored = true;
+            for (s, d) in decided {
+                match d {
+                    Ok(d) => q.answer(s, &d),
+                    // Left to its owner, which decides it and reports why.
+                    Err(_) => {
+                        q.put_back(s);
+                        left.push(s);
+                    }
+                }
+            }
+        }
+        if !stored {
+            lock.store(&st)?;
+        }
+        drop(lock);
+        mine.map_err(PlaceError::NoFit)
+    }
+
+    /// One request against the state ([`crate::decide::decide`]), with
+    /// garbage collection forced once before a refusal.
+    fn decide(
+        &self,
+        st: &mut NodeState,
+        step: StepRef,
+        req: &Request,
+        readings: &[GpuReading],
+        owners: &HashMap<u32, u32>,
+        gc_forced: &mut bool,
+    ) -> Result<Decision, NoFit> {
+        let mut collect = |st: &mut NodeState| {
+            if *gc_forced {
+                return false;
+            }
+            *gc_forced = true;
+            self.collect(st, true);
+            true
+        };
+        let d =
+            crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect);
+        if d.is_ok() {
+            st.counters.placements += 1;
+        }
+        d
+    }
+}
