@@ -1,7 +1,7 @@
 //! Job output (written by users) through the OOM matcher and the parser of
 //! PyTorch's "Tried to allocate" message: never a panic.
 #![no_main]
-use carma_tools::recovery::oom::{find_oom, needed_mib};
+use carma_prolog::oom::{find_oom, needed_mib};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

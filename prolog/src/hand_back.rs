@@ -1,7 +1,17 @@
-//! Whether a job slurmstepd handed back (no GPU fitted on its node,
-//! `no_fit: hand_back`) may be requeued away from that node: from Slurm's
-//! fields only (squeue `%x;%n;%P`, node names from `sinfo` and `scontrol
-//! show hostnames`), never from text the job's user wrote.
+//! A job slurmstepd handed back (no GPU fitted on its node, `no_fit:
+//! hand_back`) requeued away from that node. Whether it may be is judged
+//! from Slurm's fields only (squeue `%x;%n;%P`, node names from `sinfo`
+//! and `scontrol show hostnames`), never from text the job's user wrote.
+
+use crate::helper::append_to_job_output;
+use crate::job_env::env;
+use crate::slurm::{FollowUp, prompt_later, scontrol, slurm_output, slurm_output_by};
+use carma_config::Config;
+use carma_placement::admin_comment::{self, JobRef};
+use carma_placement::command::SQUEUE_LOCAL;
+use carma_placement::jobfiles;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// squeue's format for [`JobPlace::parse`]: excluded nodes, required
 /// nodes, partitions. None of them can hold `;` (slurm.conf names). A job
@@ -85,6 +95,168 @@ pub fn names(text: &str) -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+/// A hand-back's Slurm calls before its requeue, and again those after it
+/// (the requeue, a timed-out requeue's check and the release have
+/// SCONTROL_TIMEOUT each; with the output scans and write and the stale-file sweep,
+/// about 95 s at worst).
+const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Requeues a job slurmstepd handed back (no GPU fitted here) to run on
+/// another node: this node joins its excluded nodes. Counted in its
+/// AdminComment, wherever it runs next; past `max_hand_backs` it fails,
+/// with the reason in its output. It is requeued held and released only
+/// once its exclusion and count are in slurmctld, so neither a short
+/// requeue delay nor a failed update lets it start here again or past
+/// the bound; without Slurm's answers it is not requeued at all.
+pub fn hand_back(
+    cfg: &Config,
+    job: &str,
+    job_no: u32,
+    reason: &str,
+    status: i32,
+    restart: Option<u32>,
+    log: &dyn Fn(&str),
+) {
+    let bin = cfg.slurm_bin_dir.as_deref();
+    let node = env("SLURMD_NODENAME");
+    let tell = |msg: &str| {
+        log(msg);
+        append_to_job_output(msg, log);
+    };
+    // A job cancelled while its step waited ends with status 0, which the
+    // caller never hands back; one killed by a signal is not requeued either.
+    if status & 0x7f != 0 {
+        return log(&format!("job {job} ended by signal {}: not handed back", status & 0x7f));
+    }
+    if node.is_empty() {
+        return tell(&format!("carma: job {job} was not handed back: slurmd named no node"));
+    }
+    let no = |why: &str| tell(&format!("carma: job {job} found no GPU on {node}; not handed back: {why}: {reason}"));
+    // Bounds for all of Slurm's answers together (about a dozen calls):
+    // the epilog ends well inside PrologEpilogTimeout. One for what is
+    // asked, one for what is recorded after the requeue; the requeue and
+    // the release have their own, so no read's slowness keeps a job from
+    // being requeued or, once recorded, released. A recording cut short
+    // leaves the job held, and says so, for an administrator.
+    let deadline = Instant::now() + HAND_BACK_TIMEOUT;
+    let Ok(job_ref) = JobRef::resolve(bin, job_no, deadline) else {
+        return no("slurmctld did not say which job it is");
+    };
+    let this = HandBack { bin, job, job_ref, sel: job_ref.selector(), node: &node, reason, restart };
+    let sel = &this.sel;
+    let asked = match this.ask(deadline) {
+        Ok(r) => r,
+        Err(e) => return no(&format!("slurmctld did not answer ({e})")),
+    };
+    let (count, max) = (jobfiles::hand_backs_in_comment(&asked.comment), cfg.max_hand_backs);
+    if count >= max {
+        return tell(&format!(
+            "carma: job {job} found no GPU on {node} after {count} hand-back(s); not handed back again (max_hand_backs={max}): {reason}"
+        ));
+    }
+    if let Some(why) = asked.place.refusal(&node, &asked.partition_nodes, &asked.excluded) {
+        return no(&why);
+    }
+    // The requeue has its own bound: one cut short may still be applied.
+    if let Err(e) = scontrol(bin, &["requeuehold", sel]) {
+        if !e.contains("timed out") {
+            return no(&format!("Slurm did not requeue it ({e})"));
+        }
+        if !this.requeued() {
+            return tell(&format!(
+                "carma: job {job} found no GPU on {node}; Slurm did not confirm its requeue ({e}): if it was requeued it is held (`scontrol release {sel}` runs it again): {reason}"
+            ));
+        }
+    }
+    if let Err(e) = this.record(&asked, count, log).and_then(|()| scontrol(bin, &["release", sel])) {
+        return tell(&format!(
+            "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again, without excluding {node}"
+        ));
+    }
+    if let Err(e) = prompt_later(bin, sel, FollowUp::Prompt) {
+        log(&format!("job {job}: {e}; it starts after Slurm's requeue delay"));
+    }
+    tell(&format!(
+        "carma: job {job} found no GPU on {node}; handed back to Slurm, requeued to run on another node (hand-back {} of {max}): {reason}",
+        count + 1
+    ));
+}
+
+/// The job being handed back, as the steps of its hand-back need it.
+struct HandBack<'a> {
+    bin: Option<&'a Path>,
+    job: &'a str,
+    job_ref: JobRef,
+    /// The job as Slurm's commands name it (`JOB` or `ARRAY_TASK`).
+    sel: String,
+    node: &'a str,
+    reason: &'a str,
+    restart: Option<u32>,
+}
+
+/// What slurmctld says: the job's AdminComment, where it may run, the
+/// nodes of its partitions and its exclusions with this node, expanded.
+struct Asked {
+    comment: Vec<u8>,
+    place: JobPlace,
+    partition_nodes: Vec<String>,
+    excluded: Vec<String>,
+}
+
+impl HandBack<'_> {
+    fn ask(&self, deadline: Instant) -> Result<Asked, String> {
+        let slurm = |name: &str, args: &[&str]| slurm_output_by(self.bin, name, args, deadline);
+        let comment = admin_comment::read_ref(self.bin, self.job_ref, deadline)?;
+        let place = JobPlace::parse(&slurm(
+            "squeue",
+            &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &self.sel, "-o", SQUEUE_FORMAT],
+        )?)?;
+        let partition_nodes =
+            usable_gpu_nodes(&slurm("sinfo", &["-h", "-N", "-p", &place.partitions, "-o", SINFO_FORMAT])?);
+        let excluded = names(&slurm("scontrol", &["show", "hostnames", &place.excluding(self.node)])?);
+        Ok(Asked { comment, place, partition_nodes, excluded })
+    }
+
+    /// Whether a requeue that timed out was applied: then the job's restart
+    /// count is this run's plus one (its state reads COMPLETING until this
+    /// epilog ends, requeued or not).
+    fn requeued(&self) -> bool {
+        let count =
+            slurm_output(self.bin, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-j", &self.sel, "-O", "restartcnt"]);
+        self.restart.is_some_and(|r| count.is_ok_and(|c| c.trim().parse() == Ok(r + 1)))
+    }
+
+    /// Holds the requeued job, excludes this node and counts the hand-back
+    /// (with an OOM recovery's verdict carried to its next run) in slurmctld.
+    fn record(&self, asked: &Asked, count: u32, log: &dyn Fn(&str)) -> Result<(), String> {
+        let (bin, job, job_ref, sel, node) = (self.bin, self.job, self.job_ref, &self.sel, self.node);
+        let deadline = Instant::now() + HAND_BACK_TIMEOUT;
+        let scontrol = |args: &[&str]| slurm_output_by(bin, "scontrol", args, deadline).map(drop);
+        // Verified: another writer's read-modify-write must not drop the count.
+        let entry = |key: &str, text: &str| admin_comment::write_entry_ref(bin, job_ref, key, text, true, deadline);
+        // An administrator's hold (requeuehold's is the user's, which the
+        // user could release before the exclusion is in).
+        let mut recorded = scontrol(&["hold", sel])
+            .and_then(|()| {
+                scontrol(&["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", asked.place.excluding(node))])
+            })
+            .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, node, self.reason)));
+        // An OOM recovery's verdict names the run it is for; the requeue
+        // starts the next one, which it is for now.
+        if self.restart.is_none() {
+            log(&format!(
+                "job {job}: no SLURM_JOB_RESTART_COUNT: an OOM recovery's verdict is not carried to its next run"
+            ));
+        }
+        let carried = self.restart.and_then(|r| jobfiles::recovery_in_comment(&asked.comment, r).map(|v| (r, v)));
+        if let Some((run, verdict)) = carried {
+            recorded =
+                recorded.and_then(|()| entry(jobfiles::RECOVERY_KEY, &jobfiles::recovery_entry(verdict, run + 1)));
+        }
+        recorded
+    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9402";
 
 /// Output lines of the common frameworks when the GPU runs out of memory,
 /// taken from their sources (docs/oom-messages.md says where each comes
-/// from; tools/src/recovery/oom.rs tests each verbatim).
+/// from; prolog/src/oom.rs tests each verbatim).
 pub const DEFAULT_OOM_PATTERNS: &[&str] = &[
     // PyTorch's caching allocator (1.x RuntimeError, 2.x OutOfMemoryError, ROCm "HIP out of memory").
     "CUDA out of memory",

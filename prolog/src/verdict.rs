@@ -1,11 +1,6 @@
-//! OOM recovery at job end: decide from the job's exit status and the tail
-//! of its output whether it crashed for lack of GPU memory, and whether it
-//! may be requeued.
-
-pub mod asuser;
-pub mod hand_back;
-pub mod oom;
-pub mod paths;
+//! The verdict at job end: from the job's exit status and the tail of its
+//! output, whether it crashed for lack of GPU memory and may be requeued;
+//! and the whole-GPU request of its rerun.
 
 use carma_config::RecoveryMode;
 
