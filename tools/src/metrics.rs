@@ -54,6 +54,15 @@ pub const NO_FIT_REASONS: [&str; 5] = ["memory", "activity", "held", "mps_user",
 
 pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> String {
     let mut out = Page(String::with_capacity(8192));
+    gpu_families(&mut out, p, st);
+    job_families(&mut out, st);
+    counter_families(&mut out, st);
+    monitor_families(&mut out, node, p, m);
+    out.0
+}
+
+/// Per GPU: what `carma status` shows.
+fn gpu_families(out: &mut Page, p: &Published, st: &NodeState) {
     let owners = LinuxProcesses.owners_on(&p.gpus, st);
     let gpu_labels: Vec<(String, String)> = p.gpus.iter().map(|g| (g.index.to_string(), g.uuid.clone())).collect();
     let per_gpu = |out: &mut Page, name: &str, kind: &str, help: &str, f: &dyn Fn(usize) -> Option<f64>| {
@@ -65,49 +74,48 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         }
     };
     let g = &p.gpus;
-    per_gpu(&mut out, "carma_gpu_memory_total_bytes", "gauge", "GPU memory.", &|i| Some(g[i].total_mib as f64 * MIB));
-    per_gpu(&mut out, "carma_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", &|i| {
+    per_gpu(out, "carma_gpu_memory_total_bytes", "gauge", "GPU memory.", &|i| Some(g[i].total_mib as f64 * MIB));
+    per_gpu(out, "carma_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", &|i| {
         Some(g[i].used_mib as f64 * MIB)
     });
     per_gpu(
-        &mut out,
+        out,
         "carma_gpu_memory_promised_bytes",
         "gauge",
         "GPU memory promised to CARMA jobs beyond what they use now.",
         &|i| Some(promised_mib(&g[i], st, &owners) as f64 * MIB),
     );
     per_gpu(
-        &mut out,
+        out,
         "carma_gpu_memory_effective_free_bytes",
         "gauge",
         "Free GPU memory less promises: what a new job can be placed in.",
         &|i| Some(effective_free_mib(&g[i], st, &owners) as f64 * MIB),
     );
-    per_gpu(&mut out, "carma_gpu_sm_activity_ratio", "gauge", "SM activity, mean over the monitor window.", &|i| {
+    per_gpu(out, "carma_gpu_sm_activity_ratio", "gauge", "SM activity, mean over the monitor window.", &|i| {
         Some(g[i].sm_activity)
     });
     per_gpu(
-        &mut out,
+        out,
         "carma_gpu_busy_ratio",
         "gauge",
         "Share of time any kernel ran (NVML utilization.gpu), mean over the monitor window.",
         &|i| Some(g[i].busy),
     );
-    per_gpu(
-        &mut out,
-        "carma_gpu_sm_occupancy_ratio",
-        "gauge",
-        "SM occupancy (NVML GPM or DCGM), where measured.",
-        &|i| g[i].sm_occupancy,
-    );
-    per_gpu(&mut out, "carma_gpu_power_watts", "gauge", "Board power.", &|i| g[i].power_w);
+    per_gpu(out, "carma_gpu_sm_occupancy_ratio", "gauge", "SM occupancy (NVML GPM or DCGM), where measured.", &|i| {
+        g[i].sm_occupancy
+    });
+    per_gpu(out, "carma_gpu_power_watts", "gauge", "Board power.", &|i| g[i].power_w);
     // CARMA's own placements only: a GPU Slurm gave a plain job whole is held,
     // but by no CARMA job.
-    per_gpu(&mut out, "carma_gpu_jobs", "gauge", "CARMA jobs placed on the GPU.", &|i| {
+    per_gpu(out, "carma_gpu_jobs", "gauge", "CARMA jobs placed on the GPU.", &|i| {
         let carma = |r: &&carma_placement::Reservation| r.holding == carma_placement::Holding::Carma;
         Some(st.reservations.iter().filter(carma).filter(|r| r.gpus.contains(&g[i].index)).count() as f64)
     });
+}
 
+/// Per job on the node: its reservation, estimate, observed peak and mode.
+fn job_families(out: &mut Page, st: &NodeState) {
     out.family("carma_job_reserved_bytes", "gauge", "GPU memory reserved for a job on a GPU of this node.");
     for r in &st.reservations {
         let job = r.job.to_string();
@@ -145,7 +153,10 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
         let job = r.job.to_string();
         out.sample("carma_job_info", &[("jobid", &job), ("policy", policy), ("sharing", sharing)], 1.0);
     }
+}
 
+/// The node's counters and the estimates' accuracy histogram.
+fn counter_families(out: &mut Page, st: &NodeState) {
     let c = &st.counters;
     out.family("carma_placements_total", "counter", "Steps and jobs CARMA placed on this node.");
     out.sample("carma_placements_total", &[], c.placements as f64);
@@ -169,7 +180,10 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
     out.sample(&format!("{name}_bucket"), &[("le", "+Inf")], cumulative as f64);
     out.sample(&format!("{name}_sum"), &[], c.accuracy_sum);
     out.sample(&format!("{name}_count"), &[], cumulative as f64);
+}
 
+/// The monitor's own health.
+fn monitor_families(out: &mut Page, node: &str, p: &Published, m: &MonitorStats) {
     out.family("carma_monitor_reads_total", "counter", "GPU reads by carma-monitor.");
     out.sample("carma_monitor_reads_total", &[], m.reads as f64);
     out.family("carma_monitor_read_errors_total", "counter", "GPU reads that failed.");
@@ -184,7 +198,6 @@ pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> St
     out.sample("carma_monitor_window_samples", &[], f64::from(p.samples));
     out.family("carma_monitor_info", "gauge", "The monitor: its node and GPU source (value 1).");
     out.sample("carma_monitor_info", &[("node", node), ("source", &p.source)], 1.0);
-    out.0
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! `carma simulate` and `carma simulate-report`: the command lines over
 //! `carma_simulator` (the report itself is `carma_simulator::paper`).
 
-use crate::args::Args;
 use carma_config::{ActivityMetric, GpuOwner, Policy, parse_size_mib};
 use carma_placement::Params;
 use carma_simulator::paper::{estimator, plots, run_all, workloads};
@@ -9,44 +8,111 @@ use carma_simulator::report::{Summary, csv, summarize, table};
 use carma_simulator::{Admission, Assumptions, Cluster, PowerProfile, Sharing, SimConfig};
 use std::path::{Path, PathBuf};
 
-pub const USAGE: &str = "carma simulate --trace FILE --workloads FILE [--cluster 1x4x40G] [--policy POLICY | --compare]
-                [--estimator oracle|carma|horus|faketensor|gpumemnet] [--models DIR]
-                [--activity MAP --measured CSV] [--job-options CSV] [--sharing timeslice|mps] [--cap-metric sm|busy] [--gpu a100-40gb|h100-80gb]
-                [--sm-cap 0.8] [--busy-cap 0.8] [--headroom 2G] [--ramp 60] [--switch-overhead 0.106]
-                [--mps-capacity 1.06] [--mps-overhead 0.01] [--mps-solo 0.87]
-                [--idle-w W] [--active-w W] [--sm-w W] [--admission anywhere|shards|memory-shards|informed|node-memory]
-                [--gpu-owner slurm|carma] [--least-loaded] [--json] [--csv FILE] [--plots DIR]
-carma simulate-report --data DIR --out DIR    (the report in docs/simulation.md; DIR is data/)";
+/// `carma simulate`'s options: each assumption of the model is one.
+#[derive(clap::Args, Debug)]
+pub struct SimulateArgs {
+    /// The job trace (CSV)
+    #[arg(long, value_name = "FILE")]
+    pub trace: PathBuf,
+    /// The workloads the trace names (CSV: memory, run time, ...)
+    #[arg(long, value_name = "FILE")]
+    pub workloads: PathBuf,
+    /// Nodes x GPUs per node x memory per GPU
+    #[arg(long, value_name = "NxGxMEM", default_value = "1x4x40G", value_parser = Cluster::parse)]
+    pub cluster: Cluster,
+    /// The placement policy
+    #[arg(long, value_name = "POLICY", default_value_t = Policy::Magm)]
+    pub policy: Policy,
+    /// Run every policy (--policy is then left out)
+    #[arg(long)]
+    pub compare: bool,
+    /// Whose memory estimates: oracle, carma, horus, faketensor, gpumemnet (a column of the workloads)
+    #[arg(long, value_name = "NAME", default_value = "oracle")]
+    pub estimator: String,
+    /// The model files `--estimator carma` reads [default: model-summaries/ beside the workloads]
+    #[arg(long, value_name = "DIR")]
+    pub models: Option<PathBuf>,
+    /// Which measured workload each workload's activity comes from (with --measured)
+    #[arg(long, value_name = "MAP", requires = "measured")]
+    pub activity: Option<PathBuf>,
+    /// The measured activity (with --activity), e.g. data/h100/collocation.csv
+    #[arg(long, value_name = "CSV", requires = "activity")]
+    pub measured: Option<PathBuf>,
+    /// The CARMA options each workload's job script implies
+    #[arg(long, value_name = "CSV")]
+    pub job_options: Option<PathBuf>,
+    /// How collocated jobs share a GPU: timeslice or mps
+    #[arg(long, value_name = "MODE", default_value = Assumptions::default().sharing.name(), value_parser = Sharing::parse)]
+    pub sharing: Sharing,
+    /// The reading the activity cap applies to: sm or busy
+    #[arg(long, value_name = "METRIC", default_value_t = ActivityMetric::default(), value_parser = ActivityMetric::parse)]
+    pub cap_metric: ActivityMetric,
+    /// The GPU's power profile: a100-40gb or h100-80gb
+    #[arg(long, value_name = "PROFILE", default_value = Assumptions::default().power.name, value_parser = PowerProfile::parse)]
+    pub gpu: PowerProfile,
+    /// SM activity cap
+    #[arg(long, allow_negative_numbers = true, value_name = "FRACTION", default_value_t = 0.8, value_parser = num)]
+    pub sm_cap: f64,
+    /// Busy time cap
+    #[arg(long, allow_negative_numbers = true, value_name = "FRACTION", default_value_t = 0.8, value_parser = num)]
+    pub busy_cap: f64,
+    /// Memory kept free on each GPU
+    #[arg(long, allow_negative_numbers = true, value_name = "SIZE", default_value = "2G", value_parser = parse_size_mib)]
+    pub headroom: u64,
+    /// Seconds a job's memory takes to grow to its peak
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().ramp_s, value_parser = num)]
+    pub ramp: f64,
+    /// Time-slicing's cost, a share of each collocated job's time
+    #[arg(long, allow_negative_numbers = true, value_name = "SHARE", default_value_t = Assumptions::default().switch_overhead, value_parser = num)]
+    pub switch_overhead: f64,
+    /// MPS: the GPU's throughput with collocated jobs, relative to one job alone
+    #[arg(long, allow_negative_numbers = true, value_name = "X", default_value_t = Assumptions::default().mps_capacity, value_parser = positive)]
+    pub mps_capacity: f64,
+    /// MPS: cost per further collocated job
+    #[arg(long, allow_negative_numbers = true, value_name = "SHARE", default_value_t = Assumptions::default().mps_overhead, value_parser = num)]
+    pub mps_overhead: f64,
+    /// MPS: a job's speed alone under MPS, relative to without it
+    #[arg(long, allow_negative_numbers = true, value_name = "X", default_value_t = Assumptions::default().mps_solo, value_parser = positive)]
+    pub mps_solo: f64,
+    /// Idle power in watts [default: the --gpu profile's]
+    #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
+    pub idle_w: Option<f64>,
+    /// Power of a GPU running any job, in watts [default: the --gpu profile's]
+    #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
+    pub active_w: Option<f64>,
+    /// Power at full SM activity, in watts [default: the --gpu profile's]
+    #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
+    pub sm_w: Option<f64>,
+    /// How slurmctld picks the node: anywhere, shards, shards+handback, memory-shards, memory-shards+handback, informed, node-memory
+    #[arg(long, value_name = "MODE", default_value = Admission::default().name(), value_parser = Admission::parse)]
+    pub admission: Admission,
+    /// Whose choice of GPU stands: slurm or carma (carma.yaml's gpu_owner)
+    #[arg(long, value_name = "OWNER", default_value = "slurm", value_parser = GpuOwner::parse)]
+    pub gpu_owner: GpuOwner,
+    /// slurmctld takes shards from the GPU with the fewest allocated (LL_SHARED_GRES), not the first with one free
+    #[arg(long)]
+    pub least_loaded: bool,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the summary as CSV to FILE
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Also draw plots into DIR
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+}
 
-const FLAGS: &[&str] = &[
-    "trace",
-    "workloads",
-    "cluster",
-    "policy",
-    "estimator",
-    "models",
-    "activity",
-    "measured",
-    "job-options",
-    "sharing",
-    "cap-metric",
-    "gpu",
-    "sm-cap",
-    "busy-cap",
-    "headroom",
-    "ramp",
-    "switch-overhead",
-    "mps-capacity",
-    "mps-overhead",
-    "mps-solo",
-    "idle-w",
-    "active-w",
-    "sm-w",
-    "csv",
-    "plots",
-    "admission",
-    "gpu-owner",
-];
+/// `carma simulate-report`'s options.
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// The repository's data/: carma/ with the traces, h100/ with measurements
+    #[arg(long, value_name = "DIR")]
+    pub data: PathBuf,
+    /// Where the report goes (docs/)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
 
 fn num(v: &str) -> Result<f64, String> {
     v.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| "expected a number >= 0".into())
@@ -56,81 +122,207 @@ fn positive(v: &str) -> Result<f64, String> {
     num(v).and_then(|x| if x > 0.0 { Ok(x) } else { Err("expected a number > 0".into()) })
 }
 
-fn assumptions(a: &Args) -> Result<Assumptions, String> {
-    let d = Assumptions::default();
-    let gpu = a.parsed("gpu", PowerProfile::parse)?.unwrap_or(d.power);
-    Ok(Assumptions {
-        ramp_s: a.parsed("ramp", num)?.unwrap_or(d.ramp_s),
-        sharing: a.parsed("sharing", Sharing::parse)?.unwrap_or(d.sharing),
-        switch_overhead: a.parsed("switch-overhead", num)?.unwrap_or(d.switch_overhead),
-        mps_capacity: a.parsed("mps-capacity", positive)?.unwrap_or(d.mps_capacity),
-        mps_overhead: a.parsed("mps-overhead", num)?.unwrap_or(d.mps_overhead),
-        mps_solo: a.parsed("mps-solo", positive)?.unwrap_or(d.mps_solo),
+fn assumptions(a: &SimulateArgs) -> Assumptions {
+    Assumptions {
+        ramp_s: a.ramp,
+        sharing: a.sharing,
+        switch_overhead: a.switch_overhead,
+        mps_capacity: a.mps_capacity,
+        mps_overhead: a.mps_overhead,
+        mps_solo: a.mps_solo,
         power: PowerProfile {
-            name: gpu.name,
-            idle_w: a.parsed("idle-w", num)?.unwrap_or(gpu.idle_w),
-            active_w: a.parsed("active-w", num)?.unwrap_or(gpu.active_w),
-            sm_w: a.parsed("sm-w", num)?.unwrap_or(gpu.sm_w),
+            name: a.gpu.name,
+            idle_w: a.idle_w.unwrap_or(a.gpu.idle_w),
+            active_w: a.active_w.unwrap_or(a.gpu.active_w),
+            sm_w: a.sm_w.unwrap_or(a.gpu.sm_w),
         },
-        sample_s: d.sample_s,
-    })
+        sample_s: Assumptions::default().sample_s,
+    }
 }
 
-pub fn cmd_simulate(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, FLAGS, &["compare", "json", "least-loaded"])?;
-    let trace = PathBuf::from(a.get("trace").ok_or("--trace FILE is required")?);
-    let table_path = PathBuf::from(a.get("workloads").ok_or("--workloads FILE is required")?);
-    let activity = match (a.get("activity"), a.get("measured")) {
-        (Some(m), Some(c)) => Some((Path::new(m), Path::new(c))),
-        (None, None) => None,
-        _ => return Err("--activity MAP and --measured CSV go together".into()),
-    };
-    let w = workloads(&table_path, activity, a.get("job-options").map(Path::new))?;
-    let models = a
-        .get("models")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| table_path.parent().unwrap_or(Path::new(".")).join("model-summaries"));
+fn params(a: &SimulateArgs) -> Params {
+    Params {
+        metric: a.cap_metric,
+        sm_activity_cap: a.sm_cap,
+        busy_cap: a.busy_cap,
+        headroom_mib: a.headroom,
+        ..Params::default()
+    }
+}
+
+pub fn cmd_simulate(a: &SimulateArgs) -> Result<(), String> {
+    let activity = a.activity.as_deref().zip(a.measured.as_deref());
+    let w = workloads(&a.workloads, activity, a.job_options.as_deref())?;
+    let models =
+        a.models.clone().unwrap_or_else(|| a.workloads.parent().unwrap_or(Path::new(".")).join("model-summaries"));
     let cfg = SimConfig {
-        cluster: Cluster::parse(a.get("cluster").unwrap_or("1x4x40G"))?,
-        policy: a.parsed("policy", |v| v.parse::<Policy>())?.unwrap_or(Policy::Magm),
-        estimator: estimator(a.get("estimator").unwrap_or("oracle"), &w, &models),
-        params: Params {
-            metric: a.parsed("cap-metric", ActivityMetric::parse)?.unwrap_or_default(),
-            sm_activity_cap: a.parsed("sm-cap", num)?.unwrap_or(0.8),
-            busy_cap: a.parsed("busy-cap", num)?.unwrap_or(0.8),
-            headroom_mib: a.parsed("headroom", parse_size_mib)?.unwrap_or(2048),
-            ..Params::default()
-        },
-        assumptions: assumptions(&a)?,
-        admission: a.parsed("admission", Admission::parse)?.unwrap_or_default(),
-        // carma.yaml's default: a job runs on its shards' GPU.
-        gpu_owner: a.parsed("gpu-owner", GpuOwner::parse)?.unwrap_or(GpuOwner::Slurm),
-        least_loaded: a.has("least-loaded"),
+        cluster: a.cluster,
+        policy: a.policy,
+        estimator: estimator(&a.estimator, &w, &models),
+        params: params(a),
+        assumptions: assumptions(a),
+        admission: a.admission,
+        gpu_owner: a.gpu_owner,
+        least_loaded: a.least_loaded,
     };
-    let policies: Vec<Policy> = if a.has("compare") { Policy::ALL.to_vec() } else { vec![cfg.policy] };
-    let outcomes = run_all(&trace, &w, &cfg, &policies)?;
+    let policies: Vec<Policy> = if a.compare { Policy::ALL.to_vec() } else { vec![cfg.policy] };
+    let outcomes = run_all(&a.trace, &w, &cfg, &policies)?;
     let rows: Vec<Summary> = outcomes.iter().map(summarize).collect();
-    if a.has("json") {
+    if a.json {
         println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
     } else {
         print!("{}", table(&rows));
     }
-    if let Some(f) = a.get("csv") {
-        std::fs::write(f, csv(&rows)).map_err(|e| format!("{f}: {e}"))?;
+    if let Some(f) = &a.csv {
+        std::fs::write(f, csv(&rows)).map_err(|e| format!("{}: {e}", f.display()))?;
     }
-    if let Some(d) = a.get("plots") {
-        let stem = trace.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "trace".into());
-        plots(Path::new(d), &stem, &outcomes)?;
+    if let Some(d) = &a.plots {
+        let stem = a.trace.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "trace".into());
+        plots(d, &stem, &outcomes)?;
     }
     Ok(())
 }
 
-pub fn cmd_report(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, &["data", "out"], &[])?;
-    let data =
-        PathBuf::from(a.get("data").ok_or(
-            "--data DIR (the repository's data/: carma/ with the traces, h100/ with measurements) is required",
-        )?);
-    let out = PathBuf::from(a.get("out").ok_or("--out DIR is required")?);
-    carma_simulator::paper::write_report(&data, &out)
+pub fn cmd_report(a: &ReportArgs) -> Result<(), String> {
+    carma_simulator::paper::write_report(&a.data, &a.out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn parse(options: &[&str]) -> Result<SimulateArgs, String> {
+        let argv = ["carma", "simulate", "--trace", "t.csv", "--workloads", "w/workloads.csv"];
+        match Cli::try_parse_from(argv.iter().chain(options)).map_err(|e| crate::cli::one_line(&e))?.command {
+            Command::Simulate(a) => Ok(*a),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_options_the_simulator_defaults_hold() {
+        let a = parse(&[]).unwrap();
+        assert_eq!((a.trace.to_str(), a.workloads.to_str()), (Some("t.csv"), Some("w/workloads.csv")));
+        assert_eq!(a.cluster, Cluster::parse("1x4x40G").unwrap());
+        assert_eq!((a.policy, a.estimator.as_str(), &a.models), (Policy::Magm, "oracle", &None));
+        assert_eq!(assumptions(&a), Assumptions::default());
+        let defaults = Params {
+            metric: ActivityMetric::default(),
+            sm_activity_cap: 0.8,
+            busy_cap: 0.8,
+            headroom_mib: 2048,
+            ..Params::default()
+        };
+        assert_eq!(params(&a), defaults);
+        assert_eq!((a.admission, a.gpu_owner), (Admission::default(), GpuOwner::Slurm));
+        assert!(!a.compare && !a.json && !a.least_loaded);
+        assert!(a.activity.is_none() && a.measured.is_none() && a.job_options.is_none());
+        assert!(a.csv.is_none() && a.plots.is_none());
+    }
+
+    #[test]
+    fn each_option_reaches_the_configuration() {
+        let a = parse(&[
+            "--cluster=2x8x80G",
+            "--policy",
+            "ff",
+            "--compare",
+            "--estimator",
+            "carma",
+            "--models",
+            "m",
+            "--activity",
+            "map.csv",
+            "--measured",
+            "c.csv",
+            "--job-options",
+            "o.csv",
+            "--sharing",
+            "mps",
+            "--cap-metric",
+            "busy",
+            "--gpu",
+            "h100-80gb",
+            "--sm-cap",
+            "0.5",
+            "--busy-cap",
+            "0.9",
+            "--headroom",
+            "1G",
+            "--ramp",
+            "30",
+            "--switch-overhead",
+            "0.2",
+            "--mps-capacity",
+            "1.1",
+            "--mps-overhead",
+            "0.02",
+            "--mps-solo",
+            "0.9",
+            "--idle-w",
+            "50",
+            "--admission",
+            "node-memory",
+            "--gpu-owner",
+            "carma",
+            "--least-loaded",
+            "--json",
+            "--csv",
+            "out.csv",
+            "--plots",
+            "p",
+        ])
+        .unwrap();
+        assert_eq!(a.cluster, Cluster::parse("2x8x80G").unwrap());
+        assert_eq!((a.policy, a.compare, a.estimator.as_str()), (Policy::FirstFit, true, "carma"));
+        assert_eq!(a.models, Some(PathBuf::from("m")));
+        assert_eq!(
+            (a.activity.as_deref().unwrap(), a.measured.as_deref().unwrap()),
+            (Path::new("map.csv"), Path::new("c.csv"))
+        );
+        assert_eq!(a.job_options, Some(PathBuf::from("o.csv")));
+        let want = Assumptions {
+            ramp_s: 30.0,
+            sharing: Sharing::Mps,
+            switch_overhead: 0.2,
+            mps_capacity: 1.1,
+            mps_overhead: 0.02,
+            mps_solo: 0.9,
+            // The profile's own watts where none is given.
+            power: PowerProfile { idle_w: 50.0, ..PowerProfile::H100_80GB },
+            sample_s: Assumptions::default().sample_s,
+        };
+        assert_eq!(assumptions(&a), want);
+        let p = params(&a);
+        assert_eq!((p.metric, p.sm_activity_cap, p.busy_cap, p.headroom_mib), (ActivityMetric::Busy, 0.5, 0.9, 1024));
+        assert_eq!((a.admission, a.gpu_owner), (Admission::parse("node-memory").unwrap(), GpuOwner::Carma));
+        assert!(a.least_loaded && a.json);
+        assert_eq!((a.csv, a.plots), (Some(PathBuf::from("out.csv")), Some(PathBuf::from("p"))));
+    }
+
+    #[test]
+    fn bad_values_name_the_option_and_what_it_takes() {
+        for (argv, says) in [
+            (&["--sm-cap", "-1"][..], "--sm-cap <FRACTION>': expected a number >= 0"),
+            (&["--mps-solo=0"], "--mps-solo <X>': expected a number > 0"),
+            (&["--headroom", "2X"], "--headroom <SIZE>'"),
+            (&["--policy", "fastest"], "--policy <POLICY>'"),
+            (&["--gpu", "v100"], "expected a100-40gb or h100-80gb"),
+            (&["--activity", "map.csv"], "--measured <CSV>"),
+            (&["--measured", "c.csv"], "--activity <MAP>"),
+        ] {
+            let e = parse(argv).unwrap_err();
+            assert!(e.contains(says) && !e.contains('\n'), "{argv:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_report_takes_data_and_out() {
+        let cli = Cli::try_parse_from(["carma", "simulate-report", "--data", "data", "--out=docs"]).unwrap();
+        let Command::SimulateReport(a) = cli.command else { panic!() };
+        assert_eq!((a.data, a.out), (PathBuf::from("data"), PathBuf::from("docs")));
+        assert!(Cli::try_parse_from(["carma", "simulate-report", "--data", "data"]).is_err());
+    }
 }

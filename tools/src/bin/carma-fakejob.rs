@@ -12,18 +12,45 @@
 //! named as NVIDIA's MPS server is (`nvidia-cuda-mps-server`, as the job's
 //! user) on its GPUs: NVML lists the server among a GPU's compute
 //! processes, which is how CARMA sees whose MPS server a GPU runs.
-//!
-//! carma-fakejob --mem 8G [--sm 0.6] [--busy 0.9] [--seconds 30] [--ramp 2]
-//!               [--grow-to 30G --grow-after 5] [--config /etc/slurm/carma.yaml]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use carma_config::{Config, GpuSource, parse_size_mib};
 use carma_placement::source::SimulatedGpus;
 use carma_placement::source::simulated::standin_description;
-use carma_tools::args::Args;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+/// A simulated GPU training job: it holds memory and SM activity on the
+/// simulated GPUs (or the NVML stand-in's) in CUDA_VISIBLE_DEVICES while it runs.
+#[derive(clap::Parser, Debug)]
+#[command(name = "carma-fakejob", version, help_expected = true, args_override_self = true)]
+struct Cli {
+    /// Memory per GPU, e.g. 8G
+    #[arg(long, allow_negative_numbers = true, value_name = "SIZE", value_parser = parse_size_mib)]
+    mem: u64,
+    /// SM activity, 0.0 to 1.0
+    #[arg(long, allow_negative_numbers = true, value_name = "FRACTION", default_value_t = 0.5, value_parser = fraction)]
+    sm: f64,
+    /// Share of time its kernels run, 0.0 to 1.0 [default: --sm's value]
+    #[arg(long, allow_negative_numbers = true, value_name = "FRACTION", value_parser = fraction)]
+    busy: Option<f64>,
+    /// How long it runs
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 10.0, value_parser = secs)]
+    seconds: f64,
+    /// Seconds its memory takes to reach --mem
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 0.0, value_parser = secs)]
+    ramp: f64,
+    /// Grow to this memory per GPU after --grow-after seconds
+    #[arg(long, allow_negative_numbers = true, value_name = "SIZE", value_parser = parse_size_mib)]
+    grow_to: Option<u64>,
+    /// When to grow to --grow-to
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 0.0, value_parser = secs)]
+    grow_after: f64,
+    /// carma.yaml to read (its gpu_source)
+    #[arg(long, value_name = "FILE", default_value = carma_config::DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+}
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -45,24 +72,16 @@ fn secs(v: &str) -> Result<f64, String> {
     v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).ok_or_else(|| "expected seconds >= 0".into())
 }
 
+fn fraction(v: &str) -> Result<f64, String> {
+    v.parse::<f64>().ok().filter(|s| (0.0..=1.0).contains(s)).ok_or_else(|| "expected 0.0 to 1.0".into())
+}
+
 fn run() -> Result<i32, String> {
-    let a = Args::parse(
-        std::env::args().skip(1),
-        &["mem", "sm", "busy", "seconds", "ramp", "grow-to", "grow-after", "config"],
-        &[],
-    )?;
-    let mem = a.parsed("mem", parse_size_mib)?.ok_or("--mem SIZE is required")?;
-    let fraction =
-        |v: &str| v.parse::<f64>().ok().filter(|s| (0.0..=1.0).contains(s)).ok_or_else(|| "expected 0.0 to 1.0".into());
-    let sm = a.parsed("sm", fraction)?.unwrap_or(0.5);
+    let a = carma_tools::cli::parse::<Cli>()?;
+    let (mem, sm, seconds, ramp, grow_to, grow_after) = (a.mem, a.sm, a.seconds, a.ramp, a.grow_to, a.grow_after);
     // Share of time its kernels run: at least its SM activity.
-    let busy = a.parsed("busy", fraction)?.unwrap_or(sm);
-    let seconds = a.parsed("seconds", secs)?.unwrap_or(10.0);
-    let ramp = a.parsed("ramp", secs)?.unwrap_or(0.0);
-    let grow_to = a.parsed("grow-to", parse_size_mib)?;
-    let grow_after = a.parsed("grow-after", secs)?.unwrap_or(0.0);
-    let config = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
-        .map_err(|e| e.to_string())?;
+    let busy = a.busy.unwrap_or(sm);
+    let config = Config::load(&a.config).map_err(|e| e.to_string())?;
     let (file, standin) = match &config.gpu_source {
         GpuSource::Simulated(file) => (file.clone(), false),
         GpuSource::Nvml { library } => (standin_description(library.as_deref()), true),
@@ -168,4 +187,36 @@ fn fence_mib(v: &str) -> Result<Option<u64>, String> {
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    fn parse(argv: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once(&"carma-fakejob").chain(argv)).map_err(|e| carma_tools::cli::one_line(&e))
+    }
+
+    #[test]
+    fn options_parse_as_before() {
+        Cli::command().debug_assert();
+        let a = parse(&["--mem", "8G"]).unwrap();
+        assert_eq!((a.mem, a.sm, a.busy, a.seconds, a.ramp), (8192, 0.5, None, 10.0, 0.0));
+        assert_eq!((a.grow_to, a.grow_after), (None, 0.0));
+        assert_eq!(a.config, PathBuf::from(carma_config::DEFAULT_CONFIG_PATH));
+        let argv = ["--mem=2G", "--sm", "0.2", "--busy", "0.9", "--seconds", "3", "--ramp", "1", "--grow-to", "6G"];
+        let a = parse(&[&argv[..], &["--grow-after", "2", "--config", "/n2.yaml"]].concat()).unwrap();
+        assert_eq!((a.mem, a.sm, a.busy, a.seconds, a.ramp), (2048, 0.2, Some(0.9), 3.0, 1.0));
+        assert_eq!((a.grow_to, a.grow_after, a.config), (Some(6144), 2.0, PathBuf::from("/n2.yaml")));
+        for (argv, says) in [
+            (&["--sm", "0.5"][..], "--mem <SIZE>"),
+            (&["--mem", "1G", "--sm", "1.5"], "--sm <FRACTION>': expected 0.0 to 1.0"),
+            (&["--mem", "1G", "--seconds", "-1"], "--seconds <S>': expected seconds >= 0"),
+            (&["--mem", "1G", "--bogus"], "'--bogus'"),
+        ] {
+            let e = parse(argv).unwrap_err();
+            assert!(e.contains(says) && !e.contains('\n'), "{argv:?}: {e}");
+        }
+    }
 }

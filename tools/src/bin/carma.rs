@@ -1,67 +1,50 @@
-//! carma: CARMA's admin command.
-//!
-//!   carma status [--json] [--config FILE]   GPUs, memory, SM activity, reservations
-//!   carma estimate --model FILE [--batch-size N] [--json]   the GPU memory estimate and why
-//!   carma place --dry-run [--mem SIZE] [--policy P] [--gpus N]   where a job would go now, and why not elsewhere
-//!   carma transparent-scopes [--config FILE] [--output FILE]   the scopes job_submit.lua rewrites and admits by memory (one line each; --output: the file it reads, /etc/slurm/carma-scopes)
-//!   carma simulate ...                       replay a job trace under CARMA's policies
+//! carma: CARMA's admin command (`carma --help`; the command line is
+//! `carma_tools::cli`).
 #![forbid(unsafe_code)]
 
 use carma_config::{Config, JobRequest, OptionName};
 use carma_placement::Placer;
 use carma_placement::resolve::{self, NodeFacts, Resolution, StepFacts};
-use carma_tools::args::Args;
+use carma_tools::cli::{Cli, Command, EstimateArgs, PlaceArgs, ScopesArgs, Shell, StatusArgs};
 use carma_tools::status;
+use clap::CommandFactory;
 use std::path::Path;
 
-const USAGE: &str = "usage: carma status [--json] [--config FILE]
-       carma estimate --model FILE [--batch-size N] [--seq-len N] [--precision fp32|mixed|bf16] [--json] [--config FILE]
-       carma place --dry-run [--mem SIZE] [--policy POLICY] [--gpus N] [--config FILE]
-       carma transparent-scopes [--config FILE] [--output FILE]";
-
-fn usage() -> String {
-    format!("{USAGE}\n       {}", carma_tools::simulate::USAGE.replace('\n', "\n       "))
-}
-
 fn main() {
-    let mut argv = std::env::args().skip(1);
-    let cmd = argv.next().unwrap_or_default();
-    let result = match cmd.as_str() {
-        "status" => cmd_status(argv.collect()),
-        "estimate" => cmd_estimate(argv.collect()),
-        "place" => cmd_place(argv.collect()),
-        "transparent-scopes" => cmd_scopes(argv.collect()),
-        "simulate" => carma_tools::simulate::cmd_simulate(argv.collect()),
-        "simulate-report" => carma_tools::simulate::cmd_report(argv.collect()),
-        "-h" | "--help" | "help" => {
-            println!("{}", usage());
-            Ok(())
-        }
-        other => Err(format!("unknown command '{other}'\n{}", usage())),
-    };
+    let result = carma_tools::cli::parse::<Cli>().and_then(|cli| match cli.command {
+        Command::Status(a) => cmd_status(&a),
+        Command::Estimate(a) => cmd_estimate(&a),
+        Command::Place(a) => cmd_place(&a),
+        Command::TransparentScopes(a) => cmd_scopes(&a),
+        Command::Simulate(a) => carma_tools::simulate::cmd_simulate(&a),
+        Command::SimulateReport(a) => carma_tools::simulate::cmd_report(&a),
+        Command::Completions(a) => completions(a.shell),
+    });
     if let Err(e) = result {
         eprintln!("carma: {e}");
         std::process::exit(2);
     }
 }
 
-/// The named flags, validated exactly as srun/sbatch validate the
+/// The script for `shell`, written whole: clap_complete panics on a failed
+/// write, which a closed pipe would be.
+fn completions(shell: Shell) -> Result<(), String> {
+    use std::io::Write;
+    let mut script = Vec::new();
+    clap_complete::generate(clap_complete::Shell::from(shell), &mut Cli::command(), "carma", &mut script);
+    std::io::stdout().write_all(&script).map_err(|e| format!("completions: {e}"))
+}
+
+/// The given options, validated exactly as srun/sbatch validate the
 /// `--carma-*` options they stand for.
-fn request(a: &Args, flags: &[(&str, OptionName)]) -> Result<JobRequest, String> {
+fn request(options: &[(&str, Option<&str>, OptionName)]) -> Result<JobRequest, String> {
     let mut req = JobRequest::default();
-    for (flag, option) in flags {
-        if let Some(v) = a.get(flag) {
+    for (flag, value, option) in options {
+        if let Some(v) = value {
             req.set(*option, v.as_bytes(), &format!("--{flag}")).map_err(|e| e.to_string())?;
         }
     }
     Ok(req)
-}
-
-fn config(a: &Args) -> Result<Config, String> {
-    let cfg = Config::load(Path::new(a.get("config").unwrap_or(carma_config::DEFAULT_CONFIG_PATH)))
-        .map_err(|e| e.to_string())?;
-    carma_tools::cli_log::set_file(cfg.log_file.clone());
-    Ok(cfg)
 }
 
 /// What placement reports (a corrupt state file recovered, monitor readings
@@ -72,9 +55,8 @@ fn placer_log(msg: &str) {
     carma_tools::cli_log::record(msg);
 }
 
-fn cmd_status(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, &["config"], &["json"])?;
-    let cfg = config(&a)?;
+fn cmd_status(a: &StatusArgs) -> Result<(), String> {
+    let cfg = a.config.load()?;
     let monitor = monitor_state(&cfg);
     // Stale readings refuse CARMA steps; the admin still sees the GPUs,
     // read directly (this is no slurmstepd).
@@ -86,7 +68,7 @@ fn cmd_status(argv: Vec<String>) -> Result<(), String> {
     let mut placer = Placer::from_config(&read, placer_log).map_err(|e| e.to_string())?;
     let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
     let gpus = status::settle(gpus, &state);
-    if a.has("json") {
+    if a.json {
         let mut v = status::to_json(&gpus, &state);
         v["transparent"] = cfg.transparent.iter().map(|s| scope_json(s, &cfg)).collect();
         v["monitor"] = monitor.1;
@@ -159,10 +141,9 @@ fn gpu_owner_line(owner: carma_config::GpuOwner) -> String {
 /// (slurm-conf-examples/job_submit.lua), framed so that the script can
 /// tell a complete answer from a failure: a header, one line per scope,
 /// `end`.
-fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
+fn cmd_scopes(a: &ScopesArgs) -> Result<(), String> {
     use std::fmt::Write;
-    let a = Args::parse(argv, &["config", "output"], &[])?;
-    let cfg = config(&a)?;
+    let cfg = a.config.load()?;
     let mut text = String::from("carma-transparent-scopes 1\n");
     // gpu_owner: slurm runs a job on its shards' GPU, and Slurm takes a
     // job's shards from one GPU: requests of more GPUs stay whole.
@@ -184,10 +165,13 @@ fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     text.push_str("end\n");
-    match a.get("output") {
+    match &a.output {
         // The file slurmctld's Lua reads (it runs no command itself).
-        Some(path) => carma_placement::fsutil::write_atomic(Path::new(path), text.as_bytes()).map_err(|e| {
-            format!("--output {path}: {e}; give a path in a directory root owns, e.g. /etc/slurm/carma-scopes")
+        Some(path) => carma_placement::fsutil::write_atomic(path, text.as_bytes()).map_err(|e| {
+            format!(
+                "--output {}: {e}; give a path in a directory root owns, e.g. /etc/slurm/carma-scopes",
+                path.display()
+            )
         }),
         None => {
             print!("{text}");
@@ -198,13 +182,16 @@ fn cmd_scopes(argv: Vec<String>) -> Result<(), String> {
 
 /// The plugin's decision for a job like this one, on live readings and the
 /// node's recorded state; nothing is reserved.
-fn cmd_place(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, &["config", "mem", "policy", "gpus"], &["dry-run"])?;
-    if !a.has("dry-run") {
+fn cmd_place(a: &PlaceArgs) -> Result<(), String> {
+    if !a.dry_run {
         return Err("carma place only answers with --dry-run; jobs are placed by the plugin".into());
     }
-    let cfg = config(&a)?;
-    let req = request(&a, &[("mem", OptionName::Mem), ("policy", OptionName::Policy), ("gpus", OptionName::Gpus)])?;
+    let cfg = a.config.load()?;
+    let req = request(&[
+        ("mem", a.mem.as_deref(), OptionName::Mem),
+        ("policy", a.policy.as_deref(), OptionName::Policy),
+        ("gpus", a.gpus.as_deref(), OptionName::Gpus),
+    ])?;
     // The plugin's own resolution: carma.yaml's defaults (policy, unknown
     // estimate) apply as they would to the job.
     let mut request = req;
@@ -254,25 +241,18 @@ fn cmd_place(argv: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_estimate(argv: Vec<String>) -> Result<(), String> {
-    let a = Args::parse(argv, &["config", "model", "batch-size", "seq-len", "precision"], &["json"])?;
-    let cfg = config(&a)?;
-    let model = a.get("model").ok_or("--model FILE is required")?;
-    let batch = match a.get("batch-size") {
-        Some(b) => Some(
-            b.parse::<u64>()
-                .ok()
-                .filter(|b| (1..=1 << 20).contains(b))
-                .ok_or_else(|| format!("--batch-size: '{b}' is not a whole number from 1 to 1048576"))?,
-        ),
-        None => None,
-    };
-    let req = request(&a, &[("seq-len", OptionName::SeqLen), ("precision", OptionName::Precision)])?;
+fn cmd_estimate(a: &EstimateArgs) -> Result<(), String> {
+    let cfg = a.config.load()?;
+    let model = a.model.as_str();
+    let req = request(&[
+        ("seq-len", a.seq_len.as_deref(), OptionName::SeqLen),
+        ("precision", a.precision.as_deref(), OptionName::Precision),
+    ])?;
     let settings = carma_estimator::Settings::for_job(&cfg.estimator, &req);
     let bytes = carma_estimator::read_bounded_bytes(Path::new(model)).map_err(|e| e.to_string())?;
-    let est = carma_estimator::estimate(bytes, model, batch, &settings).map_err(|e| e.to_string())?;
+    let est = carma_estimator::estimate(bytes, model, a.batch_size, &settings).map_err(|e| e.to_string())?;
     let (fixed_from, fixed_line) = fixed_part(&cfg, &est);
-    if a.has("json") {
+    if a.json {
         let mut v = serde_json::to_value(&est).unwrap_or_default();
         v["fixed_part"] = serde_json::json!({"mib": est.parts.runtime_mib, "from": fixed_from});
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
