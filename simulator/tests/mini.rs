@@ -172,7 +172,7 @@ fn exclusive_never_collocates_on_a_busy_trace() {
 /// to node 0 (7 free shards per GPU), where no GPU has 8 + 2 GiB free: it
 /// fails while node 1 stood empty. With shards as memory, node 0's GPUs
 /// hold 38 of 40 GiB-shards, so slurmctld sends it to node 1, where it runs.
-/// CARMA everywhere (the simulator before #30) finds node 1 too, and so
+/// CARMA everywhere (`anywhere`) finds node 1 too, and so
 /// does Slurm when monitors withdraw busy GPUs' shards.
 #[test]
 fn slurm_sends_a_job_to_a_full_node_unless_shards_are_memory() {

@@ -1,0 +1,142 @@
+//! A running job, and one simulated node as CARMA's plugin sees it: GPU
+//! readings through its `GpuSource` trait and the plugin's decision on them.
+
+use super::{Assumptions, Cluster, SimConfig};
+use carma_placement::policy::observe;
+use carma_placement::state::NodeState;
+use carma_placement::{GpuProcess, GpuReading, GpuSource, SourceError, StepRef};
+use std::collections::HashMap;
+
+pub(super) struct Run {
+    pub(super) job: usize,
+    pub(super) pid: u32,
+    pub(super) node: usize,
+    pub(super) gpus: Vec<u32>,
+    /// Shards slurmctld allocated on each of `slurm_gpus`.
+    pub(super) shards: u32,
+    pub(super) slurm_gpus: Vec<u32>,
+    /// The node-level memory count slurmctld allocated (node-memory).
+    pub(super) node_gib: u32,
+    pub(super) start: f64,
+    pub(super) peak: f64,
+    /// Solo readings: share of time a kernel runs, SM activity.
+    pub(super) busy: f64,
+    pub(super) sm: f64,
+    pub(super) solo_s: f64,
+    pub(super) progress: f64,
+}
+
+impl Run {
+    pub(super) fn alloc(&self, t: f64, ramp: f64) -> f64 {
+        if ramp <= 0.0 { self.peak } else { self.peak * ((t - self.start) / ramp).clamp(0.0, 1.0) }
+    }
+}
+
+/// One simulated node seen through CARMA's GPU-source trait.
+pub(super) struct NodeView<'a> {
+    pub(super) cluster: Cluster,
+    pub(super) runs: &'a [Run],
+    /// Indices into `runs` of this node's runs.
+    pub(super) on_node: &'a [usize],
+    pub(super) t: f64,
+    pub(super) assumptions: &'a Assumptions,
+}
+
+impl NodeView<'_> {
+    pub(super) fn read_now(&self) -> Vec<GpuReading> {
+        (0..self.cluster.gpus_per_node)
+            .map(|index| {
+                let mut used = 0.0;
+                let mut processes = Vec::new();
+                let mut solo = Vec::new();
+                for r in self.on_node.iter().map(|&i| &self.runs[i]).filter(|r| r.gpus.contains(&index)) {
+                    let a = r.alloc(self.t, self.assumptions.ramp_s);
+                    used += a;
+                    solo.push((r.busy, r.sm));
+                    processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
+                }
+                // What a monitor reads: each job's SM work at its slowed
+                // pace, and the share of time any kernel runs (the GPU is
+                // busy whenever one of its jobs would be).
+                let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
+                let busy = solo.iter().map(|j| j.0).sum::<f64>();
+                GpuReading {
+                    index,
+                    uuid: String::new(),
+                    minor: None,
+                    total_mib: self.cluster.mem_mib,
+                    used_mib: used.ceil() as u64,
+                    sm_activity: sm.min(1.0),
+                    busy: busy.min(1.0),
+                    processes,
+                    power_w: None,
+                    mps_uid: None,
+                    sm_occupancy: None,
+                }
+            })
+            .collect()
+    }
+}
+
+impl GpuSource for NodeView<'_> {
+    fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
+        Ok(self.read_now())
+    }
+
+    fn name(&self) -> &'static str {
+        "trace"
+    }
+}
+
+/// What deciding a job on one node needs besides the node's state.
+pub(super) struct Deciding<'a> {
+    pub(super) cfg: &'a SimConfig,
+    pub(super) learn: &'a carma_config::LearnRuntime,
+    pub(super) runs: &'a [Run],
+    /// Indices into `runs` of each node's runs.
+    pub(super) by_node: &'a [Vec<usize>],
+    pub(super) t: f64,
+}
+
+impl Deciding<'_> {
+    /// The plugin's decision on `node` (on `only` those GPUs, where Slurm
+    /// chose them); `None` when nothing fits.
+    pub(super) fn decide(
+        &self,
+        st: &mut NodeState,
+        node: usize,
+        only: Option<&[u32]>,
+        step: StepRef,
+        req: &carma_placement::Request,
+    ) -> Result<Option<carma_placement::Decision>, String> {
+        let on_node = &self.by_node[node];
+        let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
+        let mut readings = NodeView {
+            cluster: self.cfg.cluster,
+            runs: self.runs,
+            on_node,
+            t: self.t,
+            assumptions: &self.cfg.assumptions,
+        }
+        .read()
+        .map_err(|e| e.0)?;
+        // What the placer does under the lock: sample what placed jobs
+        // use, then decide.
+        observe(st, &readings, &owners);
+        if let Some(only) = only {
+            readings.retain(|g| only.contains(&g.index));
+        }
+        let decided = carma_placement::decide::decide(
+            st,
+            step,
+            req,
+            &readings,
+            &owners,
+            &self.cfg.params,
+            self.learn,
+            0,
+            &mut |_| false,
+        );
+        Ok(decided.ok())
+    }
+}
