@@ -6,7 +6,7 @@ use super::request::plan;
 use super::slurmctld::{Ask, Slurmctld};
 use super::{Admission, Sim};
 use carma_config::GpuOwner;
-use carma_placement::{Decision, Request, StepRef};
+use carma_placement::{Decision, NodeState, Request, StepRef};
 
 /// What came of trying to place the queue head.
 enum Attempt {
@@ -71,8 +71,8 @@ impl Sim<'_> {
         }
     }
 
-    /// CARMA's decision on every node in turn, the first that fits.
-    fn anywhere(&mut self, step: StepRef, req: &Request, ask: Ask) -> Result<Attempt, String> {
+    /// What the plugin's decision reads, beside the nodes' states it changes.
+    fn deciding(&mut self) -> (Deciding<'_>, &mut [NodeState]) {
         let ctx = Deciding {
             cfg: self.cfg,
             learn: &self.resolve_cfg.estimator.learn_runtime,
@@ -80,7 +80,13 @@ impl Sim<'_> {
             by_node: &self.by_node,
             t: self.t,
         };
-        for (node, st) in self.states.iter_mut().enumerate() {
+        (ctx, &mut self.states)
+    }
+
+    /// CARMA's decision on every node in turn, the first that fits.
+    fn anywhere(&mut self, step: StepRef, req: &Request, ask: Ask) -> Result<Attempt, String> {
+        let (ctx, states) = self.deciding();
+        for (node, st) in states.iter_mut().enumerate() {
             if let Some(d) = ctx.decide(st, node, None, step, req)? {
                 return Ok(Attempt::Placed { node, choice: d, slurm_gpus: Vec::new(), ask });
             }
@@ -108,14 +114,11 @@ impl Sim<'_> {
         let only = (matches!(admission, Admission::MemoryShards { .. } | Admission::Informed)
             || self.cfg.gpu_owner == GpuOwner::Slurm)
             .then_some(gpus.as_slice());
-        let ctx = Deciding {
-            cfg: self.cfg,
-            learn: &self.resolve_cfg.estimator.learn_runtime,
-            runs: &self.runs,
-            by_node: &self.by_node,
-            t: self.t,
+        let decided = {
+            let (ctx, states) = self.deciding();
+            ctx.decide(&mut states[node], node, only, step, req)?
         };
-        match ctx.decide(&mut self.states[node], node, only, step, req)? {
+        match decided {
             Some(d) => Ok(Attempt::Placed { node, choice: d, slurm_gpus: gpus, ask }),
             None if (self.excluded[job].len() as u32) < admission.hand_back() => {
                 // Handed back: requeued, this node excluded.
@@ -126,8 +129,9 @@ impl Sim<'_> {
             None => {
                 // CARMA cannot place it where Slurm sent it: it fails.
                 // Could another node have?
-                let elsewhere = (0..self.states.len()).filter(|&n| n != node).any(|n| {
-                    let mut probe = self.states[n].clone();
+                let (ctx, states) = self.deciding();
+                let elsewhere = states.iter().enumerate().filter(|&(n, _)| n != node).any(|(n, st)| {
+                    let mut probe = st.clone();
                     ctx.decide(&mut probe, n, None, step, req).ok().flatten().is_some()
                 });
                 self.results[job].failed_no_fit = true;
