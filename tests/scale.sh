@@ -24,6 +24,9 @@ CARMA_CLUSTER_SOURCED=1
 . "$(cd "$(dirname "$0")" && pwd)/cluster.sh"
 
 SC=/etc/slurm/scale
+# Measured: 8.6 per job with CARMA on (16 nodes, 26.05), 1.1 off; 13.6 on
+# 22.05 at 64 nodes, where 162 steps waited (docs/admission.md).
+MAX_ROOT_RPCS_PER_JOB=${SCALE_MAX_ROOT_RPCS_PER_JOB:-16}
 # Node k is $NODE-s<k, 3 digits>; its slurmd listens on 7000+k.
 node_name() { printf '%s-s%03d' "$NODE" "$1"; }
 node_range() { printf '%s-s[001-%03d]' "$NODE" "$1"; }
@@ -162,7 +165,7 @@ burst() {
         sleep 1
         # A busy slurmctld may not answer once: asked again (until 600 s).
         local queued
-        if queued=$(runuser -u nobody -- squeue -h -t pending,running,completing -u "$TEST_USER" -o %i); then
+        if queued=$(runuser -u nobody -- squeue --local -h -t pending,running,completing -u "$TEST_USER" -o %i); then
             left=$(printf '%s' "$queued" | grep -c . || true)
         fi
         if awk -v t0="$t0" -v now="$(date +%s.%N)" 'BEGIN {exit !(now - t0 > 600)}'; then
@@ -171,7 +174,7 @@ burst() {
     done
     t_end=$(date +%s.%N)
     local states
-    states=$(runuser -u nobody -- squeue -h -t all -u "$TEST_USER" -o %T | sort | uniq -c | awk '{printf "%s %s ", $1, $2}' || true)
+    states=$(runuser -u nobody -- squeue --local -h -t all -u "$TEST_USER" -o %T | sort | uniq -c | awk '{printf "%s %s ", $1, $2}' || true)
     echo "== scale burst: $n nodes, CARMA $carma, $jobs jobs of 5 s (shard:1$([ "$carma" = off ] || echo ", carma-mem 8G")), $per per node"
     awk -v a="$t0" -v b="$t_sub" -v c="$t_end" -v j="$jobs" \
         'BEGIN {printf "submitted in %.1f s, all done in %.1f s (%.1f jobs/s end to end)\n", b - a, c - a, j / (c - a)}'
@@ -182,10 +185,22 @@ burst() {
     monitors=$(cat "$RUN"/scale/monitor-*.pid 2>/dev/null | tr '\n' ' ' || true)
     # shellcheck disable=SC2086
     echo "slurmd: $(rss_mib $slurmds) MiB RSS in all ($n); carma-monitor: $( [ -n "$monitors" ] && rss_mib $monitors || echo 0) MiB in all"
-    sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC' || true
+    local rpcs
+    rpcs=$(sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC' || true)
+    echo "$rpcs"
     # Every job of the burst fits somewhere: none may fail (for no fit or
     # anything else).
     [ "$states" = "$jobs COMPLETED " ] || die "scale: not every job completed: $states"
+    # What CARMA may cost slurmctld (docs/admission.md): no federation
+    # lookups (every squeue, the harness's too, is --local), and root's RPCs
+    # per job (prolog/epilog, monitors, records) under a ceiling.
+    ! grep -q 'REQUEST_FED_INFO' <<<"$rpcs" || die "scale: REQUEST_FED_INFO sent (an squeue without --local)"
+    local root_rpcs
+    root_rpcs=$(awk '/by user/ {u = 1} u && $1 == "root" {sub("count:", "", $4); print $4}' <<<"$rpcs")
+    [ -n "$root_rpcs" ] || die "scale: sdiag listed no RPCs by root"
+    awk -v r="$root_rpcs" -v j="$jobs" -v max="$MAX_ROOT_RPCS_PER_JOB" 'BEGIN {
+        printf "root RPCs per job: %.1f (ceiling %s)\n", r / j, max; exit !(r / j <= max) }' ||
+        die "scale: root sent more than $MAX_ROOT_RPCS_PER_JOB RPCs per job"
 }
 
 case "${1:-}" in
