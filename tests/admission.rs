@@ -1,9 +1,9 @@
-//! Cluster-wide admission by GPU memory (#30) on the real cluster: in
-//! partition `wide` (both nodes; carma.yaml `admission:`), job_submit.lua
-//! adds the count-only GRES `carmamem` (GiB per node, 160 per node here:
-//! 4 GPUs of 40G) to each CARMA job, so slurmctld sends a job only to a
-//! node with that much GPU memory unpromised; CARMA still chooses the GPU
-//! there (and grants its device: tests/isolation.rs).
+//! Cluster-wide admission by GPU memory (docs/admission.md) on the real
+//! cluster: in partition `wide` (both nodes; carma.yaml `admission:`),
+//! job_submit.lua adds the count-only GRES `carmamem` (GiB per node, 160
+//! per node here: 4 GPUs of 40G) to each CARMA job, so slurmctld sends a
+//! job only to a node with that much GPU memory unpromised; CARMA still
+//! chooses the GPU there (and grants its device: tests/isolation.rs).
 
 mod common;
 use common::job_field as field;

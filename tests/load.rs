@@ -80,8 +80,7 @@ fn rounds_of_64_jobs_keep_every_invariant() {
             if let Err(first) = check_invariants(&v) {
                 // The GPU's process list and the process-to-job map are read
                 // at two moments: a process that exits between them counts
-                // as used while its job's reservation counts as unused (seen
-                // once in CI, 22.05: a 2G job at its end, +2048 exactly). A
+                // as used while its job's reservation counts as unused. A
                 // promise beyond capacity lasts as long as its jobs run.
                 std::thread::sleep(Duration::from_millis(500));
                 let again = root(&["carma", "status", "--json"], 20).ok();

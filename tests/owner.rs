@@ -1,9 +1,10 @@
-//! One owner per GPU (#37) on the real cluster: every GPU a CARMA job uses
-//! is one Slurm accounts to it (a gpu or shard GRES). A `--carma-*` job
-//! without one is refused by job_submit.lua at submission, with one line
-//! naming what to add; a step that sets `CARMA_*` only inside a job (the
-//! submit filter never saw it) is refused by slurmstepd, from the prolog's
-//! record of Slurm's GPUs, which the job's environment cannot forge.
+//! One owner per GPU (docs/architecture.md, "Who owns a GPU") on the real
+//! cluster: every GPU a CARMA job uses is one Slurm accounts to it (a gpu
+//! or shard GRES). A `--carma-*` job without one is refused by
+//! job_submit.lua at submission, with one line naming what to add; a step
+//! that sets `CARMA_*` only inside a job (the submit filter never saw it)
+//! is refused by slurmstepd, from the prolog's record of Slurm's GPUs,
+//! which the job's environment cannot forge.
 
 mod common;
 use common::*;
@@ -203,14 +204,14 @@ fn slurm_major() -> u32 {
         .unwrap_or_else(|| panic!("no Slurm version in {version:?}"))
 }
 
-/// The reverse order (#37): CARMA jobs first, then plain whole-GPU jobs in
+/// The reverse order: CARMA jobs first, then plain whole-GPU jobs in
 /// CARMA's partition and in another. A CARMA job runs on the GPU of its
 /// shard (Slurm's choice), where magm alone would pick the emptiest GPU:
 /// slurmctld never hands a GPU with shards allocated whole to a plain job,
 /// so no plain job shares a GPU with a CARMA job (device probes and
-/// `carma status`'s owners). Before #37's change the magm job went to an
-/// empty GPU that slurmctld still counted free, and the plain job given
-/// that GPU shared it without asking.
+/// `carma status`'s owners). A magm job on an empty GPU would be on one
+/// slurmctld still counts free, and the plain job given that GPU would
+/// share it without asking.
 #[test]
 fn plain_gpu_jobs_started_after_carma_jobs_never_share_their_gpus() {
     require_cluster();

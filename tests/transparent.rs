@@ -329,8 +329,8 @@ impl Drop for OwnerRestored {
 /// With carma.yaml `gpu_owner: slurm` (the default; the test cluster sets
 /// carma), a job runs on the GPU its shards are on, and Slurm takes a job's
 /// shards from one GPU: a request of two GPUs in a scope stays whole, one
-/// GPU still becomes a shard. Before, `--gres=gpu:2` became `shard:2` on
-/// one GPU and its step failed ("1 of 1 GPUs qualify, 2 needed").
+/// GPU still becomes a shard (`--gres=gpu:2` as `shard:2` would be one
+/// GPU's shards, and its step would fail: "1 of 1 GPUs qualify, 2 needed").
 #[test]
 fn under_gpu_owner_slurm_a_job_of_two_gpus_in_a_scope_keeps_them_whole() {
     require_cluster();

@@ -143,8 +143,8 @@ pub fn encode(policy: &Policy) -> Vec<Insn> {
 /// does not fit, since a rule misread could open a device Slurm denied.
 pub fn decode(p: &[Insn]) -> Result<Policy, String> {
     let head = header();
-    // Slurm's header; older builders (and CARMA before it read programs
-    // back) left out the access load (r3), which no rule reads.
+    // Slurm's header; that of older builders (earlier CARMA builds among
+    // them) lacks the access load (r3), which no rule reads.
     let short = [head[0], head[1], head[4], head[5]];
     let mut at = if p.starts_with(&head) {
         head.len()
@@ -458,7 +458,7 @@ mod tests {
         assert!(policy.allows(DEV_BLOCK, 508, 7));
         let deny_all = Policy { rules: vec![], default_allow: false };
         assert_eq!(decode(&encode(&deny_all)).unwrap(), deny_all);
-        // The header CARMA wrote before (no access load) still reads.
+        // The older builders' header (no access load) still reads.
         let old: Vec<Insn> = [&header()[..2], &header()[4..], &encode(&policy)[6..]].concat();
         assert_eq!(decode(&old).unwrap(), policy);
     }

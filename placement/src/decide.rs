@@ -202,7 +202,8 @@ mod tests {
 
     /// A step goes to the GPU Slurm allocated to its job, even where
     /// another GPU has more room: Slurm may hand that one whole to a job
-    /// that did not opt in to sharing (#37).
+    /// that did not opt in to sharing (docs/architecture.md, "Who owns a
+    /// GPU").
     #[test]
     fn a_step_is_placed_only_on_its_jobs_slurm_gpus() {
         let mut st = NodeState::default();

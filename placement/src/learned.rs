@@ -204,7 +204,7 @@ mod tests {
         assert!(!m.contains_key(&7), "the user seen longest ago is forgotten first");
     }
 
-    /// #38.4: one user's forged estimates (a model part of 0, so every peak
+    /// One user's forged estimates (a model part of 0, so every peak
     /// observes in full) move that user's value only; the node's value
     /// needs more than half of its users.
     #[test]

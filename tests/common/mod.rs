@@ -190,7 +190,7 @@ impl Drop for Cancel {
 /// Waits (at most 60 s) until CARMA has placed at least `n` jobs on the
 /// node. The prolog's record of the GPUs Slurm gave a job is not a
 /// placement: a shard job's stands only until its step is placed, and a
-/// test that went on at that record raced the placement it waited for.
+/// test that went on at that record would race the placement it waits for.
 pub fn wait_reservations(n: usize) {
     wait_holding(n, "carma");
 }
