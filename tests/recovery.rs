@@ -1,6 +1,7 @@
 //! OOM recovery against the real cluster: carma-epilog (slurm.conf Epilog)
 //! detects a simulated PyTorch OOM in the job's output and requeues the job;
 //! the plugin reruns it on a GPU of its own.
+//! (long file: one suite of real-Slurm scenarios, each test a job story.)
 
 mod common;
 use common::*;

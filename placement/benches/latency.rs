@@ -10,7 +10,9 @@
 //! measured is the decision alone, not the process start, and they stay
 //! alive until the whole burst has decided. Each also reports the CPU time
 //! its decision took (its share of deciding for others included), its page
-//! faults and how often it slept; the means are printed.
+//! faults and how often it slept; the means are printed. Bursts of 64 and
+//! 256 also run without the request queue (slots.rs), to weigh what it buys
+//! (docs/architecture.md).
 //!
 //! Readings come from the simulated GPUs directly, (64 concurrent) from
 //! carma-monitor's published readings, as production reads them with
@@ -171,17 +173,27 @@ fn main() {
     let me = std::env::current_exe().unwrap();
     let rounds = std::env::var("CARMA_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
     println!("placement latency, simulated GPUs, one process per launch, state in {}, {rounds} rounds", base.display());
-    let direct = [4usize, 64].into_iter().flat_map(|g| BURSTS.map(|b| (g, b, "direct")));
-    let published = [4usize, 64].map(|g| (g, 64, "published"));
+    let direct = [4usize, 64].into_iter().flat_map(|g| BURSTS.map(|b| (g, b, "direct", true)));
+    let published = [4usize, 64].map(|g| (g, 64, "published", true));
+    // What the request queue (slots.rs) buys: the same bursts with the
+    // queue unavailable, as the placer runs when it cannot map it (every
+    // launch then passes the state lock on its own).
+    let weighing = [(4usize, 64usize, "direct", false), (4, 256, "direct", true), (4, 256, "direct", false)];
     let standin = standin_library();
-    let nvml = [(4usize, 1usize, "nvml"), (4, 64, "nvml"), (64, 1, "nvml")];
+    let nvml = [(4usize, 1usize, "nvml", true), (4, 64, "nvml", true), (64, 1, "nvml", true)];
     let nvml = nvml.into_iter().filter(|_| standin.is_some());
     if standin.is_none() {
         println!("  (no NVML stand-in built beside this bench: cargo build -p carma-nvml-standin; nvml rows skipped)");
     }
-    for (gpus, launches, source) in direct.chain(published).chain(nvml) {
-        let dir = base.join(format!("g{gpus}-{source}"));
+    for (gpus, launches, source, combining) in direct.chain(published).chain(weighing).chain(nvml) {
+        let dir = base.join(format!("g{gpus}-{launches}-{source}-{combining}"));
         let file = setup(&dir, gpus);
+        if !combining {
+            // A queue file of the wrong size is never mapped (Slots::open).
+            std::fs::write(dir.join("state").join(carma_placement::slots::SLOTS_FILE), [0u8; 4096]).unwrap();
+        }
+        // 256-launch bursts cost 256 process starts each: fewer rounds.
+        let rounds = if launches > 64 { rounds.div_ceil(3) } else { rounds };
         if let Some(lib) = standin.as_ref().filter(|_| source == "nvml") {
             std::fs::copy(&file, dir.join("sim-gpus.yaml")).unwrap();
             std::os::unix::fs::symlink(lib, dir.join("libnvidia-ml.so.1")).unwrap();
@@ -250,7 +262,8 @@ fn main() {
         }
         all.sort();
         println!(
-            "  {gpus:>2} GPUs, {launches:>2} concurrent, {source:>9} readings: p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  ({} decisions; target p99 < 5 ms)",
+            "  {gpus:>2} GPUs, {launches:>3} concurrent, {source:>9} readings{}: p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  ({} decisions; target p99 < 5 ms)",
+            if combining { "" } else { ", no request queue" },
             percentile(&all, 0.50).as_secs_f64() * 1e3,
             percentile(&all, 0.99).as_secs_f64() * 1e3,
             all.last().unwrap().as_secs_f64() * 1e3,
