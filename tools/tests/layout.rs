@@ -61,9 +61,9 @@ fn function_lengths(code: &[String]) -> Vec<(usize, String, usize)> {
         let t = line.trim_start();
         let Some(at) = t.find("fn ") else { continue };
         let head = &t[..at];
-        let is_fn = head.split_whitespace().all(|w| {
-            matches!(w, "pub" | "const" | "async" | "unsafe" | "extern" | "\"C\"") || w.starts_with("pub(")
-        });
+        let is_fn = head
+            .split_whitespace()
+            .all(|w| matches!(w, "pub" | "const" | "async" | "unsafe" | "extern" | "\"C\"") || w.starts_with("pub("));
         if !is_fn {
             continue;
         }
