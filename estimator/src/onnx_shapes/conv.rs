@@ -1,7 +1,7 @@
 //! Convolution, pooling and the batch-wise normalisations that follow them.
 
 use super::T;
-use super::infer::{Ins, attr, input, int, ints};
+use super::node::{Ins, attr, input, int, ints};
 use tract_onnx::pb;
 
 pub(super) fn conv(node: &pb::NodeProto, ins: &Ins) -> Option<Vec<T>> {

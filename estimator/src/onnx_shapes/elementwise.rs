@@ -3,7 +3,7 @@
 //! arithmetic).
 
 use super::arith::{broadcast, zip_vals};
-use super::infer::{Ins, input};
+use super::node::{Ins, input};
 use super::{T, tensor};
 use tract_onnx::pb;
 

@@ -1,11 +1,8 @@
-//! Which function infers each operator's outputs, and the readers of a
-//! node's inputs and attributes they share.
+//! Which function infers each operator's outputs.
 
+use super::node::{Ins, input};
 use super::{T, conv, elementwise, layout, matmul, reduce, shape_values};
 use tract_onnx::pb;
-
-/// A node's inputs; `None` for an omitted optional input.
-pub(super) type Ins<'t> = [Option<&'t T>];
 
 /// Output tensors of one node, or `None` when unsure.
 pub(super) fn infer(node: &pb::NodeProto, ins: &Ins) -> Option<Vec<T>> {
@@ -43,23 +40,6 @@ pub(super) fn infer(node: &pb::NodeProto, ins: &Ins) -> Option<Vec<T>> {
         "Range" => shape_values::range(ins),
         _ => None,
     }
-}
-
-/// Input `i`, when given.
-pub(super) fn input<'t>(ins: &Ins<'t>, i: usize) -> Option<&'t T> {
-    ins.get(i).copied().flatten()
-}
-
-pub(super) fn attr<'n>(node: &'n pb::NodeProto, name: &str) -> Option<&'n pb::AttributeProto> {
-    node.attribute.iter().find(|a| a.name == name)
-}
-
-pub(super) fn int(node: &pb::NodeProto, name: &str, default: i64) -> i64 {
-    attr(node, name).map_or(default, |a| a.i)
-}
-
-pub(super) fn ints(node: &pb::NodeProto, name: &str) -> Option<Vec<i64>> {
-    attr(node, name).map(|a| a.ints.clone())
 }
 
 #[cfg(test)]

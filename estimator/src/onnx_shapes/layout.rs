@@ -4,7 +4,7 @@
 
 use super::T;
 use super::arith::{axis, broadcast, product, remap};
-use super::infer::{Ins, input, int, ints};
+use super::node::{Ins, input, int, ints};
 use tract_onnx::pb;
 
 pub(super) fn flatten(node: &pb::NodeProto, ins: &Ins) -> Option<Vec<T>> {

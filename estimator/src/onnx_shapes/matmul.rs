@@ -2,7 +2,7 @@
 
 use super::T;
 use super::arith::broadcast;
-use super::infer::{Ins, input, int};
+use super::node::{Ins, input, int};
 use tract_onnx::pb;
 
 pub(super) fn gemm(node: &pb::NodeProto, ins: &Ins) -> Option<Vec<T>> {

@@ -15,6 +15,7 @@ mod elementwise;
 mod infer;
 mod layout;
 mod matmul;
+mod node;
 mod reduce;
 mod shape_values;
 

@@ -2,7 +2,7 @@
 
 use super::T;
 use super::arith::axis;
-use super::infer::{Ins, input, int, ints};
+use super::node::{Ins, input, int, ints};
 use tract_onnx::pb;
 
 /// The input's shape, and statistics over the axes from `axis` on as

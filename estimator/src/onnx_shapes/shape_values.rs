@@ -2,7 +2,7 @@
 //! Shape, ConstantOfShape and Range.
 
 use super::arith::product;
-use super::infer::{Ins, attr, input, int};
+use super::node::{Ins, attr, input, int};
 use super::{MAX_VALUE_ELEMS, T, tensor};
 use tract_onnx::pb;
 
