@@ -106,10 +106,12 @@ fn gpu_families(out: &mut Page, p: &Published, st: &NodeState) {
         g[i].sm_occupancy
     });
     per_gpu(out, "carma_gpu_power_watts", "gauge", "Board power.", &|i| g[i].power_w);
-    // CARMA's own placements only: a GPU Slurm gave a plain job whole is held,
-    // but by no CARMA job.
+    // CARMA jobs: its placements, and CARMA steps running in a GPU Slurm gave
+    // their job whole (they join the prolog's record, as its holders); a
+    // GPU Slurm gave a plain job is held, but by no CARMA job.
     per_gpu(out, "carma_gpu_jobs", "gauge", "CARMA jobs placed on the GPU.", &|i| {
-        let carma = |r: &&carma_placement::Reservation| r.holding == carma_placement::Holding::Carma;
+        let carma =
+            |r: &&carma_placement::Reservation| r.holding == carma_placement::Holding::Carma || !r.holders.is_empty();
         Some(st.reservations.iter().filter(carma).filter(|r| r.gpus.contains(&g[i].index)).count() as f64)
     });
 }
@@ -227,7 +229,7 @@ mod tests {
             window_ms: 2000,
             source: "nvml".into(),
             samples: 2,
-            gpus: vec![gpu],
+            gpus: vec![gpu.clone(), GpuReading { index: 1, uuid: "GPU-1".into(), ..gpu }],
         };
         let mut st = NodeState::default();
         st.reservations.push(Reservation {
@@ -246,8 +248,10 @@ mod tests {
             model_mib: None,
             uid: None,
         });
-        // Not a CARMA job: not counted in carma_gpu_jobs.
+        // Not a CARMA job: not counted in carma_gpu_jobs; a CARMA step in a
+        // job Slurm gave the GPU whole is.
         st.reservations.push(Reservation::slurm_whole(43, vec![0], 1));
+        st.reservations.push(Reservation { holders: vec![4242], ..Reservation::slurm_whole(44, vec![1], 1) });
         st.counters.placements = 3;
         st.counters.no_fit("memory");
         st.counters.observe_accuracy(0.95);
@@ -257,6 +261,7 @@ mod tests {
             "carma_gpu_memory_total_bytes{gpu=\"0\",uuid=\"GPU-\\\"odd\\\"\"} 42949672960",
             "carma_gpu_sm_activity_ratio{gpu=\"0\",uuid=\"GPU-\\\"odd\\\"\"} 0.25",
             "carma_gpu_jobs{gpu=\"0\",uuid=\"GPU-\\\"odd\\\"\"} 1",
+            "carma_gpu_jobs{gpu=\"1\",uuid=\"GPU-1\"} 1",
             "carma_job_reserved_bytes{jobid=\"42\",gpu=\"0\"} 8589934592",
             "carma_job_estimate_bytes{jobid=\"42\",source=\"model\"} 8589934592",
             "carma_job_info{jobid=\"42\",policy=\"magm\",sharing=\"timeslice\"} 1",
