@@ -17,7 +17,7 @@ pub const TAIL_BYTES: u64 = 64 * 1024;
 pub const HELPER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A helper's command line: `lead` arguments, then the job's fields.
-pub fn helper_args(lead: &[&str]) -> Vec<OsString> {
+pub fn command_args(lead: &[&str]) -> Vec<OsString> {
     lead.iter()
         .map(OsString::from)
         .chain(JobFields::from_slurm_env().to_args().into_iter().map(OsString::from))
@@ -37,7 +37,7 @@ pub fn parse_end(text: &str) -> Option<jobfiles::OutputEnd> {
 }
 
 /// Splits a helper's arguments into its `n` leading ones and the job fields.
-fn helper_parse(args: &[OsString], n: usize) -> Option<(Vec<String>, JobFields)> {
+fn parse(args: &[OsString], n: usize) -> Option<(Vec<String>, JobFields)> {
     let a: Vec<String> = args.iter().map(|s| s.to_string_lossy().into_owned()).collect();
     let (lead, rest) = a.split_at_checked(n)?;
     Some((lead.to_vec(), JobFields::from_args(rest)?))
@@ -48,8 +48,8 @@ fn helper_parse(args: &[OsString], n: usize) -> Option<(Vec<String>, JobFields)>
 /// the file's end, from where EARLIER (the last run's ends) says this
 /// file ended if it is the same file and has not shrunk since; or one line
 /// saying why not.
-pub fn helper_read_tail(args: &[OsString]) -> i32 {
-    let Some((lead, fields)) = helper_parse(args, 3) else {
+pub fn read_tail(args: &[OsString]) -> i32 {
+    let Some((lead, fields)) = parse(args, 3) else {
         println!("ERROR helper arguments");
         return 2;
     };
@@ -99,15 +99,15 @@ pub fn append_to_job_output(msg: &str, log: &dyn Fn(&str)) {
     let Ok(user) = job_user() else { return };
     let pattern = [env("SLURM_JOB_STDERR"), env("SLURM_JOB_STDOUT")].into_iter().find(|p| !p.is_empty());
     let Some(pattern) = pattern else { return };
-    let args = helper_args(&["--as-user-append", &pattern, msg]);
+    let args = command_args(&["--as-user-append", &pattern, msg]);
     if let Err(e) = run_self_as(user, &args, 1024, HELPER_TIMEOUT) {
         log(&format!("could not write to the job's output: {e}"));
     }
 }
 
 /// `--as-user-append PATTERN MESSAGE <job fields>`
-pub fn helper_append(args: &[OsString]) -> i32 {
-    let Some((lead, fields)) = helper_parse(args, 2) else { return 2 };
+pub fn append(args: &[OsString]) -> i32 {
+    let Some((lead, fields)) = parse(args, 2) else { return 2 };
     let Resolved::File(path) = resolve(&lead[0], &fields) else { return 1 };
     let f = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(path);
     match f {

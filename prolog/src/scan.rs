@@ -2,7 +2,7 @@
 //! as-user helper) for a GPU OOM line, and where each file ends now.
 
 use crate::asuser::run_self_as;
-use crate::helper::{HELPER_TIMEOUT, earlier_arg, helper_args, parse_end};
+use crate::helper::{HELPER_TIMEOUT, command_args, earlier_arg, parse_end};
 use crate::job_env::{env, job_user};
 use crate::oom;
 use carma_config::Config;
@@ -43,7 +43,7 @@ fn scan_each(
     }
     let mut found = None;
     for pattern in patterns {
-        let args = helper_args(&["--as-user-read-tail", &pattern, &tail.to_string(), &earlier_arg(earlier)]);
+        let args = command_args(&["--as-user-read-tail", &pattern, &tail.to_string(), &earlier_arg(earlier)]);
         let out = run_self_as(user, &args, (tail + 4096) as usize, HELPER_TIMEOUT)?;
         let text = String::from_utf8_lossy(&out);
         let (head, body) = text.split_once('\n').unwrap_or((&text, ""));

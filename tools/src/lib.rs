@@ -1,6 +1,6 @@
 //! Shared pieces of CARMA's command-line tools: `carma` (admin CLI),
 //! `carma-monitor` (GPU sampling), `carma-fakejob` (simulated GPU workload).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod cli;

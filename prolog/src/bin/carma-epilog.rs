@@ -19,8 +19,8 @@ fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     // Helper modes, run as the job's user by the epilog itself.
     match args.first().and_then(|a| a.to_str()) {
-        Some("--as-user-read-tail") => std::process::exit(helper::helper_read_tail(&args[1..])),
-        Some("--as-user-append") => std::process::exit(helper::helper_append(&args[1..])),
+        Some("--as-user-read-tail") => std::process::exit(helper::read_tail(&args[1..])),
+        Some("--as-user-append") => std::process::exit(helper::append(&args[1..])),
         Some("--prompt-restart") => std::process::exit(slurm::prompt_restart(&args[1..])),
         _ => {}
     }
