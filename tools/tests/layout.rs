@@ -347,12 +347,13 @@ fn the_checks_see_what_they_are_for() {
     assert_eq!(circles(&g), vec![vec!["a".to_string(), "b".into(), "a".into()]]);
     // A long function, with braces in strings and comments, an attribute
     // and `pub(in ...)` before it, and code after a test module.
-    let body: Vec<String> = ["#[cfg(test)]", "mod tests {", "    fn t() {}", "}", "#[inline] pub(in crate::x) fn long() {"]
-        .into_iter()
-        .map(String::from)
-        .chain((0..130).map(|i| format!("    let s{i} = \"}}\"; // {{")))
-        .chain(["}".to_string()])
-        .collect();
+    let body: Vec<String> =
+        ["#[cfg(test)]", "mod tests {", "    fn t() {}", "}", "#[inline] pub(in crate::x) fn long() {"]
+            .into_iter()
+            .map(String::from)
+            .chain((0..130).map(|i| format!("    let s{i} = \"}}\"; // {{")))
+            .chain(["}".to_string()])
+            .collect();
     assert_eq!(function_lengths(&code_of(&body.join("\n"))), vec![(5, "long".to_string(), 132)]);
     // Sibling modules naming each other through `super::` and `crate::`,
     // one level down, make a circle; a child naming its parent does not.
