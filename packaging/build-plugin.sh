@@ -27,7 +27,7 @@ else
     export CARMA_SLURM_INCLUDE=$inc
 fi
 # The same targets as the workspace build (tests/run.sh): the same feature
-# resolution, so only the plugin crate and its tests are built again
+# resolution, so only the plugin crate and its unit tests are built again
 # (seconds), where `-p carma-spank --lib` builds every dependency anew.
 (cd "$repo" && cargo build -q --profile "$PROFILE" --workspace --all-targets)
 out=$target/$PROFILE/slurm-$series

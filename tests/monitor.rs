@@ -22,7 +22,7 @@ fn published() -> serde_json::Value {
 struct MonitorBack;
 impl Drop for MonitorBack {
     fn drop(&mut self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cluster.sh");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/cluster.sh");
         root(&[script, "start-monitor"], 30);
     }
 }

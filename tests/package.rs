@@ -14,9 +14,8 @@ fn dpkg_query(args: &[&str]) -> String {
 
 /// Where `tests/cluster.sh` built the packages from.
 fn bin_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| common::repo().join("target"));
     target.join(std::env::var("PROFILE").unwrap_or_else(|_| "release".into()))
 }
 
@@ -102,7 +101,7 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     // A newer version, installed the way admins upgrade, while the job runs.
     let out = std::env::temp_dir().join(format!("carma-upgrade-{}", std::process::id()));
     let newer = format!("{installed}+upgradetest1");
-    let built = Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/build-deb.sh"))
+    let built = Command::new(common::repo().join("packaging/build-deb.sh"))
         .arg(bin_dir())
         .arg(&out)
         .env("CARMA_DEB_VERSION", &newer)
@@ -169,7 +168,7 @@ fn a_plugin_or_package_for_another_slurm_series_is_refused() {
         other.parent().unwrap().file_name().unwrap().to_string_lossy().trim_start_matches("slurm-").to_string();
     let out = std::env::temp_dir().join(format!("carma-other-{}", std::process::id()));
     let build = |bin: &std::path::Path, series: &str| {
-        Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/build-deb.sh"))
+        Command::new(common::repo().join("packaging/build-deb.sh"))
             .arg(bin)
             .arg(&out)
             .env("CARMA_SLURM_SERIES", series)
@@ -342,7 +341,7 @@ fn the_rpm_of_each_slurm_series_requires_that_series_and_holds_what_the_deb_hold
         return;
     }
     assert!(have_rpm, "rpmbuild missing: tests/cluster.sh deps installs Debian's rpm package");
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest = common::repo();
     let mut series: Vec<String> = std::fs::read_dir(bin_dir())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))

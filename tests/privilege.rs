@@ -87,7 +87,7 @@ fn the_epilog_reads_job_output_with_the_users_rights() {
 fn no_production_code_spawns_a_shell() {
     // Slurm runs CARMA as root with user-influenced values around: commands
     // are executed directly with fixed arguments, never through a shell.
-    let root_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root_dir = &common::repo();
     let mut offenders = Vec::new();
     for dir in
         ["spank-plugin/src", "config/src", "placement/src", "tools/src", "prolog/src", "estimator/src", "simulator/src"]

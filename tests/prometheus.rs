@@ -159,5 +159,5 @@ fn prometheus_scrapes_both_monitors_and_finds_the_jobs_as_carma_status_shows_the
 }
 
 fn repo() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    common::repo()
 }

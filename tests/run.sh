@@ -109,9 +109,15 @@ for plugin in "$TARGET/$PROFILE"/slurm-*/libcarma_spank.so; do
     CARMA_SLURM_SERIES=$series packaging/build-rpm.sh "$TARGET/$PROFILE" "$TARGET/rpm"
 done
 # The real-Slurm suites as built binaries: the chroots have no cargo.
+# Every cargo command here selects the whole workspace with its tests (or
+# excludes only carma-suites, which adds no feature): one feature
+# resolution, so nothing built above is built again. (`-p` or leaving the
+# plugin out resolves the build dependencies' features anew and builds
+# tract again: ten minutes on a clean machine.) The suites' paths are
+# relative to their package (tests/), the other crates' tests/*.rs not.
 suites=$TARGET/suites.txt
-cargo test --profile "$PROFILE" -p carma-spank --tests --no-run 2>&1 |
-    sed -n 's#^ *Executable tests/\([a-z_]*\)\.rs (\(.*\))$#\1 \2#p' |
+cargo test --profile "$PROFILE" --workspace --tests --no-run 2>&1 |
+    sed -n 's#^ *Executable \([a-z_]*\)\.rs (\(.*\))$#\1 \2#p' |
     while read -r name exe; do echo "$name $(realpath "$exe")"; done >"$suites"
 [ -s "$suites" ] || { echo "run.sh: found no built suites" >&2; exit 1; }
 
@@ -138,8 +144,7 @@ phase "fuzzing (bounded)"
 tests/fuzz.sh | tee -a /tmp/carma-tests/reliability.log
 
 phase "unit tests"
-cargo test --profile "$PROFILE" --workspace --exclude carma-spank
-cargo test --profile "$PROFILE" -p carma-spank --lib
+cargo test --profile "$PROFILE" --workspace --exclude carma-suites
 # A site's Slurm under its own prefix (SLURM_PREFIX=/opt/slurm): the plugin
 # built and unit-tested against headers and libslurmfull copied there.
 tests/prefix.sh

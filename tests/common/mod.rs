@@ -40,6 +40,11 @@ impl Run {
 
 /// Runs a command as root with a time limit, with `CARMA_*` cleared so the
 /// test's own environment cannot leak in.
+/// The repository: the suites' package is its tests/ folder.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
 pub fn root(args: &[&str], secs: u32) -> Run {
     let mut c = Command::new("timeout");
     c.arg(secs.to_string()).args(args).current_dir("/tmp");
@@ -373,7 +378,7 @@ pub fn probe_lines(text: &str) -> Vec<(std::collections::BTreeSet<u32>, std::col
 
 /// The repository's data/ (read through the test binary's manifest dir).
 pub fn data() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data");
+    let d = repo().join("data");
     assert!(d.join("onnx").is_dir(), "no {}: the repository's data/ is missing", d.display());
     d
 }
