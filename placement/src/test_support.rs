@@ -1,5 +1,28 @@
 //! What the crate's unit tests share.
 
+use crate::state::{Holding, Reservation};
+use carma_config::Policy;
+
+/// A shared (magm) CARMA reservation of `job` on `gpus`, held by `holder`.
+pub fn carma(job: u32, gpus: Vec<u32>, reserved_mib: u64, holder: u32) -> Reservation {
+    Reservation {
+        job,
+        gpus,
+        reserved_mib,
+        estimate_source: "declared".into(),
+        exclusive: false,
+        holding: Holding::Carma,
+        policy: Some(Policy::Magm),
+        since: 0,
+        holders: vec![holder],
+        signature: None,
+        observed_mib: 0,
+        mps_uid: None,
+        model_mib: None,
+        uid: None,
+    }
+}
+
 /// A fresh mode-0755 directory removed on drop.
 pub struct TempDir(pub std::path::PathBuf);
 impl TempDir {

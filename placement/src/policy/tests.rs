@@ -36,24 +36,7 @@ fn pick(gpus: &[GpuReading], state: &mut NodeState, d: Demand) -> Result<Vec<u32
     choose(gpus, state, &d, &P, &HashMap::new()).map(|c| c.gpus)
 }
 
-fn carma(job: u32, gpus: Vec<u32>, est: u64, holder: u32) -> Reservation {
-    Reservation {
-        job,
-        gpus,
-        reserved_mib: est,
-        estimate_source: "declared".into(),
-        exclusive: false,
-        holding: Holding::Carma,
-        policy: Some(Policy::Magm),
-        since: 0,
-        holders: vec![holder],
-        signature: None,
-        observed_mib: 0,
-        mps_uid: None,
-        model_mib: None,
-        uid: None,
-    }
-}
+use crate::test_support::carma;
 
 /// GPU0 20 GiB used, GPU1 10 GiB, GPU2 30 GiB, GPU3 idle but 0.9 busy.
 fn node() -> Vec<GpuReading> {

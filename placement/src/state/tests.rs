@@ -23,22 +23,7 @@ fn store() -> (TempDir, StateStore, Arc<Mutex<Vec<String>>>) {
 use crate::test_support::TempDir;
 
 fn res(job: u32, holder: u32) -> Reservation {
-    Reservation {
-        job,
-        gpus: vec![0],
-        reserved_mib: 1000,
-        estimate_source: "declared".into(),
-        exclusive: false,
-        holding: Holding::Carma,
-        policy: Some(Policy::Magm),
-        since: 1,
-        holders: vec![holder],
-        signature: None,
-        observed_mib: 0,
-        mps_uid: None,
-        model_mib: None,
-        uid: None,
-    }
+    Reservation { since: 1, ..crate::test_support::carma(job, vec![0], 1000, holder) }
 }
 
 #[test]
