@@ -5,9 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${FUZZ_SECONDS:-15}
-# A debug build of the tool: it only drives cargo, and a clean machine
-# builds it in less time.
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --debug -q
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
 # The ONNX target alone needs tract-onnx: built in a second pass, so the

@@ -119,7 +119,10 @@ suites=$TARGET/suites.txt
 cargo test --profile "$PROFILE" --workspace --tests --no-run 2>&1 |
     sed -n 's#^ *Executable \([a-z_]*\)\.rs (\(.*\))$#\1 \2#p' |
     while read -r name exe; do echo "$name $(realpath "$exe")"; done >"$suites"
-[ -s "$suites" ] || { echo "run.sh: found no built suites" >&2; exit 1; }
+# Every suite file built: a change in how cargo names them would otherwise
+# run fewer suites, silently.
+[ "$(wc -l <"$suites")" -eq "$(ls tests/*.rs | wc -l)" ] ||
+    { echo "run.sh: built suites ($(wc -l <"$suites")) are not tests/*.rs ($(ls tests/*.rs | wc -l))" >&2; exit 1; }
 
 # carma-monitor under valgrind for 10 minutes on the NVML stand-in, beside
 # everything below (it needs under a tenth of a core).
