@@ -117,7 +117,7 @@ done
 # relative to their package (tests/), the other crates' tests/*.rs not.
 suites=$TARGET/suites.txt
 cargo test --profile "$PROFILE" --workspace --tests --no-run 2>&1 |
-    sed -n 's#^ *Executable \([a-z_]*\)\.rs (\(.*\))$#\1 \2#p' |
+    sed -n 's#^ *Executable \([a-z0-9_]*\)\.rs (\(.*\))$#\1 \2#p' |
     while read -r name exe; do echo "$name $(realpath "$exe")"; done >"$suites"
 # Every suite file built: a change in how cargo names them would otherwise
 # run fewer suites, silently.
