@@ -15,6 +15,17 @@
 #                                  and print what slurmctld served (sdiag:
 #                                  RPCs by type and user) and what each part
 #                                  cost in memory and CPU
+#   tests/scale.sh replay N TRACE POLICY COMPRESS
+#                                  start it with gpu_owner: carma and
+#                                  no_fit: hand_back, submit the trace (a
+#                                  CSV of data/carma, one copy per node, or
+#                                  synthetic:JOBS:GAP, the simulator's
+#                                  generator) at its arrival times divided
+#                                  by COMPRESS as carma-fakejob jobs, wait
+#                                  for them all and print what they did
+#                                  against `carma simulate` of the same
+#                                  (carma replay-compare) and what
+#                                  slurmctld served
 #   tests/scale.sh stop            stop it (tests/cluster.sh stop)
 #
 # tests/cluster.sh start puts the test cluster back afterwards.
@@ -33,7 +44,7 @@ node_name() { printf '%s-s%03d' "$NODE" "$1"; }
 node_range() { printf '%s-s[001-%03d]' "$NODE" "$1"; }
 
 write_scale() {
-    local n=$1 carma=$2 k
+    local n=$1 carma=$2 extra=${3:-} k
     write_config
     install -d -m 0755 "$SC" "$RUN/scale" "$LOG/scale" "$VAR/scale"
     rm -rf "${SC:?}"/* "$RUN"/scale/* /run/carma-sim-"$NODE"-s* /run/carma-scale
@@ -93,8 +104,9 @@ default_policy: magm
 gpu_source: {nvml: {library: $d/libnvidia-ml.so.1}}
 state_dir: /run/carma-scale/$name
 log_file: /var/log/carma/carma-scale.log
-timeouts: {lock: 5s, wait: 60s, poll: 250ms}
+timeouts: {lock: 5s, wait: ${SCALE_WAIT:-60}s, poll: 250ms}
 monitor: {published: true, interval: 2s, stale_after: 10s, slurm_node: $name, admission_interval: 10s}
+$extra
 CONF
         [ -z "${SLURM_PREFIX:-}" ] || echo "slurm_bin_dir: $SLURM_PREFIX/bin" >>"$d/carma.yaml"
         printf '#!/bin/sh\n%s\nexec %s --config=%s/carma.yaml\n' "$MARK" "$EPILOG" "$d" >"$d/epilog"
@@ -103,12 +115,12 @@ CONF
 }
 
 start_scale() {
-    local n=$1 carma=${2:-on} k
+    local n=$1 carma=${2:-on} extra=${3:-} k
     [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "scale: N must be 1-200"
     deps
     stop
     install_carma
-    write_scale "$n" "$carma"
+    write_scale "$n" "$carma" "$extra"
     start_munge
     slurmctld -c
     for k in $(seq "$n"); do
@@ -186,27 +198,116 @@ burst() {
     monitors=$(cat "$RUN"/scale/monitor-*.pid 2>/dev/null | tr '\n' ' ' || true)
     # shellcheck disable=SC2086
     echo "slurmd: $(rss_mib $slurmds) MiB RSS in all ($n); carma-monitor: $( [ -n "$monitors" ] && rss_mib $monitors || echo 0) MiB in all"
-    local rpcs
-    rpcs=$(sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC' || true)
-    echo "$rpcs"
     # Every job of the burst fits somewhere: none may fail (for no fit or
     # anything else).
+    served "$jobs" "$n"
     [ "$states" = "$jobs COMPLETED " ] || die "scale: not every job completed: $states"
-    # What CARMA may cost slurmctld (docs/admission.md): no federation
-    # lookups (every squeue, the harness's too, is --local), and root's RPCs
-    # per job (prolog/epilog, monitors, records) under a ceiling.
+}
+
+# What slurmctld served since `sdiag -r` (RPCs by type and user), and what
+# CARMA may cost it (docs/admission.md): no federation lookups (every
+# squeue, the harness's too, is --local), and root's RPCs per job
+# (prolog/epilog, monitors, records) under a ceiling.
+served() {
+    local jobs=$1 n=$2 rpcs root_rpcs
+    rpcs=$(sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC' || true)
+    echo "$rpcs"
     ! grep -q 'REQUEST_FED_INFO' <<<"$rpcs" || die "scale: REQUEST_FED_INFO sent (an squeue without --local)"
-    local root_rpcs
     root_rpcs=$(awk '/by user/ {u = 1} u && $1 == "root" {sub("count:", "", $4); print $4}' <<<"$rpcs")
     [ -n "$root_rpcs" ] || die "scale: sdiag listed no RPCs by root"
-    awk -v r="$root_rpcs" -v j="$jobs" -v max="$MAX_ROOT_RPCS_PER_JOB" 'BEGIN {
-        printf "root RPCs per job: %.1f (ceiling %s)\n", r / j, max; exit !(r / j <= max) }' ||
+    awk -v r="$root_rpcs" -v j="$jobs" -v n="$n" -v max="$MAX_ROOT_RPCS_PER_JOB" 'BEGIN {
+        printf "root RPCs per job: %.1f (ceiling %s), per node: %.1f\n", r / j, max, r / n; exit !(r / j <= max) }' ||
         die "scale: root sent more than $MAX_ROOT_RPCS_PER_JOB RPCs per job"
+}
+
+# Seconds since $1 (date +%s.%N), to the millisecond.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.3f", b - a}'; }
+
+# Until every job of the test user has left the queue, or die after $1 s.
+drain() {
+    local limit=$1 t0=$SECONDS left=1 queued
+    while [ "$left" -gt 0 ]; do
+        sleep 2
+        # Polled as nobody, whose RPCs sdiag counts apart; a busy
+        # slurmctld may not answer once: asked again.
+        if queued=$(runuser -u nobody -- squeue --local -h -t pending,running,completing,suspended -u "$TEST_USER" -o %i); then
+            left=$(printf '%s' "$queued" | grep -c . || true)
+        fi
+        [ $((SECONDS - t0)) -lt "$limit" ] || die "scale: $left jobs still not done after $limit s"
+    done
+}
+
+# A job of the replay: its runs' start and end lines (times), the fake
+# training job between them, its node's carma.yaml found at run time.
+replay_script() {
+    local mem=$1 sm=$2 busy=$3 work=$4 ramp=$5
+    printf '%s' "echo start \$(date +%s.%N); /usr/bin/carma-fakejob --mem ${mem}M --sm $sm --busy $busy --work $work --ramp $ramp --config $SC/\$SLURMD_NODENAME/carma.yaml; rc=\$?; echo end \$(date +%s.%N) \$rc; exit \$rc"
+}
+
+replay() {
+    local n=$1 trace=$2 policy=$3 compress=$4 r=/var/tmp/carma-replay src
+    case "$trace" in
+        synthetic:*:*) src=(--synthetic "$(cut -d: -f2 <<<"$trace")" --gap "$(cut -d: -f3 <<<"$trace")") ;;
+        *) src=(--trace "$trace" --copies "$n") ;;
+    esac
+    rm -rf "$r"
+    install -d -m 0755 "$r"
+    install -d -m 0755 -o "$TEST_USER" "$r/out"
+    # The plugin's wait before it hands a job back and the monitor's
+    # window, as short as the compressed trace's times (carma.yaml's
+    # defaults are 30 s and 60 s): the simulator is told the same.
+    local wait=5 window=6
+    SCALE_WAIT=$wait start_scale "$n" on "$(printf 'gpu_owner: carma\nno_fit: hand_back\nmonitor_window: %ss' "$window")"
+    /usr/bin/carma replay-plan "${src[@]}" --workloads "$repo/data/carma/workloads.csv" --compress "$compress" --out "$r/plan" ||
+        die "scale: carma replay-plan failed"
+    local ctld cpu0 t0 jobs=0
+    ctld=$(pid_of "$RUN/slurmctld.pid") || die "scale: slurmctld is not running"
+    sleep 12
+    sdiag -r >/dev/null
+    cpu0=$(cpu_s "$ctld")
+    t0=$(date +%s.%N)
+    local seq at gpus mem sm busy work ramp gres sub id late=0
+    while read -r seq at gpus mem sm busy work ramp; do
+        [ "${seq:0:1}" != "#" ] || continue
+        # Submitted at its arrival time (behind it while sbatch is slow).
+        sleep "$(awk -v at="$at" -v now="$(since "$t0")" 'BEGIN {d = at - now; printf "%.3f", (d > 0 ? d : 0)}')"
+        gres=shard:1
+        [ "$gpus" -le 1 ] || gres=gpu:$gpus
+        sub=$(since "$t0")
+        id=$(runuser -u "$TEST_USER" -- sbatch --parsable -p scale --gres="$gres" --carma-mem="${mem}M" \
+            --carma-policy="$policy" -o "$r/out/$seq.out" --open-mode=append \
+            --wrap "$(replay_script "$mem" "$sm" "$busy" "$work" "$ramp")") || die "scale: sbatch of job $seq failed"
+        echo "$seq $sub $id" >>"$r/submitted"
+        jobs=$((jobs + 1))
+        late=$(awk -v a="$sub" -v b="$at" -v l="$late" 'BEGIN {d = a - b; print (d > l ? d : l)}')
+    done <"$r/plan/jobs.tsv"
+    echo "scale.sh: $jobs jobs submitted in $(since "$t0") s (at most $late s behind their arrival)"
+    drain 3600
+    local span
+    span=$(since "$t0")
+    # Each job's last run: its start and end from the replay's start, exit
+    # status, runs, and the times a node handed it back (said in its output).
+    while read -r seq sub id; do
+        awk -v seq="$seq" -v st="$sub" -v t0="$t0" '
+            $1 == "start" {s = sprintf("%.3f", $2 - t0); e = "-"; rc = "-"; runs++}
+            $1 == "end" {e = sprintf("%.3f", $2 - t0); rc = $3}
+            /handed back to Slurm/ {hb++}
+            END {printf "%s %s %s %s %s %d %d\n", seq, st, runs ? s : "-", runs ? e : "-", runs ? rc : "-", runs + hb, hb}' \
+            "$r/out/$seq.out" 2>/dev/null || echo "$seq $sub - - - 0 0"
+    done <"$r/submitted" | cut -d' ' -f1-6 >"$r/results"
+    echo "== scale replay: $n nodes, $trace, policy $policy, time / $compress: $jobs jobs, all left the queue after $span s"
+    echo "slurmctld: $(awk -v a="$cpu0" -v b="$(cpu_s "$ctld")" 'BEGIN {printf "%.1f", b - a}') CPU s during the replay, RSS $(rss_mib "$ctld") MiB"
+    local ll=()
+    [ "$(slurmctld -V | awk '{split($2, v, "."); print v[1]}')" -lt 23 ] || ll=(--least-loaded)
+    /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
+        --gpu-owner carma --window "$window" --node-wait "$wait" "${ll[@]}" || die "scale: carma replay-compare failed"
+    served "$jobs" "$n"
 }
 
 case "${1:-}" in
     start) start_scale "${2:?N}" "${3:-on}" ;;
     burst) burst "${2:?N}" "${3:-on}" "${4:-4}" ;;
+    replay) replay "${2:?N}" "${3:?TRACE}" "${4:?POLICY}" "${5:?COMPRESS}" ;;
     stop) stop ;;
-    *) die "usage: $0 start N [off] | burst N [on|off] [JOBS_PER_NODE] | stop" ;;
+    *) die "usage: $0 start N [off] | burst N [on|off] [JOBS_PER_NODE] | replay N TRACE POLICY COMPRESS | stop" ;;
 esac

@@ -56,6 +56,20 @@ pub struct Assumptions {
     pub power: PowerProfile,
     /// Interval of the per-GPU timeline for plots (0 = no timeline).
     pub sample_s: f64,
+    /// The window the monitor's activity readings average over (carma.yaml
+    /// monitor_window, with published readings): a job is taken into them
+    /// linearly over it, and the plugin counts one placed within it as
+    /// half the cap on top ([`carma_placement::Params::window_secs`]).
+    /// 0: readings see a job at once, and nothing is added.
+    pub window_s: f64,
+    /// Seconds a job CARMA cannot place waits on the node slurmctld sent it
+    /// to (carma.yaml timeouts.wait), holding its allocation there and
+    /// placed as soon as a GPU fits, before it is handed back or fails.
+    /// 0: decided at once.
+    pub node_wait_s: f64,
+    /// Seconds a handed-back job is away before slurmctld can place it
+    /// again (the epilog's requeue). 0: at once.
+    pub requeue_s: f64,
 }
 
 impl Default for Assumptions {
@@ -63,12 +77,15 @@ impl Default for Assumptions {
         Assumptions {
             ramp_s: 60.0,
             sharing: Sharing::Timeslice,
-            switch_overhead: 0.106,
+            switch_overhead: carma_placement::source::simulated::SWITCH_OVERHEAD,
             mps_capacity: 1.06,
             mps_overhead: 0.01,
             mps_solo: 0.87,
             power: PowerProfile::A100_40GB,
             sample_s: 60.0,
+            window_s: 0.0,
+            node_wait_s: 0.0,
+            requeue_s: 0.0,
         }
     }
 }
@@ -79,10 +96,7 @@ impl Assumptions {
     pub fn slowdown(&self, jobs: &[(f64, f64)]) -> f64 {
         let extra = jobs.len().saturating_sub(1) as f64;
         match self.sharing {
-            Sharing::Timeslice => {
-                let busy: f64 = jobs.iter().map(|j| j.0).sum();
-                busy.max(1.0) * (1.0 + self.switch_overhead * extra)
-            }
+            Sharing::Timeslice => carma_placement::source::simulated::timeslice_slowdown(jobs, self.switch_overhead),
             Sharing::Mps => {
                 let sm: f64 = jobs.iter().map(|j| j.1).sum();
                 (sm / self.mps_capacity).max(1.0) * (1.0 + self.mps_overhead * extra) / self.mps_solo

@@ -48,6 +48,9 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             mps_solo: 1.0,
             power: PowerProfile { name: "test", idle_w: 60.0, active_w: 0.0, sm_w: 340.0 },
             sample_s: 0.0,
+            window_s: 0.0,
+            node_wait_s: 0.0,
+            requeue_s: 0.0,
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
@@ -308,4 +311,17 @@ fn under_slurms_ownership_a_two_gpu_job_waits_for_two_whole_gpus() {
     };
     assert_eq!(run(GpuOwner::Carma).jobs[1].start_s, Some(10.0));
     assert_eq!(run(GpuOwner::Slurm).jobs[1].start_s, Some(1000.0));
+}
+
+#[test]
+fn a_trace_that_starts_late_is_sampled_from_its_first_submission() {
+    // One job at t=3, 100 s; a timeline sample every 60 s from the first
+    // submission: at 0 and 60 (relative), the makespan 100.
+    let w: HashMap<_, _> = [("light".to_string(), wl("light", 10, 100.0, 0.3, None))].into();
+    let mut c = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+    c.assumptions.sample_s = 60.0;
+    let o = simulate(&[job(0, 3.0, "light")], &w, &c).unwrap();
+    assert!(close(o.makespan_s, 100.0), "{}", o.makespan_s);
+    let at: Vec<f64> = o.timeline.iter().map(|s| s.t).collect();
+    assert_eq!(at, vec![0.0, 60.0]);
 }

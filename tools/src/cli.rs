@@ -35,6 +35,12 @@ pub enum Command {
     /// Write the simulation report (docs/simulation.md) from the repository's data/
     #[command(arg_required_else_help = true)]
     SimulateReport(ReportArgs),
+    /// Make a job trace into a test cluster's submissions (tests/scale.sh replay)
+    #[command(arg_required_else_help = true)]
+    ReplayPlan(crate::replay::PlanArgs),
+    /// Hold what a test cluster did with a replayed trace against the simulator
+    #[command(arg_required_else_help = true)]
+    ReplayCompare(crate::replay::CompareArgs),
     /// Print a shell completion script for carma
     #[command(arg_required_else_help = true)]
     Completions(CompletionsArgs),

@@ -8,5 +8,6 @@ pub mod cli_log;
 pub mod http;
 pub mod metrics;
 pub mod monitor;
+pub mod replay;
 pub mod simulate;
 pub mod status;

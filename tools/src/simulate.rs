@@ -74,6 +74,15 @@ pub struct SimulateArgs {
     /// MPS: a job's speed alone under MPS, relative to without it
     #[arg(long, allow_negative_numbers = true, value_name = "X", default_value_t = Assumptions::default().mps_solo, value_parser = positive)]
     pub mps_solo: f64,
+    /// The window activity readings average over (carma.yaml monitor_window with published readings); 0: none
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().window_s, value_parser = num)]
+    pub window: f64,
+    /// Seconds a job CARMA cannot place waits on its node for a GPU before it is handed back or fails (timeouts.wait); 0: at once
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().node_wait_s, value_parser = num)]
+    pub node_wait: f64,
+    /// Seconds a handed-back job is away before slurmctld places it again (the requeue)
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().requeue_s, value_parser = num)]
+    pub requeue_delay: f64,
     /// Idle power in watts [default: the --gpu profile's]
     #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
     pub idle_w: Option<f64>,
@@ -137,6 +146,9 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
             sm_w: a.sm_w.unwrap_or(a.gpu.sm_w),
         },
         sample_s: Assumptions::default().sample_s,
+        window_s: a.window,
+        node_wait_s: a.node_wait,
+        requeue_s: a.requeue_delay,
     }
 }
 
@@ -263,6 +275,12 @@ mod tests {
             "0.9",
             "--idle-w",
             "50",
+            "--window",
+            "30",
+            "--node-wait",
+            "12",
+            "--requeue-delay",
+            "2",
             "--admission",
             "node-memory",
             "--gpu-owner",
@@ -293,6 +311,9 @@ mod tests {
             // The profile's own watts where none is given.
             power: PowerProfile { idle_w: 50.0, ..PowerProfile::H100_80GB },
             sample_s: Assumptions::default().sample_s,
+            window_s: 30.0,
+            node_wait_s: 12.0,
+            requeue_s: 2.0,
         };
         assert_eq!(assumptions(&a), want);
         let p = params(&a);

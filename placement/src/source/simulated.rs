@@ -117,6 +117,27 @@ pub struct SimOom {
     pub asked_mib: u64,
 }
 
+/// Time-slicing's cost per extra job sharing a GPU, a share of each job's
+/// time: fitted on data/h100/collocation.csv (the simulator's calibration
+/// checks the fit).
+pub const SWITCH_OVERHEAD: f64 = 0.106;
+
+/// How many times slower than alone jobs time-sliced on one GPU run, given
+/// each one's solo `(busy, sm)`: their busy times add up past the GPU's
+/// whole time, and each extra job costs `switch_overhead` more.
+pub fn timeslice_slowdown(jobs: &[(f64, f64)], switch_overhead: f64) -> f64 {
+    let busy: f64 = jobs.iter().map(|j| j.0).sum();
+    busy.max(1.0) * (1.0 + switch_overhead * jobs.len().saturating_sub(1) as f64)
+}
+
+/// What a GPU whose jobs are time-sliced reads `(SM activity, busy)`: the
+/// SM work each does at its slowed pace, and the share of time any kernel
+/// runs (the GPU is busy whenever one of its jobs would be).
+pub fn timeslice_reading(jobs: &[(f64, f64)], switch_overhead: f64) -> (f64, f64) {
+    let sm = jobs.iter().map(|j| j.1).sum::<f64>() / timeslice_slowdown(jobs, switch_overhead);
+    (sm.min(1.0), jobs.iter().map(|j| j.0).sum::<f64>().min(1.0))
+}
+
 pub struct SimulatedGpus {
     file: PathBuf,
     gpus: Vec<SimGpu>,
@@ -243,6 +264,17 @@ impl SimulatedGpus {
         self.processes(None).into_iter().filter(|p| p.mps).map(|p| p.pid).collect()
     }
 
+    /// The solo `(busy, sm)` of each live registered process on GPU
+    /// `index` (MPS servers, which register none, left out): what a
+    /// simulated job's speed depends on (`carma-fakejob --work`).
+    pub fn sharers(&self, index: u32) -> Vec<(f64, f64)> {
+        self.processes(None)
+            .iter()
+            .flat_map(|p| p.gpus.iter().filter(|u| u.index == index && (u.sm > 0.0 || u.used_mib > 0)))
+            .map(|u| (u.busy.unwrap_or(u.sm), u.sm))
+            .collect()
+    }
+
     fn processes(&self, skip_pid: Option<u32>) -> Vec<SimProcess> {
         let Ok(entries) = fs::read_dir(&self.process_dir) else {
             return Vec::new();
@@ -279,14 +311,25 @@ impl SimulatedGpus {
                     .collect();
                 // MPS runs one server per GPU for one user: its clients' user.
                 let mps_uid = procs.iter().find(|p| p.mps && p.gpus.iter().any(|u| u.index == g.index)).map(|p| p.uid);
+                // Time-sliced as the simulator models a real GPU: the
+                // baseline load is one more job where there is one.
+                let mut solo: Vec<(f64, f64)> = mine
+                    .iter()
+                    .filter(|(_, u)| u.sm > 0.0 || u.used_mib > 0)
+                    .map(|(_, u)| (u.busy.unwrap_or(u.sm), u.sm))
+                    .collect();
+                if g.base_sm > 0.0 || g.base_busy > 0.0 {
+                    solo.push((g.base_busy, g.base_sm));
+                }
+                let (sm_activity, busy) = timeslice_reading(&solo, SWITCH_OVERHEAD);
                 GpuReading {
                     index: g.index,
                     uuid: g.uuid.clone(),
                     minor: Some(g.minor),
                     total_mib: g.total_mib,
                     used_mib: g.base_used_mib + mine.iter().map(|(_, u)| u.used_mib).sum::<u64>(),
-                    sm_activity: (g.base_sm + mine.iter().map(|(_, u)| u.sm).sum::<f64>()).min(1.0),
-                    busy: (g.base_busy + mine.iter().map(|(_, u)| u.busy.unwrap_or(u.sm)).sum::<f64>()).min(1.0),
+                    sm_activity,
+                    busy,
                     processes: mine.iter().map(|(pid, u)| GpuProcess { pid: *pid, used_mib: u.used_mib }).collect(),
                     power_w: g.power_w,
                     mps_uid,
@@ -420,7 +463,9 @@ mod tests {
         let r = s.read().unwrap();
         assert_eq!(r[0].used_mib, 0);
         assert_eq!(r[1].used_mib, 1024 + 4096);
-        assert_eq!(r[1].sm_activity, 0.75);
+        // Time-sliced with the baseline load: their SM work at the pace of
+        // two jobs sharing (busy 0.9: only the switching costs).
+        assert!((r[1].sm_activity - 0.75 / (1.0 + SWITCH_OVERHEAD)).abs() < 1e-9, "{}", r[1].sm_activity);
         // Busy time adds up apart from SM activity, and saturates at 1.
         assert_eq!(r[1].busy, 0.3 + 0.6);
         assert_eq!((r[0].sm_activity, r[0].busy), (0.0, 0.0));
@@ -433,6 +478,8 @@ mod tests {
         assert_eq!(s.read().unwrap()[1].used_mib, 1024 + 8192);
         assert_eq!(s.read().unwrap()[1].mps_uid, None, "no MPS client left");
         assert_eq!(s.read().unwrap()[1].busy, 1.0);
+        // What a job's speed depends on: each sharer's solo readings.
+        assert_eq!((s.sharers(0), s.sharers(1)), (vec![], vec![(0.9, 0.5)]));
         let oom = s.allocate(me, &[1], 16000, 0.5, 0.5, false).unwrap().unwrap_err();
         assert_eq!((oom.gpu, oom.used_mib, oom.asked_mib), (1, 1024, 16000));
         s.release(me);

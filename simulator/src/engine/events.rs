@@ -55,6 +55,18 @@ impl Sim<'_> {
         if self.next_arrival < self.trace.len() {
             t_next = t_next.min(self.trace[self.next_arrival].submit_s);
         }
+        for &(back, _) in &self.away {
+            t_next = t_next.min(back);
+        }
+        for w in &self.on_node {
+            t_next = t_next.min(w.deadline);
+        }
+        // A run's window ends: the plugin stops counting it on top.
+        if a.window_s > 0.0 {
+            for r in self.runs.iter().filter(|r| r.start + a.window_s > t + EPS) {
+                t_next = t_next.min(r.start + a.window_s);
+            }
+        }
         for (r, &k) in self.runs.iter().zip(&pace.rate) {
             t_next = t_next.min(t + (1.0 - r.progress) / k);
             if r.start + a.ramp_s > t + EPS {

@@ -33,8 +33,12 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     loop {
         sim.arrivals();
         sim.index_runs_by_node();
+        sim.retry_on_node()?;
+        // Readings and the plugin's count of recent placements change with
+        // time under a window: the head may fit at any event.
+        sim.dirty |= cfg.assumptions.window_s > 0.0;
         sim.place_queue_heads()?;
-        if sim.runs.is_empty() && sim.next_arrival == trace.len() {
+        if sim.runs.is_empty() && sim.next_arrival == trace.len() && sim.away.is_empty() && sim.on_node.is_empty() {
             sim.reject_waiting();
             break;
         }
@@ -69,6 +73,10 @@ struct Sim<'a> {
     by_node: Vec<Vec<usize>>,
     queue: VecDeque<usize>,
     recovery: VecDeque<usize>,
+    /// Jobs handed back and the time slurmctld can place each again.
+    away: Vec<(f64, usize)>,
+    /// Jobs waiting on the node slurmctld sent them to for a GPU.
+    on_node: Vec<placing::OnNode>,
     next_arrival: usize,
     next_pid: u32,
     t0: f64,
@@ -144,6 +152,8 @@ impl<'a> Sim<'a> {
             by_node: vec![Vec::new(); cl.nodes as usize],
             queue: VecDeque::new(),
             recovery: VecDeque::new(),
+            away: Vec::new(),
+            on_node: Vec::new(),
             next_arrival: 0,
             next_pid: 1,
             t0,
@@ -159,12 +169,22 @@ impl<'a> Sim<'a> {
             learned_raised: 0,
             handed_back: 0,
             timeline: Vec::new(),
-            next_sample: 0.0,
+            // Samples fall every sample_s from the first submission (t0).
+            next_sample: t0,
         })
     }
 
-    /// Queues the jobs submitted by now.
+    /// Queues the jobs submitted by now, and those handed back whose time
+    /// away is over (in submit order: a requeued job keeps its priority).
     fn arrivals(&mut self) {
+        let t = self.t;
+        let back: Vec<usize> = self.away.iter().filter(|a| a.0 <= t + EPS).map(|a| a.1).collect();
+        self.away.retain(|a| a.0 > t + EPS);
+        for job in back {
+            let at = self.queue.iter().position(|&q| q > job).unwrap_or(self.queue.len());
+            self.queue.insert(at, job);
+            self.dirty = true;
+        }
         while self.next_arrival < self.trace.len() && self.trace[self.next_arrival].submit_s <= self.t + EPS {
             self.dirty |= self.queue.is_empty() && self.recovery.is_empty();
             self.queue.push_back(self.next_arrival);

@@ -49,17 +49,23 @@ impl NodeView<'_> {
                 let mut used = 0.0;
                 let mut processes = Vec::new();
                 let mut solo = Vec::new();
+                // The share of the readings' window a job has run in.
+                let window = self.assumptions.window_s;
+                let seen = |r: &Run| if window > 0.0 { ((self.t - r.start) / window).clamp(0.0, 1.0) } else { 1.0 };
+                let mut seen_solo = Vec::new();
                 for r in self.on_node.iter().map(|&i| &self.runs[i]).filter(|r| r.gpus.contains(&index)) {
                     let a = r.alloc(self.t, self.assumptions.ramp_s);
                     used += a;
                     solo.push((r.busy, r.sm));
+                    seen_solo.push((r.busy * seen(r), r.sm * seen(r)));
                     processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
                 }
                 // What a monitor reads: each job's SM work at its slowed
                 // pace, and the share of time any kernel runs (the GPU is
-                // busy whenever one of its jobs would be).
-                let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
-                let busy = solo.iter().map(|j| j.0).sum::<f64>();
+                // busy whenever one of its jobs would be), each job as
+                // much as the window has seen it.
+                let sm = seen_solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
+                let busy = seen_solo.iter().map(|j| j.0).sum::<f64>();
                 GpuReading {
                     index,
                     uuid: String::new(),
@@ -126,15 +132,18 @@ impl Deciding<'_> {
         if let Some(only) = only {
             readings.retain(|g| only.contains(&g.index));
         }
+        // A window: jobs placed within it count on top of the readings.
+        let params =
+            carma_placement::Params { window_secs: self.cfg.assumptions.window_s.round() as u64, ..self.cfg.params };
         let decided = carma_placement::decide::decide(
             st,
             step,
             req,
             &readings,
             &owners,
-            &self.cfg.params,
+            &params,
             self.learn,
-            0,
+            self.t.max(0.0) as u64,
             &mut |_| false,
         );
         Ok(decided.ok())

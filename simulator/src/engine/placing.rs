@@ -8,6 +8,17 @@ use super::{Admission, Sim};
 use carma_config::GpuOwner;
 use carma_placement::{Decision, NodeState, Request, StepRef};
 
+/// A job slurmctld sent to a node where CARMA found no GPU yet: it holds
+/// its allocation there and is tried again until `deadline`.
+pub(super) struct OnNode {
+    job: usize,
+    node: usize,
+    pub(super) deadline: f64,
+    slurm_gpus: Vec<u32>,
+    ask: Ask,
+    from_recovery: bool,
+}
+
 /// What came of trying to place the queue head.
 enum Attempt {
     /// CARMA placed it on `node`, on the GPUs of `choice`; `slurm_gpus` are
@@ -15,6 +26,8 @@ enum Attempt {
     Placed { node: usize, choice: Decision, slurm_gpus: Vec<u32>, ask: Ask },
     /// A node handed it back: slurmctld tries again at once.
     HandedBack,
+    /// Sent to `node`, where it waits for a GPU (timeouts.wait).
+    WaitsOnNode { node: usize, slurm_gpus: Vec<u32>, ask: Ask },
     /// It leaves the queue unplaced: rejected or failed.
     Dropped,
     /// Nothing fits now: it waits, and so does the queue behind it.
@@ -35,7 +48,19 @@ impl Sim<'_> {
                     self.pop_head(from_recovery);
                     self.start(job, node, choice, slurm_gpus, &ask);
                 }
+                // Away for the step's wait and the requeue, if they take time.
+                Attempt::HandedBack if self.cfg.assumptions.requeue_s > 0.0 => {
+                    self.pop_head(from_recovery);
+                    self.away.push((self.t + self.cfg.assumptions.requeue_s, job));
+                }
                 Attempt::HandedBack => {}
+                Attempt::WaitsOnNode { node, slurm_gpus, ask } => {
+                    self.pop_head(from_recovery);
+                    let gib = ask.node_gib(self.cfg, self.wl[job].gpus);
+                    self.slurm.hold(node, &slurm_gpus, ask.shards, gib, true);
+                    let deadline = self.t + self.cfg.assumptions.node_wait_s;
+                    self.on_node.push(OnNode { job, node, deadline, slurm_gpus, ask, from_recovery });
+                }
                 Attempt::Dropped => self.pop_head(from_recovery),
                 Attempt::Waits => {
                     self.dirty = false;
@@ -54,6 +79,59 @@ impl Sim<'_> {
         } else {
             self.queue.pop_front()
         };
+    }
+
+    /// Jobs waiting on their node: placed there once a GPU fits, handed
+    /// back (or failed) when their wait is over.
+    pub(super) fn retry_on_node(&mut self) -> Result<(), String> {
+        let mut i = 0;
+        while i < self.on_node.len() {
+            let (job, node, from_recovery) = (self.on_node[i].job, self.on_node[i].node, self.on_node[i].from_recovery);
+            let plan = plan(self.wl[job], from_recovery, self.cfg, &self.resolve_cfg)?;
+            let step = StepRef { job: self.next_pid, holder: self.next_pid };
+            let only = self.only_slurms_gpus().then(|| self.on_node[i].slurm_gpus.clone());
+            let decided = {
+                let (ctx, states) = self.deciding();
+                ctx.decide(&mut states[node], node, only.as_deref(), step, &plan.request)?
+            };
+            let over = self.t + 1e-6 >= self.on_node[i].deadline;
+            if decided.is_none() && !over {
+                i += 1;
+                continue;
+            }
+            let w = self.on_node.remove(i);
+            let gib = w.ask.node_gib(self.cfg, self.wl[job].gpus);
+            self.slurm.hold(node, &w.slurm_gpus, w.ask.shards, gib, false);
+            match decided {
+                Some(d) => self.start(job, node, d, w.slurm_gpus, &w.ask),
+                None if (self.excluded[job].len() as u32) < self.cfg.admission.hand_back() => {
+                    self.excluded[job].push(node);
+                    self.handed_back += 1;
+                    self.away.push((self.t + self.cfg.assumptions.requeue_s, job));
+                }
+                None => self.fail_no_fit(job, node, step, &plan.request),
+            }
+        }
+        Ok(())
+    }
+
+    /// Shards as memory, or Slurm's choice of GPU standing: CARMA checks
+    /// Slurm's GPUs only.
+    fn only_slurms_gpus(&self) -> bool {
+        matches!(self.cfg.admission, Admission::MemoryShards { .. } | Admission::Informed)
+            || self.cfg.gpu_owner == GpuOwner::Slurm
+    }
+
+    /// CARMA cannot place the job where Slurm sent it: it fails. Could
+    /// another node have placed it?
+    fn fail_no_fit(&mut self, job: usize, node: usize, step: StepRef, req: &Request) {
+        let (ctx, states) = self.deciding();
+        let elsewhere = states.iter().enumerate().filter(|&(n, _)| n != node).any(|(n, st)| {
+            let mut probe = st.clone();
+            ctx.decide(&mut probe, n, None, step, req).ok().flatten().is_some()
+        });
+        self.results[job].failed_no_fit = true;
+        self.results[job].wrong_node = elsewhere;
     }
 
     fn attempt(&mut self, job: usize, from_recovery: bool) -> Result<Attempt, String> {
@@ -109,17 +187,14 @@ impl Sim<'_> {
         let Some((node, gpus)) = slurmctld.pick(&self.excluded[job], self.wl[job].gpus, &ask) else {
             return Ok(Attempt::Waits);
         };
-        // Shards as memory, or Slurm's choice of GPU standing: CARMA checks
-        // Slurm's GPUs.
-        let only = (matches!(admission, Admission::MemoryShards { .. } | Admission::Informed)
-            || self.cfg.gpu_owner == GpuOwner::Slurm)
-            .then_some(gpus.as_slice());
+        let only = self.only_slurms_gpus().then_some(gpus.as_slice());
         let decided = {
             let (ctx, states) = self.deciding();
             ctx.decide(&mut states[node], node, only, step, req)?
         };
         match decided {
             Some(d) => Ok(Attempt::Placed { node, choice: d, slurm_gpus: gpus, ask }),
+            None if self.cfg.assumptions.node_wait_s > 0.0 => Ok(Attempt::WaitsOnNode { node, slurm_gpus: gpus, ask }),
             None if (self.excluded[job].len() as u32) < admission.hand_back() => {
                 // Handed back: requeued, this node excluded.
                 self.excluded[job].push(node);
@@ -127,15 +202,7 @@ impl Sim<'_> {
                 Ok(Attempt::HandedBack)
             }
             None => {
-                // CARMA cannot place it where Slurm sent it: it fails.
-                // Could another node have?
-                let (ctx, states) = self.deciding();
-                let elsewhere = states.iter().enumerate().filter(|&(n, _)| n != node).any(|(n, st)| {
-                    let mut probe = st.clone();
-                    ctx.decide(&mut probe, n, None, step, req).ok().flatten().is_some()
-                });
-                self.results[job].failed_no_fit = true;
-                self.results[job].wrong_node = elsewhere;
+                self.fail_no_fit(job, node, step, req);
                 Ok(Attempt::Dropped)
             }
         }

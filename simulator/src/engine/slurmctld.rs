@@ -23,6 +23,16 @@ impl SlurmAlloc {
         self.shards[node * self.gpus_per_node as usize + g as usize]
     }
 
+    /// Takes what a job waiting on `node` for a GPU holds there.
+    pub(super) fn hold(&mut self, node: usize, gpus: &[u32], shards: u32, node_gib: u32, sign: bool) {
+        for &g in gpus {
+            let s = &mut self.shards[node * self.gpus_per_node as usize + g as usize];
+            *s = if sign { *s + shards } else { *s - shards };
+        }
+        let n = &mut self.node_gib[node];
+        *n = if sign { *n + node_gib } else { *n - node_gib };
+    }
+
     pub(super) fn take(&mut self, r: &Run) {
         for &g in &r.slurm_gpus {
             self.shards[r.node * self.gpus_per_node as usize + g as usize] += r.shards;

@@ -38,6 +38,11 @@ struct Cli {
     /// How long it runs
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 10.0, value_parser = secs)]
     seconds: f64,
+    /// Seconds of work alone: it ends when done, running as much slower as
+    /// the simulator's time-slicing model says for the jobs sharing its
+    /// GPUs (instead of --seconds; `carma replay-plan`'s jobs)
+    #[arg(long, allow_negative_numbers = true, value_name = "S", value_parser = secs)]
+    work: Option<f64>,
     /// Seconds its memory takes to reach --mem
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 0.0, value_parser = secs)]
     ramp: f64,
@@ -106,10 +111,21 @@ fn run() -> Result<i32, String> {
     };
     let pid = std::process::id();
     let start = Instant::now();
-    println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {seconds} s");
+    let mut work = a.work.map(|w| Work { left_s: w, at: start });
+    match a.work {
+        Some(w) => {
+            println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {w} s of work")
+        }
+        None => println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {seconds} s"),
+    }
+    let mut registered = None;
     let code = loop {
         let t = start.elapsed().as_secs_f64();
-        if t >= seconds || STOP.load(Ordering::SeqCst) {
+        let done = match &mut work {
+            Some(w) => w.advance(&sim, &gpus),
+            None => t >= seconds,
+        };
+        if done || STOP.load(Ordering::SeqCst) {
             break 0;
         }
         // Memory grows linearly over the ramp, as a framework allocates.
@@ -125,8 +141,14 @@ fn run() -> Result<i32, String> {
             );
             break 1;
         }
-        match sim.allocate(pid, &gpus, want.max(1), sm, busy, mps).map_err(|e| e.to_string())? {
-            Ok(()) => {}
+        // Registered again only when it grows: a replay runs hundreds.
+        let fresh = registered != Some(want);
+        match if fresh {
+            sim.allocate(pid, &gpus, want.max(1), sm, busy, mps).map_err(|e| e.to_string())?
+        } else {
+            Ok(())
+        } {
+            Ok(()) => registered = Some(want),
             Err(oom) => {
                 let free = oom.total_mib.saturating_sub(oom.used_mib);
                 println!("carma-fakejob: allocation failed after {t:.1} s");
@@ -140,13 +162,38 @@ fn run() -> Result<i32, String> {
                 break 1;
             }
         }
-        std::thread::sleep(Duration::from_millis(100).min(Duration::from_secs_f64((seconds - t).max(0.0))));
+        let tick = match &work {
+            // The work's end is found within a tick.
+            Some(w) => Duration::from_millis(250).min(Duration::from_secs_f64(w.left_s.max(0.01))),
+            None => Duration::from_millis(100).min(Duration::from_secs_f64((seconds - t).max(0.0))),
+        };
+        std::thread::sleep(tick);
     };
     sim.release(pid);
     if code == 0 {
         println!("carma-fakejob: done");
     }
     Ok(code)
+}
+
+/// Work left to a `--work` job and when it was last counted.
+struct Work {
+    left_s: f64,
+    at: Instant,
+}
+
+impl Work {
+    /// Counts the time since the last call at the speed the simulator's
+    /// model gives the jobs now on its GPUs (the slowest of them); true
+    /// when no work is left.
+    fn advance(&mut self, sim: &SimulatedGpus, gpus: &[u32]) -> bool {
+        let now = Instant::now();
+        let model = carma_simulator::Assumptions::default();
+        let slowdown = gpus.iter().map(|&g| model.slowdown(&sim.sharers(g))).fold(1.0, f64::max);
+        self.left_s -= now.duration_since(self.at).as_secs_f64() / slowdown;
+        self.at = now;
+        self.left_s <= 0.0
+    }
 }
 
 /// Forks the stand-in for the MPS server of `gpus`: named as NVIDIA's
@@ -203,7 +250,8 @@ mod tests {
         Cli::command().debug_assert();
         let a = parse(&["--mem", "8G"]).unwrap();
         assert_eq!((a.mem, a.sm, a.busy, a.seconds, a.ramp), (8192, 0.5, None, 10.0, 0.0));
-        assert_eq!((a.grow_to, a.grow_after), (None, 0.0));
+        assert_eq!((a.grow_to, a.grow_after, a.work), (None, 0.0, None));
+        assert_eq!(parse(&["--mem", "1G", "--work", "2.5"]).unwrap().work, Some(2.5));
         assert_eq!(a.config, PathBuf::from(carma_config::DEFAULT_CONFIG_PATH));
         let argv = ["--mem=2G", "--sm", "0.2", "--busy", "0.9", "--seconds", "3", "--ramp", "1", "--grow-to", "6G"];
         let a = parse(&[&argv[..], &["--grow-after", "2", "--config", "/n2.yaml"]].concat()).unwrap();

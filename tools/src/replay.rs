@@ -1,0 +1,363 @@
+//! `carma replay-plan` and `carma replay-compare`: a job trace made into the
+//! submissions of a test cluster (`tests/scale.sh replay` submits them as
+//! carma-fakejob jobs), and what that cluster did held against
+//! `carma simulate` of the same trace, cluster shape, policy and admission.
+
+use carma_config::{GpuOwner, Policy};
+use carma_placement::Params;
+use carma_simulator::engine::mean;
+use carma_simulator::{Admission, Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, simulate};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// `carma replay-plan`'s options.
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// The job trace (CSV: seq,submit_offset_s,workload)
+    #[arg(long, value_name = "FILE", required_unless_present = "synthetic")]
+    pub trace: Option<PathBuf>,
+    /// Instead of --trace: the simulator's synthetic trace of N single-GPU jobs (run times a tenth, at least 30 s)
+    #[arg(long, value_name = "N", conflicts_with = "trace")]
+    pub synthetic: Option<u32>,
+    /// The synthetic trace's mean gap between submissions, seconds
+    #[arg(long, value_name = "S", default_value_t = 0.4, requires = "synthetic", value_parser = gap)]
+    pub gap: f64,
+    /// The workloads it names (CSV, as `carma simulate` reads them)
+    #[arg(long, value_name = "FILE")]
+    pub workloads: PathBuf,
+    /// Copies of the trace submitted together (one per node scales it to the cluster)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub copies: u32,
+    /// Time compression: submit offsets, run times and the memory ramp divided by it
+    #[arg(long, value_name = "X", default_value_t = 1.0, value_parser = compression)]
+    pub compress: f64,
+    /// Where the plan goes: trace.csv, workloads.csv (for the simulator) and jobs.tsv (for sbatch)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// `carma replay-compare`'s options.
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// The plan's directory (`carma replay-plan --out`)
+    #[arg(long, value_name = "DIR")]
+    pub plan: PathBuf,
+    /// What the cluster did, one job a line: seq submit_s start_s end_s exit runs (times from the replay's start, `-` when none)
+    #[arg(long, value_name = "FILE")]
+    pub results: PathBuf,
+    /// The cluster: nodes x GPUs per node x memory per GPU
+    #[arg(long, value_name = "NxGxMEM", value_parser = Cluster::parse)]
+    pub cluster: Cluster,
+    /// The policy the jobs asked for
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Policy,
+    /// Whose choice of GPU stands: slurm or carma (the nodes' carma.yaml gpu_owner)
+    #[arg(long, value_name = "OWNER", default_value = "slurm", value_parser = GpuOwner::parse)]
+    pub gpu_owner: GpuOwner,
+    /// The nodes' monitor_window, seconds (their readings are published)
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub window: f64,
+    /// Seconds a job waits on its node for a GPU before it is handed back (the nodes' timeouts.wait)
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub node_wait: f64,
+    /// Seconds a handed-back job is away before slurmctld places it again (the requeue)
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub requeue_delay: f64,
+    /// Also write the simulated jobs to FILE, in the results' format (node and GPUs appended)
+    #[arg(long, value_name = "FILE")]
+    pub simulated: Option<PathBuf>,
+    /// slurmctld takes shards from the least loaded GPU (LL_SHARED_GRES, Slurm 23.11 on)
+    #[arg(long)]
+    pub least_loaded: bool,
+}
+
+fn gap(v: &str) -> Result<f64, String> {
+    v.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| "expected seconds > 0".into())
+}
+
+fn compression(v: &str) -> Result<f64, String> {
+    v.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 1.0).ok_or_else(|| "expected a number >= 1".into())
+}
+
+/// The memory ramp of a plan compressed `compress` times (the simulator's
+/// default ramp, as fast as the rest of the trace).
+fn ramp_s(compress: f64) -> f64 {
+    Assumptions::default().ramp_s / compress
+}
+
+/// The plan: `copies` of the trace merged in submit order (copy k's job n
+/// is seq k*1000+n), every time divided by `compress`.
+pub fn plan(
+    trace: &[TraceJob],
+    workloads: &HashMap<String, Workload>,
+    copies: u32,
+    compress: f64,
+) -> Result<(Vec<TraceJob>, HashMap<String, Workload>), String> {
+    if let Some(j) = trace.iter().find(|j| !workloads.contains_key(&j.workload)) {
+        return Err(format!("trace job {}: workload '{}' is not in the workloads", j.seq, j.workload));
+    }
+    if copies > 1 && trace.iter().any(|j| j.seq >= 1000) {
+        return Err("trace seq must be under 1000 (copies are numbered copy*1000+seq)".into());
+    }
+    let mut jobs: Vec<TraceJob> = (0..copies)
+        .flat_map(|k| {
+            trace.iter().map(move |j| TraceJob { seq: k * 1000 + j.seq, submit_s: j.submit_s / compress, ..j.clone() })
+        })
+        .collect();
+    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
+    let w = workloads.iter().map(|(k, w)| (k.clone(), Workload { solo_s: w.solo_s / compress, ..w.clone() })).collect();
+    Ok((jobs, w))
+}
+
+pub fn cmd_plan(a: &PlanArgs) -> Result<(), String> {
+    let mut w = carma_simulator::read_workloads(&a.workloads)?;
+    let trace = match (&a.trace, a.synthetic) {
+        (Some(t), _) => carma_simulator::read_trace(t)?,
+        (None, Some(n)) => {
+            let (t, short) = carma_simulator::input::synthetic(&w, n, a.gap, 7);
+            w = short;
+            t
+        }
+        (None, None) => return Err("--trace or --synthetic is needed".into()),
+    };
+    let (jobs, w) = plan(&trace, &w, a.copies, a.compress)?;
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
+    let mut t = String::from("seq,submit_offset_s,workload\n");
+    let mut tsv = String::from("# seq submit_s gpus mem_mib sm busy work_s ramp_s\n");
+    for j in &jobs {
+        let x = &w[&j.workload];
+        let _ = writeln!(t, "{},{:.3},{}", j.seq, j.submit_s, j.workload);
+        let _ = writeln!(
+            tsv,
+            "{} {:.3} {} {} {} {} {:.3} {:.3}",
+            j.seq,
+            j.submit_s,
+            x.gpus,
+            x.peak_mib,
+            x.sm,
+            x.busy,
+            x.solo_s,
+            ramp_s(a.compress)
+        );
+    }
+    let mut names: Vec<&String> = w.keys().collect();
+    names.sort();
+    let mut wl = String::from("workload,gpus,exclusive_minutes,measured_peak_mib,sm_activity,busy\n");
+    for n in names {
+        let x = &w[n];
+        let _ = writeln!(wl, "{n},{},{},{},{},{}", x.gpus, x.solo_s / 60.0, x.peak_mib, x.sm, x.busy);
+    }
+    for (name, body) in
+        [("trace.csv", t), ("jobs.tsv", tsv), ("workloads.csv", wl), ("compress", format!("{}\n", a.compress))]
+    {
+        let p = a.out.join(name);
+        std::fs::write(&p, body).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    println!(
+        "carma replay-plan: {} jobs ({} copies), {:.0} s of submissions",
+        jobs.len(),
+        a.copies,
+        jobs.last().map_or(0.0, |j| j.submit_s)
+    );
+    Ok(())
+}
+
+/// One job as the cluster ran it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RealJob {
+    pub seq: u32,
+    pub submit_s: f64,
+    pub start_s: Option<f64>,
+    pub end_s: Option<f64>,
+    pub exit: Option<i32>,
+    /// Times it started (more than once: handed back or requeued).
+    pub runs: u32,
+}
+
+/// Reads the results file (see [`CompareArgs::results`]).
+pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
+    let opt = |s: &str| {
+        if s == "-" { Ok(None) } else { s.parse::<f64>().map(Some).map_err(|_| format!("'{s}' is not a time")) }
+    };
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#')) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let bad = |e: String| format!("results line {}: {e}", n + 1);
+        if f.len() != 6 {
+            return Err(bad(format!("expected 6 fields (seq submit_s start_s end_s exit runs), found {}", f.len())));
+        }
+        out.push(RealJob {
+            seq: f[0].parse().map_err(|_| bad(format!("seq '{}'", f[0])))?,
+            submit_s: f[1].parse().map_err(|_| bad(format!("submit_s '{}'", f[1])))?,
+            start_s: opt(f[2]).map_err(bad)?,
+            end_s: opt(f[3]).map_err(bad)?,
+            exit: if f[4] == "-" { None } else { Some(f[4].parse().map_err(|_| bad(format!("exit '{}'", f[4])))?) },
+            runs: f[5].parse().map_err(|_| bad(format!("runs '{}'", f[5])))?,
+        });
+    }
+    Ok(out)
+}
+
+/// The figures compared: each side's makespan, mean wait, mean job
+/// completion time, failures and hand-backs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figures {
+    pub jobs: usize,
+    pub makespan_s: f64,
+    pub mean_wait_s: f64,
+    pub mean_jct_s: f64,
+    pub failed: usize,
+    pub handed_back: u32,
+}
+
+pub fn real_figures(jobs: &[RealJob]) -> Figures {
+    let ok = |j: &&RealJob| j.exit == Some(0) && j.end_s.is_some();
+    Figures {
+        jobs: jobs.len(),
+        makespan_s: jobs.iter().filter_map(|j| j.end_s).fold(0.0, f64::max),
+        mean_wait_s: mean(&jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect::<Vec<_>>()),
+        mean_jct_s: mean(&jobs.iter().filter(ok).filter_map(|j| j.end_s.map(|e| e - j.submit_s)).collect::<Vec<_>>()),
+        failed: jobs.iter().filter(|j| !ok(j)).count(),
+        handed_back: jobs.iter().map(|j| j.runs.saturating_sub(1)).sum(),
+    }
+}
+
+pub fn simulated_figures(a: &CompareArgs) -> Result<Figures, String> {
+    let trace = carma_simulator::read_trace(&a.plan.join("trace.csv"))?;
+    let w = carma_simulator::read_workloads(&a.plan.join("workloads.csv"))?;
+    let compress = read_compress(&a.plan)?;
+    let cfg = SimConfig {
+        cluster: a.cluster,
+        policy: a.policy,
+        estimator: Estimator::Oracle,
+        params: Params::default(),
+        assumptions: Assumptions {
+            ramp_s: ramp_s(compress),
+            window_s: a.window,
+            node_wait_s: a.node_wait,
+            requeue_s: a.requeue_delay,
+            ..Assumptions::default()
+        },
+        admission: Admission::parse("node-memory")?,
+        gpu_owner: a.gpu_owner,
+        least_loaded: a.least_loaded,
+    };
+    let o = simulate(&trace, &w, &cfg)?;
+    if let Some(f) = &a.simulated {
+        let t = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let mut out = String::from("# seq submit_s start_s end_s exit runs\n");
+        for j in &o.jobs {
+            let exit = if j.end_s.is_some() { "0" } else { "-" };
+            let _ = writeln!(
+                out,
+                "{} {:.3} {} {} {exit} {}",
+                j.seq,
+                j.submit_s,
+                t(j.start_s),
+                t(j.end_s),
+                u32::from(j.start_s.is_some())
+            );
+        }
+        std::fs::write(f, out).map_err(|e| format!("--simulated {}: {e}", f.display()))?;
+    }
+    Ok(Figures {
+        jobs: o.jobs.len(),
+        makespan_s: o.makespan_s,
+        mean_wait_s: mean(&o.waits()),
+        mean_jct_s: mean(&o.jct()),
+        failed: o.jobs.iter().filter(|j| j.end_s.is_none() || j.failed_no_fit || j.rejected).count(),
+        handed_back: o.handed_back,
+    })
+}
+
+fn read_compress(plan: &Path) -> Result<f64, String> {
+    let p = plan.join("compress");
+    let s = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e} (written by carma replay-plan)", p.display()))?;
+    compression(s.trim()).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Real against simulated, with the difference in per cent of the real.
+pub fn comparison(real: &Figures, sim: &Figures) -> String {
+    let pct = |r: f64, s: f64| if r == 0.0 { "-".to_string() } else { format!("{:+.1}%", (s / r - 1.0) * 100.0) };
+    let mut out = String::from("| figure | real Slurm | simulator | simulator vs real |\n|---|---|---|---|\n");
+    let _ = writeln!(out, "| jobs | {} | {} | |", real.jobs, sim.jobs);
+    for (name, r, s) in [
+        ("makespan (s)", real.makespan_s, sim.makespan_s),
+        ("mean wait (s)", real.mean_wait_s, sim.mean_wait_s),
+        ("mean JCT (s)", real.mean_jct_s, sim.mean_jct_s),
+    ] {
+        // (+ 0.0: no "-0.0")
+        let _ = writeln!(out, "| {name} | {:.1} | {:.1} | {} |", r + 0.0, s + 0.0, pct(r, s));
+    }
+    let _ = writeln!(out, "| failed | {} | {} | |", real.failed, sim.failed);
+    let _ = writeln!(out, "| handed back | {} | {} | |", real.handed_back, sim.handed_back);
+    out
+}
+
+pub fn cmd_compare(a: &CompareArgs) -> Result<(), String> {
+    let text = std::fs::read_to_string(&a.results).map_err(|e| format!("--results {}: {e}", a.results.display()))?;
+    let real = real_figures(&read_results(&text)?);
+    let sim = simulated_figures(a)?;
+    print!("{}", comparison(&real, &sim));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(name: &str, solo_s: f64) -> Workload {
+        Workload {
+            name: name.into(),
+            gpus: 1,
+            solo_s,
+            peak_mib: 5000,
+            estimates: HashMap::new(),
+            sm: 0.3,
+            busy: 0.6,
+            model_file: None,
+            batch_size: None,
+            seq_len: None,
+        }
+    }
+
+    #[test]
+    fn a_plan_merges_copies_in_submit_order_and_compresses_time() {
+        let t = vec![
+            TraceJob { seq: 0, submit_s: 0.0, workload: "a".into() },
+            TraceJob { seq: 1, submit_s: 600.0, workload: "b".into() },
+        ];
+        let ws = HashMap::from([("a".to_string(), w("a", 1200.0)), ("b".to_string(), w("b", 60.0))]);
+        let (jobs, out) = plan(&t, &ws, 2, 60.0).unwrap();
+        let got: Vec<(u32, f64)> = jobs.iter().map(|j| (j.seq, j.submit_s)).collect();
+        assert_eq!(got, vec![(0, 0.0), (1000, 0.0), (1, 10.0), (1001, 10.0)]);
+        assert_eq!((out["a"].solo_s, out["b"].solo_s), (20.0, 1.0));
+        let e = plan(&[TraceJob { seq: 0, submit_s: 0.0, workload: "x".into() }], &ws, 1, 1.0).unwrap_err();
+        assert!(e.contains("workload 'x'"), "{e}");
+    }
+
+    #[test]
+    fn real_figures_count_failures_hand_backs_and_waits() {
+        let r = read_results("# header\n0 0.0 2.0 12.0 0 1\n1 1.0 5.0 20.0 0 2\n2 3.0 4.0 6.0 1 1\n3 4.0 - - - 0\n")
+            .unwrap();
+        let f = real_figures(&r);
+        assert_eq!((f.jobs, f.failed, f.handed_back), (4, 2, 1));
+        assert_eq!(f.makespan_s, 20.0);
+        assert_eq!(f.mean_wait_s, (2.0 + 4.0 + 1.0) / 3.0);
+        assert_eq!(f.mean_jct_s, (12.0 + 19.0) / 2.0);
+        let e = read_results("0 0.0 x 1 0 1\n").unwrap_err();
+        assert!(e.contains("line 1") && e.contains("'x'"), "{e}");
+        assert!(read_results("0 0.0 1 2 0\n").unwrap_err().contains("expected 6 fields"));
+    }
+
+    #[test]
+    fn the_comparison_gives_the_simulators_difference_from_the_real() {
+        let real =
+            Figures { jobs: 2, makespan_s: 100.0, mean_wait_s: 10.0, mean_jct_s: 50.0, failed: 0, handed_back: 1 };
+        let sim = Figures { makespan_s: 108.0, mean_wait_s: 5.0, ..real.clone() };
+        let t = comparison(&real, &sim);
+        assert!(t.contains("| makespan (s) | 100.0 | 108.0 | +8.0% |"), "{t}");
+        assert!(t.contains("| mean wait (s) | 10.0 | 5.0 | -50.0% |"), "{t}");
+    }
+}
