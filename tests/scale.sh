@@ -297,10 +297,12 @@ replay() {
     done <"$r/submitted" | cut -d' ' -f1-6 >"$r/results"
     echo "== scale replay: $n nodes, $trace, policy $policy, time / $compress: $jobs jobs, all left the queue after $span s"
     echo "slurmctld: $(awk -v a="$cpu0" -v b="$(cpu_s "$ctld")" 'BEGIN {printf "%.1f", b - a}') CPU s during the replay, RSS $(rss_mib "$ctld") MiB"
+    # The stand-in's A100s have no GPM and the nodes no DCGM: busy time
+    # stands in for SM activity under the cap.
     local ll=()
     [ "$(slurmctld -V | awk '{split($2, v, "."); print v[1]}')" -lt 23 ] || ll=(--least-loaded)
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
-        --gpu-owner carma --window "$window" --node-wait "$wait" "${ll[@]}" || die "scale: carma replay-compare failed"
+        --gpu-owner carma --cap-metric busy --window "$window" --node-wait "$wait" "${ll[@]}" || die "scale: carma replay-compare failed"
     served "$jobs" "$n"
 }
 

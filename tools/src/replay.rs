@@ -3,7 +3,7 @@
 //! carma-fakejob jobs), and what that cluster did held against
 //! `carma simulate` of the same trace, cluster shape, policy and admission.
 
-use carma_config::{GpuOwner, Policy};
+use carma_config::{ActivityMetric, GpuOwner, Policy};
 use carma_placement::Params;
 use carma_simulator::engine::mean;
 use carma_simulator::{Admission, Assumptions, Cluster, Estimator, SimConfig, TraceJob, Workload, simulate};
@@ -55,6 +55,9 @@ pub struct CompareArgs {
     /// Whose choice of GPU stands: slurm or carma (the nodes' carma.yaml gpu_owner)
     #[arg(long, value_name = "OWNER", default_value = "slurm", value_parser = GpuOwner::parse)]
     pub gpu_owner: GpuOwner,
+    /// The reading the nodes' activity cap applies to: sm, or busy where SM activity cannot be read (no GPM, no DCGM), as busy time then stands in for it
+    #[arg(long, value_name = "METRIC", default_value_t = ActivityMetric::default(), value_parser = ActivityMetric::parse)]
+    pub cap_metric: ActivityMetric,
     /// The nodes' monitor_window, seconds (their readings are published)
     #[arg(long, value_name = "S", default_value_t = 0.0)]
     pub window: f64,
@@ -231,7 +234,7 @@ pub fn simulated_figures(a: &CompareArgs) -> Result<Figures, String> {
         cluster: a.cluster,
         policy: a.policy,
         estimator: Estimator::Oracle,
-        params: Params::default(),
+        params: Params { metric: a.cap_metric, ..Params::default() },
         assumptions: Assumptions {
             ramp_s: ramp_s(compress),
             window_s: a.window,
