@@ -209,15 +209,15 @@ burst() {
 # squeue, the harness's too, is --local), and root's RPCs per job
 # (prolog/epilog, monitors, records) under a ceiling.
 served() {
-    local jobs=$1 n=$2 rpcs root_rpcs
+    local jobs=$1 n=$2 max=${3:-$MAX_ROOT_RPCS_PER_JOB} rpcs root_rpcs
     rpcs=$(sdiag | sed -n '/by message type/,/Pending RPC/p' | grep -v '^$' | grep -v 'Pending RPC' || true)
     echo "$rpcs"
     ! grep -q 'REQUEST_FED_INFO' <<<"$rpcs" || die "scale: REQUEST_FED_INFO sent (an squeue without --local)"
     root_rpcs=$(awk '/by user/ {u = 1} u && $1 == "root" {sub("count:", "", $4); print $4}' <<<"$rpcs")
     [ -n "$root_rpcs" ] || die "scale: sdiag listed no RPCs by root"
-    awk -v r="$root_rpcs" -v j="$jobs" -v n="$n" -v max="$MAX_ROOT_RPCS_PER_JOB" 'BEGIN {
+    awk -v r="$root_rpcs" -v j="$jobs" -v n="$n" -v max="$max" 'BEGIN {
         printf "root RPCs per job: %.1f (ceiling %s), per node: %.1f\n", r / j, max, r / n; exit !(r / j <= max) }' ||
-        die "scale: root sent more than $MAX_ROOT_RPCS_PER_JOB RPCs per job"
+        die "scale: root sent more than $max RPCs per job"
 }
 
 # Seconds since $1 (date +%s.%N), to the millisecond.
@@ -303,7 +303,9 @@ replay() {
     [ "$(slurmctld -V | awk '{split($2, v, "."); print v[1]}')" -lt 23 ] || ll=(--least-loaded)
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
         --gpu-owner carma --cap-metric busy --window "$window" --node-wait "$wait" "${ll[@]}" || die "scale: carma replay-compare failed"
-    served "$jobs" "$n"
+    # Each hand-back is a failed step, a requeue and a record more: 17.9
+    # per job measured on 22.05 with 253 hand-backs of 320 jobs.
+    served "$jobs" "$n" $((2 * MAX_ROOT_RPCS_PER_JOB))
 }
 
 case "${1:-}" in

@@ -20,9 +20,9 @@ pub struct PlanArgs {
     /// Instead of --trace: the simulator's synthetic trace of N single-GPU jobs (run times a tenth, at least 30 s)
     #[arg(long, value_name = "N", conflicts_with = "trace")]
     pub synthetic: Option<u32>,
-    /// The synthetic trace's mean gap between submissions, seconds
-    #[arg(long, value_name = "S", default_value_t = 0.4, requires = "synthetic", value_parser = gap)]
-    pub gap: f64,
+    /// The synthetic trace's mean gap between submissions, seconds [default: 0.4]
+    #[arg(long, value_name = "S", conflicts_with = "trace", value_parser = gap)]
+    pub gap: Option<f64>,
     /// The workloads it names (CSV, as `carma simulate` reads them)
     #[arg(long, value_name = "FILE")]
     pub workloads: PathBuf,
@@ -118,7 +118,7 @@ pub fn cmd_plan(a: &PlanArgs) -> Result<(), String> {
     let trace = match (&a.trace, a.synthetic) {
         (Some(t), _) => carma_simulator::read_trace(t)?,
         (None, Some(n)) => {
-            let (t, short) = carma_simulator::input::synthetic(&w, n, a.gap, 7);
+            let (t, short) = carma_simulator::input::synthetic(&w, n, a.gap.unwrap_or(0.4), 7);
             w = short;
             t
         }
@@ -226,8 +226,15 @@ pub fn real_figures(jobs: &[RealJob]) -> Figures {
     }
 }
 
-pub fn simulated_figures(a: &CompareArgs) -> Result<Figures, String> {
-    let trace = carma_simulator::read_trace(&a.plan.join("trace.csv"))?;
+/// The simulator's figures for the plan, each job submitted when sbatch
+/// really submitted it (`real`; a burst of arrivals leaves sbatch behind).
+pub fn simulated_figures(a: &CompareArgs, real: &[RealJob]) -> Result<Figures, String> {
+    let mut trace = carma_simulator::read_trace(&a.plan.join("trace.csv"))?;
+    let submitted: HashMap<u32, f64> = real.iter().map(|j| (j.seq, j.submit_s)).collect();
+    for j in &mut trace {
+        j.submit_s = submitted.get(&j.seq).copied().unwrap_or(j.submit_s);
+    }
+    trace.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
     let w = carma_simulator::read_workloads(&a.plan.join("workloads.csv"))?;
     let compress = read_compress(&a.plan)?;
     let cfg = SimConfig {
@@ -300,8 +307,9 @@ pub fn comparison(real: &Figures, sim: &Figures) -> String {
 
 pub fn cmd_compare(a: &CompareArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.results).map_err(|e| format!("--results {}: {e}", a.results.display()))?;
-    let real = real_figures(&read_results(&text)?);
-    let sim = simulated_figures(a)?;
+    let jobs = read_results(&text)?;
+    let real = real_figures(&jobs);
+    let sim = simulated_figures(a, &jobs)?;
     print!("{}", comparison(&real, &sim));
     Ok(())
 }
@@ -352,6 +360,28 @@ mod tests {
         let e = read_results("0 0.0 x 1 0 1\n").unwrap_err();
         assert!(e.contains("line 1") && e.contains("'x'"), "{e}");
         assert!(read_results("0 0.0 1 2 0\n").unwrap_err().contains("expected 6 fields"));
+    }
+
+    #[test]
+    fn bad_options_name_the_option_and_what_it_takes() {
+        use crate::cli::Cli;
+        use clap::Parser;
+        let base = ["carma", "replay-plan", "--workloads", "w.csv", "--out", "d"];
+        for (extra, says) in [
+            (&[][..], "--trace <FILE>"),
+            (&["--trace", "t.csv", "--compress", "0.5"], "--compress <X>': expected a number >= 1"),
+            (&["--trace", "t.csv", "--synthetic", "5"], "cannot be used with"),
+            (&["--trace", "t.csv", "--gap", "1"], "cannot be used with"),
+            (&["--synthetic", "5", "--gap", "0"], "--gap <S>': expected seconds > 0"),
+            (&["--trace", "t.csv", "--copies", "0"], "--copies <N>'"),
+        ] {
+            let e = Cli::try_parse_from(base.iter().chain(extra)).map(|_| ()).map_err(|e| crate::cli::one_line(&e));
+            let e = e.err().unwrap_or_else(|| panic!("{extra:?} was accepted"));
+            assert!(e.contains(says) && !e.contains('\n'), "{extra:?}: {e}");
+        }
+        let ok = Cli::try_parse_from(base.iter().chain(&["--synthetic", "5", "--gap", "2"])).unwrap();
+        let crate::cli::Command::ReplayPlan(a) = ok.command else { panic!() };
+        assert_eq!((a.synthetic, a.gap, a.compress, a.copies, a.trace), (Some(5), Some(2.0), 1.0, 1, None));
     }
 
     #[test]

@@ -8,8 +8,17 @@ const CARMA: &str = env!("CARGO_BIN_EXE_carma");
 const MONITOR: &str = env!("CARGO_BIN_EXE_carma-monitor");
 const FAKEJOB: &str = env!("CARGO_BIN_EXE_carma-fakejob");
 
-const SUBCOMMANDS: [&str; 7] =
-    ["status", "estimate", "place", "transparent-scopes", "simulate", "simulate-report", "completions"];
+const SUBCOMMANDS: [&str; 9] = [
+    "status",
+    "estimate",
+    "place",
+    "transparent-scopes",
+    "simulate",
+    "simulate-report",
+    "replay-plan",
+    "replay-compare",
+    "completions",
+];
 
 /// Every case here ends before carma.yaml is read.
 fn run(bin: &str, args: &[&str]) -> Output {
@@ -49,7 +58,15 @@ fn every_command_answers_help_and_version() {
 
 #[test]
 fn a_command_without_its_arguments_shows_its_help() {
-    for args in [&[][..], &["estimate"], &["simulate"], &["simulate-report"], &["completions"]] {
+    for args in [
+        &[][..],
+        &["estimate"],
+        &["simulate"],
+        &["simulate-report"],
+        &["replay-plan"],
+        &["replay-compare"],
+        &["completions"],
+    ] {
         let out = run(CARMA, args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(text(&out.stderr).contains("Usage: carma"), "{args:?}: {}", text(&out.stderr));
