@@ -189,7 +189,7 @@ for r in $RELEASES; do
             tests/releases.sh enter "$r" tests/scale.sh burst 16 off 4; } || failed+=("scale-$r")
         # The simulator held against real Slurm: a synthetic trace replayed
         # through sbatch on 16 nodes (64 and the paper's traces by hand:
-        # docs/simulation.md).
+        # docs/replay.md).
         phase "scale replay: 16 nodes on $r's Slurm against carma simulate (tests/scale.sh replay)"
         tests/releases.sh enter "$r" tests/scale.sh replay 16 synthetic:320:1.6 magm 10 || failed+=("replay-$r")
     fi

@@ -325,3 +325,60 @@ fn a_trace_that_starts_late_is_sampled_from_its_first_submission() {
     let at: Vec<f64> = o.timeline.iter().map(|s| s.t).collect();
     assert_eq!(at, vec![0.0, 60.0]);
 }
+
+/// The wait on the node (timeouts.wait): node 0's memory is split (13 GiB
+/// free on each GPU beside two 25 GiB jobs of 100 s), so the 20 GiB job
+/// sent there at t=10 fits no GPU. Waiting 200 s it starts there when the
+/// first job ends (100) and ends at 200, never handed back; waiting 50 s it
+/// is handed back at 60, away 5 s for the requeue, and placed on node 1 at
+/// 65, ending at 165.
+#[test]
+fn a_job_waits_on_its_node_before_it_is_handed_back() {
+    let w: HashMap<_, _> = [
+        ("mid".to_string(), wl("mid", 25, 100.0, 0.2, None)),
+        ("twenty".to_string(), wl("twenty", 20, 100.0, 0.2, None)),
+    ]
+    .into();
+    let trace = [job(0, 0.0, "mid"), job(1, 0.0, "mid"), job(2, 10.0, "twenty")];
+    let run = |node_wait_s: f64| {
+        let mut c = SimConfig {
+            cluster: Cluster { nodes: 2, gpus_per_node: 2, mem_mib: 40 * 1024 },
+            admission: Admission::NodeMemory { hand_back: 3 },
+            ..cfg(Policy::Magm, Estimator::Oracle, 0.0)
+        };
+        c.assumptions.node_wait_s = node_wait_s;
+        c.assumptions.requeue_s = 5.0;
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let o = run(200.0);
+    assert_eq!(o.handed_back, 0, "{:?}", o.jobs);
+    assert_eq!((o.jobs[2].start_s, o.jobs[2].end_s), (Some(100.0), Some(200.0)), "{:?}", o.jobs[2]);
+    let o = run(50.0);
+    assert_eq!(o.handed_back, 1, "{:?}", o.jobs);
+    assert_eq!((o.jobs[2].start_s, o.jobs[2].end_s), (Some(65.0), Some(165.0)), "{:?}", o.jobs[2]);
+}
+
+/// The readings' window: one GPU, four jobs of SM (and busy) 0.25
+/// arriving together (no switching overhead here). With no window each
+/// reads at once: 0, 0.25, 0.5 and 0.75 pass the 0.8 cap, so all four
+/// start at 0. With a 10 s window the readings have seen none of them yet
+/// and the plugin counts each placed within it as half the cap (0.4) on
+/// top: 0, 0.4 and 0.8 pass (not over), 1.2 does not. At age a the three
+/// read 0.75 a/10 + 1.2 (1 - a/10), at most 0.8 from a = 8.9 s: the fourth
+/// starts at the next whole second the plugin counts, 9 or 10 s.
+#[test]
+fn under_a_window_recent_placements_count_on_top_of_the_readings() {
+    let w: HashMap<_, _> = [("light".to_string(), wl("light", 2, 100.0, 0.25, None))].into();
+    let trace: Vec<TraceJob> = (0..4).map(|i| job(i, 0.0, "light")).collect();
+    let run = |window_s: f64| {
+        let mut c = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+        c.assumptions.window_s = window_s;
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let starts = |o: &carma_simulator::Outcome| o.jobs.iter().map(|j| j.start_s.unwrap_or(-1.0)).collect::<Vec<_>>();
+    let o = run(0.0);
+    assert_eq!(starts(&o), [0.0, 0.0, 0.0, 0.0], "{:?}", o.jobs);
+    let o = run(10.0);
+    assert_eq!(starts(&o)[..3], [0.0, 0.0, 0.0], "{:?}", o.jobs);
+    assert!((8.9..=10.0).contains(&starts(&o)[3]), "{:?}", o.jobs);
+}

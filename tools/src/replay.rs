@@ -59,20 +59,30 @@ pub struct CompareArgs {
     #[arg(long, value_name = "METRIC", default_value_t = ActivityMetric::default(), value_parser = ActivityMetric::parse)]
     pub cap_metric: ActivityMetric,
     /// The nodes' monitor_window, seconds (their readings are published)
-    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub window: f64,
     /// Seconds a job waits on its node for a GPU before it is handed back (the nodes' timeouts.wait)
-    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub node_wait: f64,
     /// Seconds a handed-back job is away before slurmctld places it again (the requeue)
-    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub requeue_delay: f64,
+    /// Fail (exit 1) when the simulated makespan differs from the real by more than PCT per cent: a broken model or harness, not a benchmark's verdict
+    #[arg(long, value_name = "PCT", value_parser = seconds)]
+    pub fail_above: Option<f64>,
     /// Also write the simulated jobs to FILE, in the results' format (node and GPUs appended)
     #[arg(long, value_name = "FILE")]
     pub simulated: Option<PathBuf>,
     /// slurmctld takes shards from the least loaded GPU (LL_SHARED_GRES, Slurm 23.11 on)
     #[arg(long)]
     pub least_loaded: bool,
+}
+
+fn seconds(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0 && *x <= 1e6)
+        .ok_or_else(|| "expected a number from 0 to 1e6".into())
 }
 
 fn gap(v: &str) -> Result<f64, String> {
@@ -216,9 +226,12 @@ pub struct Figures {
 
 pub fn real_figures(jobs: &[RealJob]) -> Figures {
     let ok = |j: &&RealJob| j.exit == Some(0) && j.end_s.is_some();
+    let first = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+    let first = if first.is_finite() { first } else { 0.0 };
     Figures {
         jobs: jobs.len(),
-        makespan_s: jobs.iter().filter_map(|j| j.end_s).fold(0.0, f64::max),
+        // From the first submission, as the simulator counts it.
+        makespan_s: (jobs.iter().filter_map(|j| j.end_s).fold(0.0, f64::max) - first).max(0.0),
         mean_wait_s: mean(&jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect::<Vec<_>>()),
         mean_jct_s: mean(&jobs.iter().filter(ok).filter_map(|j| j.end_s.map(|e| e - j.submit_s)).collect::<Vec<_>>()),
         failed: jobs.iter().filter(|j| !ok(j)).count(),
@@ -311,7 +324,13 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<(), String> {
     let real = real_figures(&jobs);
     let sim = simulated_figures(a, &jobs)?;
     print!("{}", comparison(&real, &sim));
-    Ok(())
+    let off = if real.makespan_s > 0.0 { (sim.makespan_s / real.makespan_s - 1.0).abs() * 100.0 } else { 100.0 };
+    match a.fail_above {
+        Some(max) if off > max => {
+            Err(format!("the simulated makespan is {off:.1} % off the real, more than --fail-above {max}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -354,7 +373,10 @@ mod tests {
             .unwrap();
         let f = real_figures(&r);
         assert_eq!((f.jobs, f.failed, f.handed_back), (4, 2, 1));
+        // From the first submission (0.0 here) to the last end.
         assert_eq!(f.makespan_s, 20.0);
+        let later = read_results("0 2.0 3.0 12.0 0 1\n").unwrap();
+        assert_eq!(real_figures(&later).makespan_s, 10.0);
         assert_eq!(f.mean_wait_s, (2.0 + 4.0 + 1.0) / 3.0);
         assert_eq!(f.mean_jct_s, (12.0 + 19.0) / 2.0);
         let e = read_results("0 0.0 x 1 0 1\n").unwrap_err();

@@ -267,12 +267,18 @@ impl SimulatedGpus {
     /// The solo `(busy, sm)` of each live registered process on GPU
     /// `index` (MPS servers, which register none, left out): what a
     /// simulated job's speed depends on (`carma-fakejob --work`).
+    /// The baseline load counts as one more, as in the readings.
     pub fn sharers(&self, index: u32) -> Vec<(f64, f64)> {
-        self.processes(None)
+        let mut out: Vec<(f64, f64)> = self
+            .processes(None)
             .iter()
             .flat_map(|p| p.gpus.iter().filter(|u| u.index == index && (u.sm > 0.0 || u.used_mib > 0)))
             .map(|u| (u.busy.unwrap_or(u.sm), u.sm))
-            .collect()
+            .collect();
+        if let Some(g) = self.gpus.iter().find(|g| g.index == index && (g.base_sm > 0.0 || g.base_busy > 0.0)) {
+            out.push((g.base_busy, g.base_sm));
+        }
+        out
     }
 
     fn processes(&self, skip_pid: Option<u32>) -> Vec<SimProcess> {
@@ -479,7 +485,7 @@ mod tests {
         assert_eq!(s.read().unwrap()[1].mps_uid, None, "no MPS client left");
         assert_eq!(s.read().unwrap()[1].busy, 1.0);
         // What a job's speed depends on: each sharer's solo readings.
-        assert_eq!((s.sharers(0), s.sharers(1)), (vec![], vec![(0.9, 0.5)]));
+        assert_eq!((s.sharers(0), s.sharers(1)), (vec![], vec![(0.9, 0.5), (0.3, 0.25)]));
         let oom = s.allocate(me, &[1], 16000, 0.5, 0.5, false).unwrap().unwrap_err();
         assert_eq!((oom.gpu, oom.used_mib, oom.asked_mib), (1, 1024, 16000));
         s.release(me);

@@ -55,17 +55,16 @@ impl Sim<'_> {
         if self.next_arrival < self.trace.len() {
             t_next = t_next.min(self.trace[self.next_arrival].submit_s);
         }
-        for &(back, _) in &self.away {
+        for &(back, _, _) in &self.away {
             t_next = t_next.min(back);
         }
         for w in &self.on_node {
             t_next = t_next.min(w.deadline);
         }
-        // A run's window ends: the plugin stops counting it on top.
-        if a.window_s > 0.0 {
-            for r in self.runs.iter().filter(|r| r.start + a.window_s > t + EPS) {
-                t_next = t_next.min(r.start + a.window_s);
-            }
+        // Under a window the plugin's count of recent placements falls
+        // second by second: a job still waiting is tried at the next one.
+        if a.window_s > 0.0 && (!self.queue.is_empty() || !self.recovery.is_empty() || !self.on_node.is_empty()) {
+            t_next = t_next.min(t.floor() + 1.0);
         }
         for (r, &k) in self.runs.iter().zip(&pace.rate) {
             t_next = t_next.min(t + (1.0 - r.progress) / k);

@@ -73,8 +73,9 @@ struct Sim<'a> {
     by_node: Vec<Vec<usize>>,
     queue: VecDeque<usize>,
     recovery: VecDeque<usize>,
-    /// Jobs handed back and the time slurmctld can place each again.
-    away: Vec<(f64, usize)>,
+    /// Jobs handed back: the time slurmctld can place each again, the job,
+    /// and whether it goes back to the recovery queue.
+    away: Vec<(f64, usize, bool)>,
     /// Jobs waiting on the node slurmctld sent them to for a GPU.
     on_node: Vec<placing::OnNode>,
     next_arrival: usize,
@@ -178,11 +179,12 @@ impl<'a> Sim<'a> {
     /// away is over (in submit order: a requeued job keeps its priority).
     fn arrivals(&mut self) {
         let t = self.t;
-        let back: Vec<usize> = self.away.iter().filter(|a| a.0 <= t + EPS).map(|a| a.1).collect();
+        let back: Vec<(usize, bool)> = self.away.iter().filter(|a| a.0 <= t + EPS).map(|a| (a.1, a.2)).collect();
         self.away.retain(|a| a.0 > t + EPS);
-        for job in back {
-            let at = self.queue.iter().position(|&q| q > job).unwrap_or(self.queue.len());
-            self.queue.insert(at, job);
+        for (job, recovering) in back {
+            let q = if recovering { &mut self.recovery } else { &mut self.queue };
+            let at = q.iter().position(|&o| o > job).unwrap_or(q.len());
+            q.insert(at, job);
             self.dirty = true;
         }
         while self.next_arrival < self.trace.len() && self.trace[self.next_arrival].submit_s <= self.t + EPS {

@@ -134,7 +134,7 @@ impl Deciding<'_> {
         }
         // A window: jobs placed within it count on top of the readings.
         let params =
-            carma_placement::Params { window_secs: self.cfg.assumptions.window_s.round() as u64, ..self.cfg.params };
+            carma_placement::Params { window_secs: window_secs(self.cfg.assumptions.window_s), ..self.cfg.params };
         let decided = carma_placement::decide::decide(
             st,
             step,
@@ -148,4 +148,10 @@ impl Deciding<'_> {
         );
         Ok(decided.ok())
     }
+}
+
+/// The window as the plugin takes monitor_window: whole seconds, at least 1
+/// (0: none).
+fn window_secs(window_s: f64) -> u64 {
+    if window_s > 0.0 { window_s.ceil().max(1.0) as u64 } else { 0 }
 }

@@ -51,7 +51,7 @@ impl Sim<'_> {
                 // Away for the step's wait and the requeue, if they take time.
                 Attempt::HandedBack if self.cfg.assumptions.requeue_s > 0.0 => {
                     self.pop_head(from_recovery);
-                    self.away.push((self.t + self.cfg.assumptions.requeue_s, job));
+                    self.away.push((self.t + self.cfg.assumptions.requeue_s, job, from_recovery));
                 }
                 Attempt::HandedBack => {}
                 Attempt::WaitsOnNode { node, slurm_gpus, ask } => {
@@ -104,12 +104,17 @@ impl Sim<'_> {
             self.slurm.hold(node, &w.slurm_gpus, w.ask.shards, gib, false);
             match decided {
                 Some(d) => self.start(job, node, d, w.slurm_gpus, &w.ask),
-                None if (self.excluded[job].len() as u32) < self.cfg.admission.hand_back() => {
-                    self.excluded[job].push(node);
-                    self.handed_back += 1;
-                    self.away.push((self.t + self.cfg.assumptions.requeue_s, job));
+                None => {
+                    // What it held on the node is free for the queue again.
+                    self.dirty = true;
+                    if (self.excluded[job].len() as u32) < self.cfg.admission.hand_back() {
+                        self.excluded[job].push(node);
+                        self.handed_back += 1;
+                        self.away.push((self.t + self.cfg.assumptions.requeue_s, job, from_recovery));
+                    } else {
+                        self.fail_no_fit(job, node, step, &plan.request);
+                    }
                 }
-                None => self.fail_no_fit(job, node, step, &plan.request),
             }
         }
         Ok(())
