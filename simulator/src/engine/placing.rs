@@ -187,14 +187,8 @@ impl Sim<'_> {
         req: &Request,
         ask: Ask,
     ) -> Result<Attempt, String> {
-        let slurmctld = Slurmctld {
-            cfg: self.cfg,
-            alloc: &self.slurm,
-            runs: &self.runs,
-            by_node: &self.by_node,
-            states: &self.states,
-            t: self.t,
-        };
+        let slurmctld =
+            Slurmctld { cfg: self.cfg, alloc: &self.slurm, runs: &self.runs, by_node: &self.by_node, t: self.t };
         let Some((node, gpus)) = slurmctld.pick(&self.excluded[job], self.wl[job].gpus, &ask) else {
             return Ok(Attempt::Waits);
         };

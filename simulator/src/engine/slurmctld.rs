@@ -1,12 +1,9 @@
 //! slurmctld's side of admission: the shards it has allocated, what a job
 //! asks of each GPU, and the node (and GPUs) it sends the job to.
 
-use super::node::{NodeView, Run, window_secs};
+use super::node::{NodeView, Run};
 use super::{Admission, Cluster, SimConfig};
 use carma_config::GpuOwner;
-use carma_placement::policy::admissible_gib;
-use carma_placement::{NodeState, Params};
-use std::collections::HashMap;
 
 /// What slurmctld has allocated: shards on each GPU (node-major) and the
 /// node-level memory count, taken when a run starts and given back when it
@@ -125,35 +122,10 @@ pub(super) struct Slurmctld<'a> {
     pub(super) alloc: &'a SlurmAlloc,
     pub(super) runs: &'a [Run],
     pub(super) by_node: &'a [Vec<usize>],
-    /// CARMA's state on each node, which its monitor counts from.
-    pub(super) states: &'a [NodeState],
     pub(super) t: f64,
 }
 
 impl Slurmctld<'_> {
-    /// What node-memory admission leaves free on `node`: the count its
-    /// monitor sets, CARMA's own `admissible_gib` (the effective free
-    /// memory of the GPUs under the cap, placements within the window
-    /// counted), less what slurmctld gave jobs that still wait there for a
-    /// GPU (CARMA holds nothing for them yet).
-    fn node_memory_free(&self, node: usize) -> u32 {
-        let cfg = self.cfg;
-        let on_node = &self.by_node[node];
-        let readings =
-            NodeView { cluster: cfg.cluster, runs: self.runs, on_node, t: self.t, assumptions: &cfg.assumptions }
-                .read_now();
-        let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
-        let params = Params {
-            window_secs: window_secs(cfg.assumptions.window_s),
-            now_secs: self.t.max(0.0) as u64,
-            ..cfg.params
-        };
-        let admissible = admissible_gib(&readings, &self.states[node], &owners, &params);
-        let running: u32 = on_node.iter().map(|&i| self.runs[i].node_gib).sum();
-        let waiting = self.alloc.node_gib[node].saturating_sub(running);
-        (admissible.min(u64::from(u32::MAX)) as u32).saturating_sub(waiting)
-    }
-
     /// Slurm's choice for a job of `gpus` GPUs: the first node that has
     /// what it asks, past the nodes that handed it back, with the GPUs
     /// slurmctld gives it there (none where CARMA picks them). `None`: the
@@ -177,8 +149,9 @@ impl Slurmctld<'_> {
     fn fits(&self, node: usize, gpus: u32, ask: &Ask) -> Option<Vec<u32>> {
         let (cfg, cl) = (self.cfg, self.cfg.cluster);
         let admission = cfg.admission;
-        // Informed: GPUs over the cap offer none.
-        let over: Vec<bool> = if matches!(admission, Admission::Informed) {
+        let per_gpu = shards_per_gpu(admission, cl);
+        // Informed, node memory: GPUs over the cap offer none.
+        let mut over: Vec<bool> = if matches!(admission, Admission::Informed | Admission::NodeMemory { .. }) {
             let view = NodeView {
                 cluster: cl,
                 runs: self.runs,
@@ -191,14 +164,17 @@ impl Slurmctld<'_> {
             vec![false; cl.gpus_per_node as usize]
         };
         if matches!(admission, Admission::NodeMemory { .. }) {
-            if self.node_memory_free(node) < ask.need * gpus {
+            let capacity = over.iter().filter(|o| !**o).count() as u32 * per_gpu;
+            let free = capacity.saturating_sub(self.alloc.node_gib[node]);
+            if free < ask.need * gpus {
                 return None;
             }
             if cfg.gpu_owner == GpuOwner::Carma {
                 return Some(Vec::new());
             }
-            // Then the job's shard of each GPU, whatever its memory or
-            // activity (Slurm sees neither per GPU).
+            // The job's shard of each GPU, whatever its memory or activity
+            // (Slurm sees neither per GPU).
+            over = vec![false; cl.gpus_per_node as usize];
         }
         let free: Vec<u32> = self
             .tried(node)
