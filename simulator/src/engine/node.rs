@@ -152,6 +152,6 @@ impl Deciding<'_> {
 
 /// The window as the plugin takes monitor_window: whole seconds, at least 1
 /// (0: none).
-pub(super) fn window_secs(window_s: f64) -> u64 {
+fn window_secs(window_s: f64) -> u64 {
     if window_s > 0.0 { window_s.ceil().max(1.0) as u64 } else { 0 }
 }
