@@ -335,8 +335,10 @@ mod tests {
             let logged = LOG.lock().unwrap().join("\n");
             assert!(logged.contains(want), "{logged}");
         }
-        // Nothing listens any more: refused at once, not a hang.
+        // Nothing listens: refused at once, not a hang. Port 1, not the
+        // exporter's old one, which a test beside this one may bind.
         server.join().unwrap();
+        cfg.monitor.dcgm_exporter = Some(carma_config::HttpEndpoint::parse("http://127.0.0.1:1/metrics").unwrap());
         let t = Instant::now();
         run(&cfg, &AtomicBool::new(false), true, log).unwrap();
         assert!(LOG.lock().unwrap().join("\n").contains("cannot connect"));
