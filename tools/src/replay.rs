@@ -43,7 +43,7 @@ pub struct CompareArgs {
     /// The plan's directory (`carma replay-plan --out`)
     #[arg(long, value_name = "DIR")]
     pub plan: PathBuf,
-    /// What the cluster did, one job a line: seq submit_s start_s end_s exit runs (times from the replay's start, `-` when none)
+    /// What the cluster did, one job a line: seq submit_s start_s end_s exit hand_backs (times from the replay's start, `-` when none)
     #[arg(long, value_name = "FILE")]
     pub results: PathBuf,
     /// The cluster: nodes x GPUs per node x memory per GPU
@@ -118,9 +118,14 @@ pub fn plan(
             trace.iter().map(move |j| TraceJob { seq: k * 1000 + j.seq, submit_s: j.submit_s / compress, ..j.clone() })
         })
         .collect();
-    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
+    by_submit(&mut jobs);
     let w = workloads.iter().map(|(k, w)| (k.clone(), Workload { solo_s: w.solo_s / compress, ..w.clone() })).collect();
     Ok((jobs, w))
+}
+
+/// Submit order (seq breaks ties), as the simulator reads a trace.
+fn by_submit(jobs: &mut [TraceJob]) {
+    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
 }
 
 pub fn cmd_plan(a: &PlanArgs) -> Result<(), String> {
@@ -184,8 +189,8 @@ pub struct RealJob {
     pub start_s: Option<f64>,
     pub end_s: Option<f64>,
     pub exit: Option<i32>,
-    /// Times it started (more than once: handed back or requeued).
-    pub runs: u32,
+    /// Times a node handed it back (requeued it elsewhere).
+    pub hand_backs: u32,
 }
 
 /// Reads the results file (see [`CompareArgs::results`]).
@@ -198,7 +203,10 @@ pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
         let f: Vec<&str> = line.split_whitespace().collect();
         let bad = |e: String| format!("results line {}: {e}", n + 1);
         if f.len() != 6 {
-            return Err(bad(format!("expected 6 fields (seq submit_s start_s end_s exit runs), found {}", f.len())));
+            return Err(bad(format!(
+                "expected 6 fields (seq submit_s start_s end_s exit hand_backs), found {}",
+                f.len()
+            )));
         }
         out.push(RealJob {
             seq: f[0].parse().map_err(|_| bad(format!("seq '{}'", f[0])))?,
@@ -206,7 +214,7 @@ pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
             start_s: opt(f[2]).map_err(bad)?,
             end_s: opt(f[3]).map_err(bad)?,
             exit: if f[4] == "-" { None } else { Some(f[4].parse().map_err(|_| bad(format!("exit '{}'", f[4])))?) },
-            runs: f[5].parse().map_err(|_| bad(format!("runs '{}'", f[5])))?,
+            hand_backs: f[5].parse().map_err(|_| bad(format!("hand_backs '{}'", f[5])))?,
         });
     }
     Ok(out)
@@ -235,7 +243,7 @@ pub fn real_figures(jobs: &[RealJob]) -> Figures {
         mean_wait_s: mean(&jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect::<Vec<_>>()),
         mean_jct_s: mean(&jobs.iter().filter(ok).filter_map(|j| j.end_s.map(|e| e - j.submit_s)).collect::<Vec<_>>()),
         failed: jobs.iter().filter(|j| !ok(j)).count(),
-        handed_back: jobs.iter().map(|j| j.runs.saturating_sub(1)).sum(),
+        handed_back: jobs.iter().map(|j| j.hand_backs).sum(),
     }
 }
 
@@ -247,7 +255,7 @@ pub fn simulated_figures(a: &CompareArgs, real: &[RealJob]) -> Result<Figures, S
     for j in &mut trace {
         j.submit_s = submitted.get(&j.seq).copied().unwrap_or(j.submit_s);
     }
-    trace.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.seq.cmp(&b.seq)));
+    by_submit(&mut trace);
     let w = carma_simulator::read_workloads(&a.plan.join("workloads.csv"))?;
     let compress = read_compress(&a.plan)?;
     let cfg = SimConfig {
@@ -369,13 +377,13 @@ mod tests {
 
     #[test]
     fn real_figures_count_failures_hand_backs_and_waits() {
-        let r = read_results("# header\n0 0.0 2.0 12.0 0 1\n1 1.0 5.0 20.0 0 2\n2 3.0 4.0 6.0 1 1\n3 4.0 - - - 0\n")
+        let r = read_results("# header\n0 0.0 2.0 12.0 0 0\n1 1.0 5.0 20.0 0 1\n2 3.0 4.0 6.0 1 0\n3 4.0 - - - 0\n")
             .unwrap();
         let f = real_figures(&r);
         assert_eq!((f.jobs, f.failed, f.handed_back), (4, 2, 1));
         // From the first submission (0.0 here) to the last end.
         assert_eq!(f.makespan_s, 20.0);
-        let later = read_results("0 2.0 3.0 12.0 0 1\n").unwrap();
+        let later = read_results("0 2.0 3.0 12.0 0 0\n").unwrap();
         assert_eq!(real_figures(&later).makespan_s, 10.0);
         assert_eq!(f.mean_wait_s, (2.0 + 4.0 + 1.0) / 3.0);
         assert_eq!(f.mean_jct_s, (12.0 + 19.0) / 2.0);

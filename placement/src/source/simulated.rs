@@ -327,7 +327,14 @@ impl SimulatedGpus {
                 if g.base_sm > 0.0 || g.base_busy > 0.0 {
                     solo.push((g.base_busy, g.base_sm));
                 }
-                let (sm_activity, busy) = timeslice_reading(&solo, SWITCH_OVERHEAD);
+                // Under an MPS server kernels overlap: the solo readings add up.
+                let (sm_activity, busy) = match mps_uid {
+                    Some(_) => {
+                        let sum = |f: fn(&(f64, f64)) -> f64| solo.iter().map(f).sum::<f64>().min(1.0);
+                        (sum(|j| j.1), sum(|j| j.0))
+                    }
+                    None => timeslice_reading(&solo, SWITCH_OVERHEAD),
+                };
                 GpuReading {
                     index: g.index,
                     uuid: g.uuid.clone(),
@@ -469,9 +476,8 @@ mod tests {
         let r = s.read().unwrap();
         assert_eq!(r[0].used_mib, 0);
         assert_eq!(r[1].used_mib, 1024 + 4096);
-        // Time-sliced with the baseline load: their SM work at the pace of
-        // two jobs sharing (busy 0.9: only the switching costs).
-        assert!((r[1].sm_activity - 0.75 / (1.0 + SWITCH_OVERHEAD)).abs() < 1e-9, "{}", r[1].sm_activity);
+        // An MPS client: kernels overlap, the solo readings add up.
+        assert_eq!(r[1].sm_activity, 0.75);
         // Busy time adds up apart from SM activity, and saturates at 1.
         assert_eq!(r[1].busy, 0.3 + 0.6);
         assert_eq!((r[0].sm_activity, r[0].busy), (0.0, 0.0));
@@ -484,6 +490,10 @@ mod tests {
         assert_eq!(s.read().unwrap()[1].used_mib, 1024 + 8192);
         assert_eq!(s.read().unwrap()[1].mps_uid, None, "no MPS client left");
         assert_eq!(s.read().unwrap()[1].busy, 1.0);
+        // Time-sliced with the baseline load: their SM work at the pace of
+        // two jobs sharing a GPU asked for 1.2 of its time.
+        let sm = s.read().unwrap()[1].sm_activity;
+        assert!((sm - 0.75 / (1.2 * (1.0 + SWITCH_OVERHEAD))).abs() < 1e-9, "{sm}");
         // What a job's speed depends on: each sharer's solo readings.
         assert_eq!((s.sharers(0), s.sharers(1)), (vec![], vec![(0.9, 0.5), (0.3, 0.25)]));
         let oom = s.allocate(me, &[1], 16000, 0.5, 0.5, false).unwrap().unwrap_err();

@@ -57,7 +57,7 @@ impl Sim<'_> {
                 Attempt::WaitsOnNode { node, slurm_gpus, ask } => {
                     self.pop_head(from_recovery);
                     let gib = ask.node_gib(self.cfg, self.wl[job].gpus);
-                    self.slurm.hold(node, &slurm_gpus, ask.shards, gib, true);
+                    self.slurm.hold(node, &slurm_gpus, ask.shards, gib);
                     let deadline = self.t + self.cfg.assumptions.node_wait_s;
                     self.on_node.push(OnNode { job, node, deadline, slurm_gpus, ask, from_recovery });
                 }
@@ -101,7 +101,7 @@ impl Sim<'_> {
             }
             let w = self.on_node.remove(i);
             let gib = w.ask.node_gib(self.cfg, self.wl[job].gpus);
-            self.slurm.hold(node, &w.slurm_gpus, w.ask.shards, gib, false);
+            self.slurm.unhold(node, &w.slurm_gpus, w.ask.shards, gib);
             match decided {
                 Some(d) => self.start(job, node, d, w.slurm_gpus, &w.ask),
                 None => {

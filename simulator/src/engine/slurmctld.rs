@@ -24,13 +24,19 @@ impl SlurmAlloc {
     }
 
     /// Takes what a job waiting on `node` for a GPU holds there.
-    pub(super) fn hold(&mut self, node: usize, gpus: &[u32], shards: u32, node_gib: u32, sign: bool) {
+    pub(super) fn hold(&mut self, node: usize, gpus: &[u32], shards: u32, node_gib: u32) {
         for &g in gpus {
-            let s = &mut self.shards[node * self.gpus_per_node as usize + g as usize];
-            *s = if sign { *s + shards } else { *s - shards };
+            self.shards[node * self.gpus_per_node as usize + g as usize] += shards;
         }
-        let n = &mut self.node_gib[node];
-        *n = if sign { *n + node_gib } else { *n - node_gib };
+        self.node_gib[node] += node_gib;
+    }
+
+    /// Gives back what [`SlurmAlloc::hold`] took.
+    pub(super) fn unhold(&mut self, node: usize, gpus: &[u32], shards: u32, node_gib: u32) {
+        for &g in gpus {
+            self.shards[node * self.gpus_per_node as usize + g as usize] -= shards;
+        }
+        self.node_gib[node] -= node_gib;
     }
 
     pub(super) fn take(&mut self, r: &Run) {

@@ -16,7 +16,7 @@
 
 use carma_config::{Config, GpuSource, parse_size_mib};
 use carma_placement::source::SimulatedGpus;
-use carma_placement::source::simulated::standin_description;
+use carma_placement::source::simulated::{SWITCH_OVERHEAD, standin_description, timeslice_slowdown};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -188,8 +188,7 @@ impl Work {
     /// when no work is left.
     fn advance(&mut self, sim: &SimulatedGpus, gpus: &[u32]) -> bool {
         let now = Instant::now();
-        let model = carma_simulator::Assumptions::default();
-        let slowdown = gpus.iter().map(|&g| model.slowdown(&sim.sharers(g))).fold(1.0, f64::max);
+        let slowdown = gpus.iter().map(|&g| timeslice_slowdown(&sim.sharers(g), SWITCH_OVERHEAD)).fold(1.0, f64::max);
         self.left_s -= now.duration_since(self.at).as_secs_f64() / slowdown;
         self.at = now;
         self.left_s <= 0.0
