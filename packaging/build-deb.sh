@@ -10,7 +10,8 @@
 #                                     the SPANK plugin, carma, carma-epilog,
 #                                     example configuration, docs
 #   carma-slurm-sim_VERSION+slurmSERIES_ARCH.deb
-#                                     carma-fakejob and an example file of
+#                                     carma-fakejob, the NVML and MPS control
+#                                     daemon stand-ins and an example file of
 #                                     simulated GPUs (demos and tests only)
 #
 # A SPANK plugin loads only into the Slurm major.minor whose headers it was
@@ -80,7 +81,8 @@ Description: simulated GPUs for CARMA for Slurm (demos and tests)
  activity with CARMA's simulated GPU source, so CARMA can be tried and tested
  on nodes without GPUs. /usr/lib/carma-sim/libnvidia-ml.so.1 presents the
  same GPUs behind NVML's C interface (H100 and A100 profiles, faults), so
- CARMA's NVML path runs without a GPU. Not for production GPU nodes.
+ CARMA's NVML path runs without a GPU; /usr/lib/carma-sim/nvidia-cuda-mps-control
+ stands in for NVIDIA's MPS control daemon there. Not for production GPU nodes.
 EOF
 
 for d in "$p" "$s"; do

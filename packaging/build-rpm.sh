@@ -7,7 +7,7 @@
 # BIN_DIR defaults to target/release, OUT_DIR to target/rpm. Writes
 #   carma-slurm-VERSION-1.slurmSERIES.ARCH.rpm      plugin, carma, carma-epilog,
 #                                                  carma-monitor, examples, docs
-#   carma-slurm-sim-VERSION-1.slurmSERIES.ARCH.rpm  carma-fakejob, NVML stand-in
+#   carma-slurm-sim-VERSION-1.slurmSERIES.ARCH.rpm  carma-fakejob, NVML and MPS stand-ins
 # for the Slurm series CARMA_SLURM_SERIES (else this host's headers'), from
 # packaging/carma-slurm.spec. The package requires exactly that series of
 # SchedMD's slurm-plugins; CARMA_RPM_SLURM_REQUIRES=0 leaves the requirement

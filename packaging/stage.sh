@@ -10,7 +10,7 @@
 
 stage() {
     local bin=$1 dest=$2 f plugin built_for p s doc
-    for f in carma carma-epilog carma-monitor carma-fakejob; do
+    for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control; do
         [ -f "$bin/$f" ] || die "$bin/$f missing: run cargo build --release --workspace first"
     done
     # The series to package for: CARMA_SLURM_SERIES (one build host packages
@@ -58,6 +58,11 @@ stage() {
     s=$dest/carma-slurm-sim
     install -D -m 0755 "$bin/carma-fakejob" "$s/usr/bin/carma-fakejob"
     strip --strip-unneeded "$s/usr/bin/carma-fakejob"
+    # The stand-in for NVIDIA's MPS control daemon, under its file name
+    # (CARMA knows an MPS server by its parent's executable: a copy, never a
+    # link) and outside PATH, where it shadows no driver's.
+    install -D -m 0755 "$bin/carma-fake-mps-control" "$s/usr/lib/carma-sim/nvidia-cuda-mps-control"
+    strip --strip-unneeded "$s/usr/lib/carma-sim/nvidia-cuda-mps-control"
     install -D -m 0644 "$repo/packaging/sim-gpus.yaml" "$s/usr/share/doc/carma-slurm-sim/examples/sim-gpus.yaml"
     # The NVML stand-in: outside the loader's path on purpose (a GPU node's
     # driver owns libnvidia-ml.so.1); a test node names it in ld.so.conf.d or

@@ -58,9 +58,12 @@ N2=/etc/slurm/node2
 # The second node's stand-in: a link to the library and its own GPUs.
 STANDIN2=/etc/carma/standin-$NODE2
 TEST_USER2=carmatest2
-# Stand-ins for one MPS control daemon per GPU of the second node: the
-# pipe directory with its `control` pipe, which is what CARMA looks for.
+# One MPS control daemon per GPU of the second node, each in its pipe
+# directory: the carma-slurm-sim package's stand-in for NVIDIA's, run as
+# root (start_mps). It makes the `control` pipe CARMA looks for and starts
+# each user's MPS server itself, as NVIDIA's does.
 MPS_PIPE=/run/carma-mps
+MPS_CONTROL=/usr/lib/carma-sim/nvidia-cuda-mps-control
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it writes /etc/slurm and starts daemons)"
@@ -341,7 +344,8 @@ install_carma() {
     local g
     for g in 0 1 2 3; do
         install -d -m 0755 "$MPS_PIPE/$g"
-        [ -p "$MPS_PIPE/$g/control" ] || mkfifo -m 0600 "$MPS_PIPE/$g/control"
+        # Left by a daemon that was killed: the pipe means a daemon runs.
+        rm -f "$MPS_PIPE/$g/control" "$MPS_PIPE/$g/control.sock"
     done
     # The first node's NVML is the stand-in, on the loader's path as a
     # driver's library is.
@@ -409,11 +413,11 @@ stop() {
     # Monitors do not stop with slurmctld: all told at once (tests/scale.sh
     # runs one per node).
     local pid
-    for p in "$RUN/b/carma-monitor.pid" "$RUN"/scale/monitor-*.pid; do
+    for p in "$RUN/b/carma-monitor.pid" "$RUN"/scale/monitor-*.pid "$RUN"/b/mps-*.pid; do
         if pid=$(pid_of "$p"); then kill -TERM "$pid" 2>/dev/null || true; fi
     done
     # tests/scale.sh's slurmds and monitors too, where it ran.
-    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN"/scale/*.pid "$RUN/slurmctld.pid" "$RUN/b/carma-monitor.pid"; do
+    for p in "$RUN/slurmd.pid" "$RUN/b/slurmd.pid" "$RUN"/scale/*.pid "$RUN/slurmctld.pid" "$RUN/b/carma-monitor.pid" "$RUN"/b/mps-*.pid; do
         for _ in $(seq 50); do pid=$(pid_of "$p") || break; sleep 0.1; done
         if pid=$(pid_of "$p"); then kill -TERM "$pid" 2>/dev/null || true; sleep 1; kill -KILL "$pid" 2>/dev/null || true; fi
         rm -f "$p"
@@ -476,6 +480,32 @@ wait_idle() {
     die "node $node did not become idle within 30 s"
 }
 
+# The MPS control daemons of $NODE2's GPUs, as root, as the site starts
+# NVIDIA's (slurm-conf-examples/carma-mps@.service): the stand-in
+# (carma-fake-mps-control) registers each server on the stand-in's GPU.
+start_mps() {
+    local g pid
+    for g in 0 1 2 3; do
+        # One that runs already goes first (it removes its pipe and socket).
+        if pid=$(pid_of "$RUN/b/mps-$g.pid"); then
+            kill "$pid"
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        fi
+        install -d -m 0755 "$MPS_PIPE/$g"
+        setsid "$MPS_CONTROL" --pipe-dir "$MPS_PIPE/$g" --gpu "$g" --sim-gpus "$STANDIN2/sim-gpus.yaml" \
+            </dev/null >>"$LOG/carma-mps-control-$g.log" 2>&1 &
+        echo $! >"$RUN/b/mps-$g.pid"
+    done
+    for g in 0 1 2 3; do
+        for _ in $(seq 50); do
+            [ -S "$MPS_PIPE/$g/control.sock" ] && [ -p "$MPS_PIPE/$g/control" ] && continue 2
+            sleep 0.1
+        done
+        tail -5 "$LOG/carma-mps-control-$g.log" >&2
+        die "the MPS control daemon of $NODE2's GPU $g did not start within 5 s"
+    done
+}
+
 # carma-monitor for $NODE2 (as its systemd unit would run it).
 start_monitor() {
     local pid
@@ -499,6 +529,7 @@ start() {
     slurmd -N "$NODE"
     start_monitor
     start_prometheus
+    start_mps
     slurmd -N "$NODE2" -f "$N2/slurm.conf"
     wait_idle "$NODE" "$LOG/slurmd.log"
     wait_idle "$NODE2" "$LOG/slurmd-$NODE2.log"
@@ -514,6 +545,7 @@ case "${1:-}" in
     deps) deps ;;
     start) start ;;
     start-monitor) start_monitor ;;
+    start-mps) start_mps ;;
     stop) stop ;;
     status) sinfo -N -l; scontrol show node "$NODE,$NODE2" | grep -E 'State|Gres' ;;
     *) die "usage: $0 deps|start|stop|status" ;;

@@ -1,10 +1,11 @@
 //! `sharing: mps` on the real cluster's second node (tests/cluster.sh): its
 //! carma.yaml says `sharing: mps` with pipe directories /run/carma-mps/<gpu>,
-//! where a `control` pipe stands in for each GPU's MPS control daemon.
-//! carma-fakejob behaves as an MPS client there: it registers its user as
-//! the one the GPU's server serves, and fails an allocation past its fence
-//! with CUDA's OOM message, as CUDA under MPS does. What only a GPU can
-//! show (real MPS servers, a real fence) is in tests/gpu/.
+//! each with its MPS control daemon (the stand-in carma-fake-mps-control,
+//! run as root as nvidia-cuda-mps-control) and its `control` pipe.
+//! carma-fakejob behaves as an MPS client there: the daemon starts its
+//! user's server, and it fails an allocation past its fence with CUDA's
+//! OOM message, as CUDA under MPS does. What only a GPU can show (real MPS
+//! servers, a real fence) is in tests/gpu/.
 
 mod common;
 use common::*;
@@ -198,7 +199,7 @@ fn a_job_past_its_fence_fails_alone_and_its_rerun_gets_a_gpu_of_its_own() {
 fn without_an_mps_daemon_steps_share_by_time_slicing_and_say_so() {
     require_cluster();
     let node = node2();
-    // Take GPU0's stand-in daemon away for this test.
+    // Hide GPU0's daemon from CARMA for this test: its `control` pipe.
     let control = format!("{PIPE}/0/control");
     let moved = format!("{PIPE}/0/control.away");
     std::fs::rename(&control, &moved).unwrap();

@@ -45,6 +45,9 @@ fn the_cluster_runs_the_packaged_plugin_built_for_its_slurm_series() {
     // driver owns libnvidia-ml.so.1), with the soname the driver's has.
     assert_eq!(owner("/usr/lib/carma-sim/libnvidia-ml.so.1"), "carma-slurm-sim");
     assert!(!dpkg_query(&["-L", "carma-slurm"]).contains("libnvidia-ml"));
+    // And the MPS control daemon's stand-in, under NVIDIA's file name.
+    assert_eq!(owner("/usr/lib/carma-sim/nvidia-cuda-mps-control"), "carma-slurm-sim");
+    assert!(!dpkg_query(&["-L", "carma-slurm"]).contains("nvidia-cuda-mps-control"));
     let dynamic = std::process::Command::new("objdump").args(["-p", "/usr/lib/carma-sim/libnvidia-ml.so.1"]).output();
     if let Some(d) = dynamic.ok().filter(|d| d.status.success()) {
         assert!(String::from_utf8_lossy(&d.stdout).contains("SONAME               libnvidia-ml.so.1"));
@@ -179,7 +182,7 @@ fn a_plugin_or_package_for_another_slurm_series_is_refused() {
     // package would depend on.
     let fake_bin = out.join("bin");
     std::fs::create_dir_all(fake_bin.join(format!("slurm-{series}"))).unwrap();
-    for tool in ["carma", "carma-epilog", "carma-monitor", "carma-fakejob"] {
+    for tool in ["carma", "carma-epilog", "carma-monitor", "carma-fakejob", "carma-fake-mps-control"] {
         std::os::unix::fs::symlink(bin_dir().join(tool), fake_bin.join(tool)).unwrap();
     }
     std::fs::copy(&other, fake_bin.join(format!("slurm-{series}/libcarma_spank.so"))).unwrap();

@@ -51,7 +51,11 @@ fn append(path: &Path, msg: &str) {
         let _ = std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir);
     }
     if let Ok(mut f) = crate::fsutil::open_append(path) {
-        let _ = writeln!(f, "{} carma[{}]: {msg}", rfc3339_utc(SystemTime::now()), std::process::id());
+        // One write(2): every slurmstepd and monitor of the node appends to
+        // this file, and O_APPEND keeps a single write whole where
+        // writeln!'s piece-by-piece writes interleave with another's.
+        let line = format!("{} carma[{}]: {msg}\n", rfc3339_utc(SystemTime::now()), std::process::id());
+        let _ = f.write_all(line.as_bytes());
     }
 }
 
@@ -106,6 +110,34 @@ mod tests {
         let plain = d.0.join("sub/carma.log");
         super::record(Some(&plain), "one line");
         assert!(std::fs::read_to_string(&plain).unwrap().ends_with("one line\n"));
+    }
+
+    /// Lines appended at once by many writers stay whole (they were
+    /// written in pieces, and the pieces of two slurmstepds interleaved).
+    #[test]
+    fn lines_written_at_once_stay_whole() {
+        let d = crate::test_support::TempDir::new();
+        let path = d.0.join("carma.log");
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for i in 0..300 {
+                        super::append(&path, &format!("writer {w} line {i} {}", "x".repeat(200)));
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 8 * 300);
+        let pid = format!(" carma[{}]: writer ", std::process::id());
+        for line in text.lines() {
+            let whole = line.len() > 24 && line[24..].starts_with(&pid) && line.ends_with(&"x".repeat(200));
+            assert!(whole, "a line came apart: {line}");
+        }
     }
 
     #[test]

@@ -71,8 +71,13 @@ impl Placer {
         Ok(self.source.as_mut().expect("just opened"))
     }
 
+    /// The readings, and when their window ended for the decisions made on
+    /// them ([`Params::readings_ms`]).
     fn read(&mut self) -> Result<Vec<GpuReading>, PlaceError> {
-        Ok(self.source()?.read()?)
+        let source = self.source()?;
+        let readings = source.read()?;
+        self.params.readings_ms = source.as_of_ms();
+        Ok(readings)
     }
 
     /// The placer of this node as carma.yaml describes it.
@@ -88,6 +93,7 @@ impl Placer {
             // reads (NVML, the simulated GPUs) show a job once it runs.
             window_secs: if cfg.monitor.published { cfg.monitor_window.as_secs().max(1) } else { 0 },
             now_secs: 0,
+            readings_ms: None,
         };
         Ok(Placer {
             store,

@@ -23,6 +23,11 @@ pub struct Params {
     pub window_secs: u64,
     /// Now, Unix seconds, against reservations' `since`.
     pub now_secs: u64,
+    /// When the readings' window ended, ms since the epoch (the monitor's
+    /// publication time): a job placed within the window counts by how
+    /// much of it the readings have seen, which lags its age now by the
+    /// publication's age. `None`: readings are as of now.
+    pub readings_ms: Option<u64>,
 }
 
 impl Default for Params {
@@ -35,6 +40,7 @@ impl Default for Params {
             headroom_mib: 2048,
             window_secs: 0,
             now_secs: 0,
+            readings_ms: None,
         }
     }
 }
@@ -67,15 +73,27 @@ pub fn expected_activity(gpu: &GpuReading, state: &NodeState, p: &Params) -> (f6
     let mut recent = 0;
     let mut pending = 0.0;
     if p.window_secs > 0 {
+        let window_ms = p.window_secs * 1000;
         for r in state.reservations.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive) {
-            let age = p.now_secs.saturating_sub(r.since);
-            if r.gpus.contains(&gpu.index) && age < p.window_secs {
+            let seen_ms = seen_ms(r.since, p);
+            if r.gpus.contains(&gpu.index) && seen_ms < window_ms {
                 recent += 1;
-                pending += p.placed_activity() * (1.0 - age as f64 / p.window_secs as f64);
+                pending += p.placed_activity() * (1.0 - seen_ms as f64 / window_ms as f64);
             }
         }
     }
     (gpu.activity(p.metric) + pending, recent)
+}
+
+/// How long of a job placed at `since` the readings' window has seen, in
+/// ms. `since` is whole seconds, so the job may have started up to a
+/// second later than it says: counted as seen a second less, never more
+/// (published readings only; readings as of now keep the plain age).
+fn seen_ms(since: u64, p: &Params) -> u64 {
+    match p.readings_ms {
+        Some(end) => end.saturating_sub(since.saturating_add(1).saturating_mul(1000)),
+        None => p.now_secs.saturating_sub(since).saturating_mul(1000),
+    }
 }
 
 /// What a job asks for.

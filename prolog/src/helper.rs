@@ -112,7 +112,8 @@ pub fn append(args: &[OsString]) -> i32 {
     let f = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(path);
     match f {
         Ok(mut f) if f.metadata().is_ok_and(|m| m.is_file()) => {
-            let _ = writeln!(f, "{}", lead[1]);
+            // One write(2), so the line stays whole beside the job's own.
+            let _ = f.write_all(format!("{}\n", lead[1]).as_bytes());
             0
         }
         _ => 1,

@@ -62,6 +62,11 @@ pub struct Assumptions {
     /// half the cap on top ([`carma_placement::Params::window_secs`]).
     /// 0: readings see a job at once, and nothing is added.
     pub window_s: f64,
+    /// Seconds between the monitor's publications (carma.yaml
+    /// monitor.interval): under a window, the plugin reads the means as of
+    /// the last one, and counts a placed job by how much of it they have
+    /// seen ([`carma_placement::Params::readings_ms`]). 0: as of now.
+    pub publish_s: f64,
     /// Seconds a job CARMA cannot place waits on the node slurmctld sent it
     /// to (carma.yaml timeouts.wait), holding its allocation there and
     /// placed as soon as a GPU fits, before it is handed back or fails.
@@ -84,6 +89,7 @@ impl Default for Assumptions {
             power: PowerProfile::A100_40GB,
             sample_s: 60.0,
             window_s: 0.0,
+            publish_s: 0.0,
             node_wait_s: 0.0,
             requeue_s: 0.0,
         }
@@ -91,6 +97,11 @@ impl Default for Assumptions {
 }
 
 impl Assumptions {
+    /// When the readings the plugin sees at `t` were published.
+    pub fn published_at(&self, t: f64) -> f64 {
+        if self.publish_s > 0.0 { (t / self.publish_s).floor() * self.publish_s } else { t }
+    }
+
     /// How many times slower than alone (and outside MPS) each of these
     /// jobs, sharing one GPU, runs: `(busy, sm)` are their solo readings.
     pub fn slowdown(&self, jobs: &[(f64, f64)]) -> f64 {

@@ -49,6 +49,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             power: PowerProfile { name: "test", idle_w: 60.0, active_w: 0.0, sm_w: 340.0 },
             sample_s: 0.0,
             window_s: 0.0,
+            publish_s: 0.0,
             node_wait_s: 0.0,
             requeue_s: 0.0,
         },
@@ -381,4 +382,32 @@ fn under_a_window_recent_placements_count_on_top_of_the_readings() {
     let o = run(10.0);
     assert_eq!(starts(&o)[..3], [0.0, 0.0, 0.0], "{:?}", o.jobs);
     assert!((8.9..=10.0).contains(&starts(&o)[3]), "{:?}", o.jobs);
+}
+
+/// The readings are window means of what the GPU read: a job that ended
+/// stays in them until the window has passed it, and the plugin sees them
+/// as of the monitor's last publication. One GPU; a job of SM 1.0 runs
+/// 0-10 s, then a light one arrives. Under a 6 s window the mean at t is
+/// (16 - t) / 6, within the 0.8 cap from 11.2 s: arriving at 10.5 s the
+/// light job starts at the next whole second that passes, 12 s (with the
+/// ended job dropped at once it started on arrival). Arriving at 11.5 s it
+/// starts at once (0.75), unless the readings are published every 4 s:
+/// then they are as of 8 s (1.0) until 12 s (0.67).
+#[test]
+fn window_means_keep_an_ended_job_and_lag_by_the_publication_interval() {
+    let w: HashMap<_, _> =
+        [("hot".to_string(), wl("hot", 2, 10.0, 1.0, None)), ("light".to_string(), wl("light", 2, 10.0, 0.25, None))]
+            .into();
+    let run = |arrives: f64, window_s: f64, publish_s: f64| {
+        let mut c = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+        c.assumptions.window_s = window_s;
+        c.assumptions.publish_s = publish_s;
+        let o = simulate(&[job(0, 0.0, "hot"), job(1, arrives, "light")], &w, &c).unwrap();
+        assert_eq!(o.jobs[0].end_s, Some(10.0), "{:?}", o.jobs);
+        o.jobs[1].start_s.unwrap()
+    };
+    assert_eq!(run(10.5, 0.0, 0.0), 10.5);
+    assert_eq!(run(10.5, 6.0, 0.0), 12.0);
+    assert_eq!(run(11.5, 6.0, 0.0), 11.5);
+    assert_eq!(run(11.5, 6.0, 4.0), 12.0);
 }

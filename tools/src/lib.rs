@@ -1,5 +1,6 @@
 //! Shared pieces of CARMA's command-line tools: `carma` (admin CLI),
-//! `carma-monitor` (GPU sampling), `carma-fakejob` (simulated GPU workload).
+//! `carma-monitor` (GPU sampling), `carma-fakejob` (simulated GPU workload)
+//! and `carma-fake-mps-control` (its MPS control daemon, for tests).
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -8,6 +9,7 @@ pub mod cli_log;
 pub mod http;
 pub mod metrics;
 pub mod monitor;
+pub mod mps_standin;
 pub mod replay;
 pub mod simulate;
 pub mod status;

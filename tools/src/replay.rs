@@ -61,6 +61,9 @@ pub struct CompareArgs {
     /// The nodes' monitor_window, seconds (their readings are published)
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub window: f64,
+    /// The nodes' monitor.interval, seconds: the readings are the window's means as of the last publication
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
+    pub publish: f64,
     /// Seconds a job waits on its node for a GPU before it is handed back (the nodes' timeouts.wait)
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub node_wait: f64,
@@ -191,6 +194,9 @@ pub struct RealJob {
     pub exit: Option<i32>,
     /// Times a node handed it back (requeued it elsewhere).
     pub hand_backs: u32,
+    /// Seconds its last run waited on its node for a GPU (the plugin's
+    /// time in the hook), where known.
+    pub node_wait_s: Option<f64>,
 }
 
 /// Reads the results file (see [`CompareArgs::results`]).
@@ -202,9 +208,9 @@ pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#')) {
         let f: Vec<&str> = line.split_whitespace().collect();
         let bad = |e: String| format!("results line {}: {e}", n + 1);
-        if f.len() != 6 {
+        if !(6..=7).contains(&f.len()) {
             return Err(bad(format!(
-                "expected 6 fields (seq submit_s start_s end_s exit hand_backs), found {}",
+                "expected 6 or 7 fields (seq submit_s start_s end_s exit hand_backs [node_wait_s]), found {}",
                 f.len()
             )));
         }
@@ -215,6 +221,7 @@ pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
             end_s: opt(f[3]).map_err(bad)?,
             exit: if f[4] == "-" { None } else { Some(f[4].parse().map_err(|_| bad(format!("exit '{}'", f[4])))?) },
             hand_backs: f[5].parse().map_err(|_| bad(format!("hand_backs '{}'", f[5])))?,
+            node_wait_s: f.get(6).map_or(Ok(None), |s| opt(s)).map_err(bad)?,
         });
     }
     Ok(out)
@@ -266,6 +273,7 @@ pub fn simulated_figures(a: &CompareArgs, real: &[RealJob]) -> Result<Figures, S
         assumptions: Assumptions {
             ramp_s: ramp_s(compress),
             window_s: a.window,
+            publish_s: a.publish,
             node_wait_s: a.node_wait,
             requeue_s: a.requeue_delay,
             ..Assumptions::default()
@@ -277,12 +285,16 @@ pub fn simulated_figures(a: &CompareArgs, real: &[RealJob]) -> Result<Figures, S
     let o = simulate(&trace, &w, &cfg)?;
     if let Some(f) = &a.simulated {
         let t = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
-        let mut out = String::from("# seq submit_s start_s end_s exit runs\n");
+        let mut out = String::from("# seq submit_s start_s end_s exit runs node gpus\n");
         for j in &o.jobs {
             let exit = if j.end_s.is_some() { "0" } else { "-" };
+            let (node, gpus) = match &j.placed {
+                Some((n, g)) => (format!("n{n}"), carma_placement::gpu::index_list(g)),
+                None => ("-".to_string(), "-".to_string()),
+            };
             let _ = writeln!(
                 out,
-                "{} {:.3} {} {} {exit} {}",
+                "{} {:.3} {} {} {exit} {} {node} {gpus}",
                 j.seq,
                 j.submit_s,
                 t(j.start_s),
@@ -306,6 +318,32 @@ fn read_compress(plan: &Path) -> Result<f64, String> {
     let p = plan.join("compress");
     let s = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e} (written by carma replay-plan)", p.display()))?;
     compression(s.trim()).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Where the real jobs' wait went, per job on average: the wait on their
+/// node for a GPU (the plugin's), the runs handed back before the last, and
+/// the rest, Slurm's own (scheduling, launch, prolog, and queueing where no
+/// node had room by slurmctld's count). `None` without node waits.
+pub fn real_wait_split(jobs: &[RealJob]) -> Option<String> {
+    // Jobs whose node wait the log does not give are left out.
+    let started: Vec<&RealJob> = jobs.iter().filter(|j| j.start_s.is_some() && j.node_wait_s.is_some()).collect();
+    if started.is_empty() {
+        return None;
+    }
+    let n = started.len() as f64;
+    let wait = |j: &RealJob| j.start_s.unwrap_or(j.submit_s) - j.submit_s;
+    let node: f64 = started.iter().map(|j| j.node_wait_s.unwrap_or(0.0)).sum::<f64>() / n;
+    let back: f64 = started.iter().filter(|j| j.hand_backs > 0).map(|j| wait(j)).sum::<f64>() / n;
+    let mut slurm: Vec<f64> =
+        started.iter().filter(|j| j.hand_backs == 0).map(|j| wait(j) - j.node_wait_s.unwrap_or(0.0)).collect();
+    slurm.sort_by(f64::total_cmp);
+    let slurm_mean = slurm.iter().sum::<f64>() / n;
+    let median = slurm.get(slurm.len() / 2).copied().unwrap_or(0.0);
+    let queued = slurm.iter().filter(|&&s| s > 5.0).count();
+    Some(format!(
+        "real mean wait per job ({} jobs): {node:.1} s on the node for a GPU, {back:.1} s in jobs handed back, {slurm_mean:.1} s Slurm's (median {median:.2} s a job; {queued} jobs queued over 5 s)\n",
+        started.len()
+    ))
 }
 
 /// Real against simulated, with the difference in per cent of the real.
@@ -332,6 +370,9 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<(), String> {
     let real = real_figures(&jobs);
     let sim = simulated_figures(a, &jobs)?;
     print!("{}", comparison(&real, &sim));
+    if let Some(split) = real_wait_split(&jobs) {
+        print!("{split}");
+    }
     let off = if real.makespan_s > 0.0 { (sim.makespan_s / real.makespan_s - 1.0).abs() * 100.0 } else { 100.0 };
     match a.fail_above {
         Some(max) if off > max => {
@@ -389,7 +430,19 @@ mod tests {
         assert_eq!(f.mean_jct_s, (12.0 + 19.0) / 2.0);
         let e = read_results("0 0.0 x 1 0 1\n").unwrap_err();
         assert!(e.contains("line 1") && e.contains("'x'"), "{e}");
-        assert!(read_results("0 0.0 1 2 0\n").unwrap_err().contains("expected 6 fields"));
+        assert!(read_results("0 0.0 1 2 0\n").unwrap_err().contains("expected 6 or 7 fields"));
+    }
+
+    /// The real wait split: the node's share from the plugin's time in the
+    /// hook, the handed-back jobs' whole wait, and Slurm's the rest.
+    #[test]
+    fn the_real_wait_splits_into_node_hand_backs_and_slurm() {
+        let r = read_results("0 0.0 1.0 9.0 0 0 0.5\n1 0.0 3.0 9.0 0 0 0.0\n2 0.0 12.0 20.0 0 1 4.0\n").unwrap();
+        let s = real_wait_split(&r).unwrap();
+        // Node: (0.5 + 0 + 4) / 3; handed back: 12 / 3; Slurm: (0.5 + 3) / 3.
+        assert!(s.contains("(3 jobs): 1.5 s on the node") && s.contains("4.0 s in jobs handed back"), "{s}");
+        assert!(s.contains("1.2 s Slurm's (median 3.00 s a job; 0 jobs queued"), "{s}");
+        assert_eq!(real_wait_split(&read_results("0 0.0 1.0 9.0 0 0\n").unwrap()), None);
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub struct SimulateArgs {
     /// The window activity readings average over (carma.yaml monitor_window with published readings); 0: none
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().window_s, value_parser = num)]
     pub window: f64,
+    /// Seconds between the monitor's publications (monitor.interval): readings under a window are as of the last; 0: as of now
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().publish_s, value_parser = num)]
+    pub publish: f64,
     /// Seconds a job CARMA cannot place waits on its node for a GPU before it is handed back or fails (timeouts.wait); 0: at once
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().node_wait_s, value_parser = num)]
     pub node_wait: f64,
@@ -147,6 +150,7 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
         },
         sample_s: Assumptions::default().sample_s,
         window_s: a.window,
+        publish_s: a.publish,
         node_wait_s: a.node_wait,
         requeue_s: a.requeue_delay,
     }
@@ -277,6 +281,8 @@ mod tests {
             "50",
             "--window",
             "30",
+            "--publish",
+            "3",
             "--node-wait",
             "12",
             "--requeue-delay",
@@ -312,6 +318,7 @@ mod tests {
             power: PowerProfile { idle_w: 50.0, ..PowerProfile::H100_80GB },
             sample_s: Assumptions::default().sample_s,
             window_s: 30.0,
+            publish_s: 3.0,
             node_wait_s: 12.0,
             requeue_s: 2.0,
         };

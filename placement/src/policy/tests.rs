@@ -10,6 +10,7 @@ const P: Params = Params {
     headroom_mib: 2048,
     window_secs: 0,
     now_secs: 0,
+    readings_ms: None,
 };
 
 fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
@@ -389,6 +390,37 @@ fn only_recent_shared_placements_add_expected_activity() {
     // Half the cap, less the sixth of the window that has seen it.
     assert!((value - (0.1 + 0.4 * 50.0 / 60.0)).abs() < 1e-9, "{value}");
     assert_eq!(expected_activity(&g, &st, &P), (0.1, 0));
+}
+
+/// carma-monitor publishes every few seconds, so its window ends before
+/// now: a job placed a window ago is only partly in the published means
+/// yet, and keeps counting for the rest. Counted by its age now instead,
+/// a job that keeps its GPU fully busy read 0.67 for the last seconds of a
+/// 6 s window published 2 s ago, under a cap of 0.8, and a second job
+/// joined a GPU that was already full (seen in the replay of #42).
+#[test]
+fn a_placed_job_counts_until_the_published_window_has_seen_it() {
+    let now = 10_000;
+    let p = Params { window_secs: 6, now_secs: now, ..P };
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation { since: now - 6, ..carma(1, vec![0], 4096, 11) });
+    // The published window, written 2 s ago, has the job's last 4 s at
+    // most: full busy time reads 0.67.
+    let g = gpu(0, 4096, 0.67);
+    let published = Params { readings_ms: Some((now - 2) * 1000), ..p };
+    let (value, recent) = expected_activity(&g, &st, &published);
+    assert_eq!(recent, 1);
+    // Seen 3 s of 6 (a second less for `since`'s rounding): half of the
+    // half-cap still counts.
+    assert!((value - (0.67 + 0.4 * 0.5)).abs() < 1e-9, "{value}");
+    assert!(
+        choose(std::slice::from_ref(&g), &mut st, &demand(Policy::Magm, 4096), &published, &HashMap::new()).is_err()
+    );
+    // Readings as of now (a direct source): its age is all the window.
+    assert_eq!(expected_activity(&g, &st, &p), (0.67, 0));
+    // Once the published window has seen all of it, the readings speak.
+    let later = Params { readings_ms: Some((now + 1) * 1000), ..p };
+    assert_eq!(expected_activity(&g, &st, &later), (0.67, 0));
 }
 
 #[test]

@@ -21,6 +21,12 @@ pub trait GpuSource: Send {
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError>;
     /// Short name for log lines.
     fn name(&self) -> &'static str;
+    /// When the last read's activity window ended, ms since the epoch,
+    /// where it is older than the read (published readings); `None`: as of
+    /// the read.
+    fn as_of_ms(&self) -> Option<u64> {
+        None
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +72,10 @@ impl GpuSource for Allowed {
 
     fn name(&self) -> &'static str {
         self.source.name()
+    }
+
+    fn as_of_ms(&self) -> Option<u64> {
+        self.source.as_of_ms()
     }
 }
 

@@ -102,17 +102,20 @@ pub struct PublishedSource {
     /// state_dir and monitor.stale_after.
     cfg: Config,
     log: fn(&str),
+    /// The last read publication's `written_ms`.
+    written_ms: Option<u64>,
 }
 
 impl PublishedSource {
     pub fn new(cfg: &Config, log: fn(&str)) -> PublishedSource {
-        PublishedSource { cfg: cfg.clone(), log }
+        PublishedSource { cfg: cfg.clone(), log, written_ms: None }
     }
 }
 
 impl GpuSource for PublishedSource {
     fn read(&mut self) -> Result<Vec<GpuReading>, SourceError> {
-        fresh(&self.cfg.state_dir, self.cfg.monitor.stale_after).map(|p| p.gpus).map_err(|why| {
+        self.written_ms = None;
+        let p = fresh(&self.cfg.state_dir, self.cfg.monitor.stale_after).map_err(|why| {
             // One line a minute per node, whichever process sees it first;
             // each refused step says it in its own error.
             let refused = refusal(&why);
@@ -120,11 +123,17 @@ impl GpuSource for PublishedSource {
                 (self.log)(&refused);
             }
             SourceError(refused)
-        })
+        })?;
+        self.written_ms = Some(p.written_ms);
+        Ok(p.gpus)
     }
 
     fn name(&self) -> &'static str {
         "published"
+    }
+
+    fn as_of_ms(&self) -> Option<u64> {
+        self.written_ms
     }
 }
 

@@ -14,6 +14,7 @@ mod outcome;
 mod placing;
 mod request;
 mod slurmctld;
+mod window;
 
 use crate::input::{TraceJob, Workload};
 use carma_config::{Config, RecoveryMode};
@@ -33,12 +34,20 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
     loop {
         sim.arrivals();
         sim.index_runs_by_node();
+        sim.record_readings();
         sim.retry_on_node()?;
         // Readings and the plugin's count of recent placements change with
         // time under a window: the head may fit at any event.
         sim.dirty |= cfg.assumptions.window_s > 0.0;
         sim.place_queue_heads()?;
-        if sim.runs.is_empty() && sim.next_arrival == trace.len() && sim.away.is_empty() && sim.on_node.is_empty() {
+        // Who runs where changed now, not at the next event.
+        sim.record_readings();
+        if sim.runs.is_empty()
+            && sim.next_arrival == trace.len()
+            && sim.away.is_empty()
+            && sim.on_node.is_empty()
+            && (sim.queue.is_empty() && sim.recovery.is_empty() || sim.readings_settled())
+        {
             sim.reject_waiting();
             break;
         }
@@ -78,6 +87,8 @@ struct Sim<'a> {
     away: Vec<(f64, usize, bool)>,
     /// Jobs waiting on the node slurmctld sent them to for a GPU.
     on_node: Vec<placing::OnNode>,
+    /// The GPUs' readings over time, where readings are window means.
+    windowed: window::Windowed,
     next_arrival: usize,
     next_pid: u32,
     t0: f64,
@@ -127,6 +138,7 @@ impl<'a> Sim<'a> {
                 rejected: false,
                 failed_no_fit: false,
                 wrong_node: false,
+                placed: None,
             })
             .collect();
         // The defaults, the sharing mode, recovery on a GPU of its own. No
@@ -155,6 +167,7 @@ impl<'a> Sim<'a> {
             recovery: VecDeque::new(),
             away: Vec::new(),
             on_node: Vec::new(),
+            windowed: window::Windowed::new(ngpu),
             next_arrival: 0,
             next_pid: 1,
             t0,
@@ -192,6 +205,36 @@ impl<'a> Sim<'a> {
             self.queue.push_back(self.next_arrival);
             self.next_arrival += 1;
         }
+    }
+
+    /// Each GPU's instantaneous readings from now on, for the window means.
+    fn record_readings(&mut self) {
+        let (cl, a) = (self.cfg.cluster, &self.cfg.assumptions);
+        if a.window_s <= 0.0 {
+            return;
+        }
+        for node in 0..cl.nodes as usize {
+            let now = node::NodeView {
+                cluster: cl,
+                node,
+                runs: &self.runs,
+                on_node: &self.by_node[node],
+                t: self.t,
+                assumptions: a,
+                window: &self.windowed,
+            }
+            .instant();
+            for (g, (sm, busy)) in (0..cl.gpus_per_node).zip(now) {
+                self.windowed.record(cl.slot(node, g), self.t, sm, busy, a.window_s + a.publish_s);
+            }
+        }
+    }
+
+    /// Whether the readings can change no more with nothing running: at
+    /// once without a window, else once its means have passed every run.
+    fn readings_settled(&self) -> bool {
+        let a = &self.cfg.assumptions;
+        a.window_s <= 0.0 || self.windowed.idle_through(self.t, a.window_s + a.publish_s.max(0.0))
     }
 
     fn index_runs_by_node(&mut self) {

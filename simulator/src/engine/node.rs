@@ -1,6 +1,7 @@
 //! A running job, and one simulated node as CARMA's plugin sees it: GPU
 //! readings through its `GpuSource` trait and the plugin's decision on them.
 
+use super::window::Windowed;
 use super::{Assumptions, Cluster, SimConfig};
 use carma_placement::policy::observe;
 use carma_placement::state::NodeState;
@@ -35,45 +36,64 @@ impl Run {
 /// One simulated node seen through CARMA's GPU-source trait.
 pub(super) struct NodeView<'a> {
     pub(super) cluster: Cluster,
+    pub(super) node: usize,
     pub(super) runs: &'a [Run],
     /// Indices into `runs` of this node's runs.
     pub(super) on_node: &'a [usize],
     pub(super) t: f64,
     pub(super) assumptions: &'a Assumptions,
+    /// The readings' history, where they are window means.
+    pub(super) window: &'a Windowed,
 }
 
 impl NodeView<'_> {
-    pub(super) fn read_now(&self) -> Vec<GpuReading> {
+    /// What each GPU reads at this instant `(sm, busy)`: each job's SM work
+    /// at its slowed pace, and the share of time any kernel runs (the GPU
+    /// is busy whenever one of its jobs would be).
+    pub(super) fn instant(&self) -> Vec<(f64, f64)> {
         (0..self.cluster.gpus_per_node)
             .map(|index| {
+                let solo: Vec<(f64, f64)> = self.on_gpu(index).map(|r| (r.busy, r.sm)).collect();
+                let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
+                let busy = solo.iter().map(|j| j.0).sum::<f64>();
+                (sm.min(1.0), busy.min(1.0))
+            })
+            .collect()
+    }
+
+    fn on_gpu(&self, index: u32) -> impl Iterator<Item = &Run> {
+        self.on_node.iter().map(|&i| &self.runs[i]).filter(move |r| r.gpus.contains(&index))
+    }
+
+    /// What a monitor reads: memory and processes now, SM activity and busy
+    /// time now or, under a window, their means over it.
+    pub(super) fn read_now(&self) -> Vec<GpuReading> {
+        let window = self.assumptions.window_s;
+        self.instant()
+            .into_iter()
+            .zip(0..self.cluster.gpus_per_node)
+            .map(|((sm_now, busy_now), index)| {
                 let mut used = 0.0;
                 let mut processes = Vec::new();
-                let mut solo = Vec::new();
-                // The share of the readings' window a job has run in.
-                let window = self.assumptions.window_s;
-                let seen = |r: &Run| if window > 0.0 { ((self.t - r.start) / window).clamp(0.0, 1.0) } else { 1.0 };
-                let mut seen_solo = Vec::new();
-                for r in self.on_node.iter().map(|&i| &self.runs[i]).filter(|r| r.gpus.contains(&index)) {
+                for r in self.on_gpu(index) {
                     let a = r.alloc(self.t, self.assumptions.ramp_s);
                     used += a;
-                    solo.push((r.busy, r.sm));
-                    seen_solo.push((r.busy * seen(r), r.sm * seen(r)));
                     processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
                 }
-                // What a monitor reads: each job's SM work at its slowed
-                // pace, and the share of time any kernel runs (the GPU is
-                // busy whenever one of its jobs would be), each job as
-                // much as the window has seen it.
-                let sm = seen_solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
-                let busy = seen_solo.iter().map(|j| j.0).sum::<f64>();
+                let (sm, busy) = if window > 0.0 {
+                    let at = self.assumptions.published_at(self.t);
+                    self.window.mean(self.cluster.slot(self.node, index), at, window)
+                } else {
+                    (sm_now, busy_now)
+                };
                 GpuReading {
                     index,
                     uuid: String::new(),
                     minor: None,
                     total_mib: self.cluster.mem_mib,
                     used_mib: used.ceil() as u64,
-                    sm_activity: sm.min(1.0),
-                    busy: busy.min(1.0),
+                    sm_activity: sm,
+                    busy,
                     processes,
                     power_w: None,
                     mps_uid: None,
@@ -102,6 +122,7 @@ pub(super) struct Deciding<'a> {
     /// Indices into `runs` of each node's runs.
     pub(super) by_node: &'a [Vec<usize>],
     pub(super) t: f64,
+    pub(super) window: &'a Windowed,
 }
 
 impl Deciding<'_> {
@@ -119,10 +140,12 @@ impl Deciding<'_> {
         let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
         let mut readings = NodeView {
             cluster: self.cfg.cluster,
+            node,
             runs: self.runs,
             on_node,
             t: self.t,
             assumptions: &self.cfg.assumptions,
+            window: self.window,
         }
         .read()
         .map_err(|e| e.0)?;
@@ -132,9 +155,7 @@ impl Deciding<'_> {
         if let Some(only) = only {
             readings.retain(|g| only.contains(&g.index));
         }
-        // A window: jobs placed within it count on top of the readings.
-        let params =
-            carma_placement::Params { window_secs: window_secs(self.cfg.assumptions.window_s), ..self.cfg.params };
+        let params = self.params();
         let decided = carma_placement::decide::decide(
             st,
             step,
@@ -147,6 +168,21 @@ impl Deciding<'_> {
             &mut |_| false,
         );
         Ok(decided.ok())
+    }
+}
+
+impl Deciding<'_> {
+    /// The thresholds with the window: jobs placed within it count on top
+    /// of the readings, as of their publication.
+    fn params(&self) -> carma_placement::Params {
+        let a = &self.cfg.assumptions;
+        carma_placement::Params {
+            window_secs: window_secs(a.window_s),
+            now_secs: self.t.max(0.0) as u64,
+            readings_ms: (a.window_s > 0.0 && a.publish_s > 0.0)
+                .then(|| (a.published_at(self.t).max(0.0) * 1000.0) as u64),
+            ..self.cfg.params
+        }
     }
 }
 

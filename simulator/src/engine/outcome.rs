@@ -17,6 +17,8 @@ pub struct JobResult {
     pub failed_no_fit: bool,
     /// ... while another node could have placed it.
     pub wrong_node: bool,
+    /// Where its last run ran: the node's index and the GPUs CARMA chose.
+    pub placed: Option<(usize, Vec<u32>)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

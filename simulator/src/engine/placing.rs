@@ -162,6 +162,7 @@ impl Sim<'_> {
             runs: &self.runs,
             by_node: &self.by_node,
             t: self.t,
+            window: &self.windowed,
         };
         (ctx, &mut self.states)
     }
@@ -187,8 +188,14 @@ impl Sim<'_> {
         req: &Request,
         ask: Ask,
     ) -> Result<Attempt, String> {
-        let slurmctld =
-            Slurmctld { cfg: self.cfg, alloc: &self.slurm, runs: &self.runs, by_node: &self.by_node, t: self.t };
+        let slurmctld = Slurmctld {
+            cfg: self.cfg,
+            alloc: &self.slurm,
+            runs: &self.runs,
+            by_node: &self.by_node,
+            t: self.t,
+            window: &self.windowed,
+        };
         let Some((node, gpus)) = slurmctld.pick(&self.excluded[job], self.wl[job].gpus, &ask) else {
             return Ok(Attempt::Waits);
         };
@@ -221,6 +228,7 @@ impl Sim<'_> {
         self.history_raised += u32::from(choice.history_mib.is_some());
         self.learned_raised += u32::from(choice.learned_runtime_mib.is_some());
         self.results[job].start_s.get_or_insert(self.t);
+        self.results[job].placed = Some((node, choice.gpus.clone()));
         self.by_node[node].push(self.runs.len());
         self.runs.push(Run {
             job,

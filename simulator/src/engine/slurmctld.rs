@@ -2,6 +2,7 @@
 //! asks of each GPU, and the node (and GPUs) it sends the job to.
 
 use super::node::{NodeView, Run};
+use super::window::Windowed;
 use super::{Admission, Cluster, SimConfig};
 use carma_config::GpuOwner;
 
@@ -129,6 +130,7 @@ pub(super) struct Slurmctld<'a> {
     pub(super) runs: &'a [Run],
     pub(super) by_node: &'a [Vec<usize>],
     pub(super) t: f64,
+    pub(super) window: &'a Windowed,
 }
 
 impl Slurmctld<'_> {
@@ -160,10 +162,12 @@ impl Slurmctld<'_> {
         let mut over: Vec<bool> = if matches!(admission, Admission::Informed | Admission::NodeMemory { .. }) {
             let view = NodeView {
                 cluster: cl,
+                node,
                 runs: self.runs,
                 on_node: &self.by_node[node],
                 t: self.t,
                 assumptions: &cfg.assumptions,
+                window: self.window,
             };
             view.read_now().iter().map(|g| g.activity(cfg.params.metric) > cfg.params.cap()).collect()
         } else {

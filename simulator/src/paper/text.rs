@@ -26,7 +26,8 @@ pub(super) fn intro(d: &Assumptions) -> String {
        whole GPUs, as in the plugin); `gpumemnet` and `faketensor` are the paper's published estimates.\n\
      - What real Slurm and the plugin do that this report leaves out, each a flag that is 0 here (the figures below\n\
        did not move when they came, #42): the readings' window and the plugin's count of jobs placed within it\n\
-       (`--window`, carma.yaml monitor_window with published readings), a refused job's wait on its node before it\n\
+       (`--window`, carma.yaml monitor_window with published readings: means over it of what the GPUs read, as\n\
+       of the monitor's last publication, `--publish`, monitor.interval), a refused job's wait on its node before it\n\
        is handed back (`--node-wait`, timeouts.wait) and the requeue (`--requeue-delay`). With them set, the\n\
        simulator was held against real Slurm: docs/replay.md.\n\n",
         ramp = d.ramp_s,

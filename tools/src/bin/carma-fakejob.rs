@@ -8,13 +8,16 @@
 //!
 //!
 //! On the NVML stand-in (`gpu_source: nvml`, the test cluster) the GPUs are
-//! the stand-in's description file, and an MPS client starts a process
-//! named as NVIDIA's MPS server is (`nvidia-cuda-mps-server`, as the job's
-//! user) on its GPUs: NVML lists the server among a GPU's compute
+//! the stand-in's description file, and an MPS client asks the GPU's MPS
+//! control daemon (the test stand-in `carma-fake-mps-control`, installed as
+//! `nvidia-cuda-mps-control`) for its user's server, as CUDA does: the
+//! daemon starts it as the job's user, named as NVIDIA's
+//! (`nvidia-cuda-mps-server`). NVML lists the server among a GPU's compute
 //! processes, which is how CARMA sees whose MPS server a GPU runs.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use carma_config::{Config, GpuSource, parse_size_mib};
+use carma_placement::index_list;
 use carma_placement::source::SimulatedGpus;
 use carma_placement::source::simulated::{SWITCH_OVERHEAD, standin_description, timeslice_slowdown};
 use std::path::PathBuf;
@@ -59,6 +62,10 @@ struct Cli {
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
+/// How long an MPS client waits for its server (while another user's runs
+/// on the GPU, a client waits, as under NVIDIA's MPS).
+const MPS_SERVER_WAIT: Duration = Duration::from_secs(30);
+
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
@@ -101,10 +108,15 @@ fn run() -> Result<i32, String> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let mps = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_some();
-    if mps && standin {
-        mps_server(&sim, &gpus)?;
-    }
+    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY");
+    let mps = pipe.is_some();
+    // On the stand-in, the GPU's MPS control daemon starts (or has) the
+    // server of this job's user; the connection is held while the job
+    // runs, and its end tells the daemon this client is gone.
+    let _server = match pipe.filter(|_| standin) {
+        Some(dir) => Some(carma_tools::mps_standin::connect(std::path::Path::new(&dir), MPS_SERVER_WAIT)?),
+        None => None,
+    };
     let fence = match std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
         Ok(v) => fence_mib(&v)?,
         Err(_) => None,
@@ -114,9 +126,15 @@ fn run() -> Result<i32, String> {
     let mut work = a.work.map(|w| Work { left_s: w, at: start });
     match a.work {
         Some(w) => {
-            println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {w} s of work")
+            println!(
+                "carma-fakejob: pid {pid} on GPU {visible} (node GPU {}): {mem} MiB, SM {sm}, busy {busy}, {w} s of work",
+                index_list(&gpus)
+            )
         }
-        None => println!("carma-fakejob: pid {pid} on GPU {visible}: {mem} MiB, SM {sm}, busy {busy}, {seconds} s"),
+        None => println!(
+            "carma-fakejob: pid {pid} on GPU {visible} (node GPU {}): {mem} MiB, SM {sm}, busy {busy}, {seconds} s",
+            index_list(&gpus)
+        ),
     }
     let mut registered = None;
     let code = loop {
@@ -192,36 +210,6 @@ impl Work {
         self.left_s -= now.duration_since(self.at).as_secs_f64() / slowdown;
         self.at = now;
         self.left_s <= 0.0
-    }
-}
-
-/// Forks the stand-in for the MPS server of `gpus`: named as NVIDIA's
-/// (the kernel keeps `nvidia-cuda-mps`), registered on the GPUs with no
-/// memory of its own, gone when this client is.
-fn mps_server(sim: &SimulatedGpus, gpus: &[u32]) -> Result<(), String> {
-    let client = std::process::id();
-    // SAFETY: fork in a process with one thread (nothing was spawned); the
-    // child uses only this thread and exits with _exit.
-    let child = unsafe { libc::fork() };
-    match child {
-        -1 => Err(format!("cannot fork the MPS server stand-in: {}", std::io::Error::last_os_error())),
-        0 => {
-            // SAFETY: prctl with a NUL-terminated name and a signal number.
-            unsafe {
-                libc::prctl(libc::PR_SET_NAME, c"nvidia-cuda-mps-server".as_ptr() as libc::c_ulong, 0, 0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            }
-            let me = std::process::id();
-            let _ = sim.allocate(me, gpus, 0, 0.0, 0.0, false);
-            // SAFETY: getppid has no preconditions.
-            while unsafe { libc::getppid() } == client as libc::pid_t && !STOP.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            sim.release(me);
-            // SAFETY: ends the child without running the parent's atexit work.
-            unsafe { libc::_exit(0) }
-        }
-        _ => Ok(()),
     }
 }
 
