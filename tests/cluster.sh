@@ -490,7 +490,11 @@ start_mps() {
         if pid=$(pid_of "$RUN/b/mps-$g.pid"); then
             kill "$pid"
             for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            # Past 5 s it goes by force: it must not remove the new one's.
+            kill -KILL "$pid" 2>/dev/null || true
         fi
+        # A killed daemon's pipe and socket would pass for the new one's.
+        rm -f "$MPS_PIPE/$g/control" "$MPS_PIPE/$g/control.sock"
         install -d -m 0755 "$MPS_PIPE/$g"
         setsid "$MPS_CONTROL" --pipe-dir "$MPS_PIPE/$g" --gpu "$g" --sim-gpus "$STANDIN2/sim-gpus.yaml" \
             </dev/null >>"$LOG/carma-mps-control-$g.log" 2>&1 &

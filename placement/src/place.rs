@@ -41,9 +41,11 @@ pub struct Placer {
 }
 
 /// The readings of an opened source.
-fn read_source(source: &mut Option<Box<dyn GpuSource>>) -> Result<Vec<GpuReading>, PlaceError> {
+/// The readings, and when their window ended where that is older than the
+/// read ([`Params::readings_ms`]: published readings).
+fn read_source(source: &mut Option<Box<dyn GpuSource>>) -> Result<(Vec<GpuReading>, Option<u64>), PlaceError> {
     match source.as_mut() {
-        Some(s) => Ok(s.read()?),
+        Some(s) => Ok((s.read()?, s.as_of_ms())),
         None => Err(PlaceError::Source(SourceError("no GPU source configured".into()))),
     }
 }
@@ -71,13 +73,8 @@ impl Placer {
         Ok(self.source.as_mut().expect("just opened"))
     }
 
-    /// The readings, and when their window ended for the decisions made on
-    /// them ([`Params::readings_ms`]).
     fn read(&mut self) -> Result<Vec<GpuReading>, PlaceError> {
-        let source = self.source()?;
-        let readings = source.read()?;
-        self.params.readings_ms = source.as_of_ms();
-        Ok(readings)
+        Ok(self.source()?.read()?)
     }
 
     /// The placer of this node as carma.yaml describes it.
@@ -106,9 +103,9 @@ impl Placer {
         })
     }
 
-    /// The thresholds, as of now.
+    /// The thresholds, as of now and of the last readings read.
     pub fn params(&self) -> Params {
-        Params { now_secs: now_secs(), ..self.params }
+        Params { now_secs: now_secs(), readings_ms: self.source.as_ref().and_then(|s| s.as_of_ms()), ..self.params }
     }
 
     /// Who holds reservations (Linux's slurmstepds unless set: the latency
@@ -203,11 +200,11 @@ impl Placer {
             }
         }
         // A failed read returns with the lock, which gives it back.
-        let readings = match early {
+        let (readings, as_of_ms) = match early {
             Some(r) => r,
             None => read_source(&mut self.source)?,
         };
-        self.decide_queued(lock, step, req, &readings)
+        self.decide_queued(lock, step, req, &readings, as_of_ms)
     }
 
     /// Counts a step that waits, or one that was not placed (carma-monitor

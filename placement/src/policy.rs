@@ -89,9 +89,13 @@ pub fn expected_activity(gpu: &GpuReading, state: &NodeState, p: &Params) -> (f6
 /// ms. `since` is whole seconds, so the job may have started up to a
 /// second later than it says: counted as seen a second less, never more
 /// (published readings only; readings as of now keep the plain age).
+/// Readings dated after now (a clock set back) are taken as of now.
 fn seen_ms(since: u64, p: &Params) -> u64 {
     match p.readings_ms {
-        Some(end) => end.saturating_sub(since.saturating_add(1).saturating_mul(1000)),
+        Some(end) => {
+            let end = end.min(p.now_secs.saturating_add(1).saturating_mul(1000));
+            end.saturating_sub(since.saturating_add(1).saturating_mul(1000))
+        }
         None => p.now_secs.saturating_sub(since).saturating_mul(1000),
     }
 }
@@ -159,8 +163,9 @@ impl fmt::Display for Reject {
             }
             Reject::Activity { metric, value, cap, recent } => write!(
                 f,
-                "{} {value:.2} (with {recent} jobs placed within the window, not yet in its readings) > cap {cap:.2}",
-                metric.label()
+                "{} {value:.2} (with {recent} job{} placed within the window, not yet in its readings) > cap {cap:.2}",
+                metric.label(),
+                if *recent == 1 { "" } else { "s" }
             ),
             Reject::Memory { free_mib, estimate_mib, headroom_mib } => {
                 write!(f, "effective free {free_mib} MiB < {estimate_mib} MiB estimate + {headroom_mib} MiB headroom")

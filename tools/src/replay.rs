@@ -73,7 +73,7 @@ pub struct CompareArgs {
     /// Fail (exit 1) when the simulated makespan differs from the real by more than PCT per cent: a broken model or harness, not a benchmark's verdict
     #[arg(long, value_name = "PCT", value_parser = seconds)]
     pub fail_above: Option<f64>,
-    /// Also write the simulated jobs to FILE, in the results' format (node and GPUs appended)
+    /// Also write the simulated jobs to FILE: seq submit_s start_s end_s exit runs node gpus
     #[arg(long, value_name = "FILE")]
     pub simulated: Option<PathBuf>,
     /// slurmctld takes shards from the least loaded GPU (LL_SHARED_GRES, Slurm 23.11 on)
@@ -320,10 +320,11 @@ fn read_compress(plan: &Path) -> Result<f64, String> {
     compression(s.trim()).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-/// Where the real jobs' wait went, per job on average: the wait on their
-/// node for a GPU (the plugin's), the runs handed back before the last, and
-/// the rest, Slurm's own (scheduling, launch, prolog, and queueing where no
-/// node had room by slurmctld's count). `None` without node waits.
+/// Where the real jobs' mean wait went, in shares that add up to it: the
+/// wait on their node for a GPU (the plugin's time in the hook) of jobs
+/// placed at once, the whole wait of jobs handed back, and the rest,
+/// Slurm's own (scheduling, launch, prolog, and queueing where no node had
+/// room by slurmctld's count). `None` without node waits.
 pub fn real_wait_split(jobs: &[RealJob]) -> Option<String> {
     // Jobs whose node wait the log does not give are left out.
     let started: Vec<&RealJob> = jobs.iter().filter(|j| j.start_s.is_some() && j.node_wait_s.is_some()).collect();
@@ -332,17 +333,19 @@ pub fn real_wait_split(jobs: &[RealJob]) -> Option<String> {
     }
     let n = started.len() as f64;
     let wait = |j: &RealJob| j.start_s.unwrap_or(j.submit_s) - j.submit_s;
-    let node: f64 = started.iter().map(|j| j.node_wait_s.unwrap_or(0.0)).sum::<f64>() / n;
-    let back: f64 = started.iter().filter(|j| j.hand_backs > 0).map(|j| wait(j)).sum::<f64>() / n;
-    let mut slurm: Vec<f64> =
-        started.iter().filter(|j| j.hand_backs == 0).map(|j| wait(j) - j.node_wait_s.unwrap_or(0.0)).collect();
+    let (kept, back): (Vec<&RealJob>, Vec<&RealJob>) = started.iter().partition(|j| j.hand_backs == 0);
+    let node: f64 = kept.iter().map(|j| j.node_wait_s.unwrap_or(0.0)).sum::<f64>() / n;
+    let back_s: f64 = back.iter().map(|j| wait(j)).sum::<f64>() / n;
+    let mut slurm: Vec<f64> = kept.iter().map(|j| wait(j) - j.node_wait_s.unwrap_or(0.0)).collect();
     slurm.sort_by(f64::total_cmp);
-    let slurm_mean = slurm.iter().sum::<f64>() / n;
+    let slurm_s = slurm.iter().sum::<f64>() / n;
     let median = slurm.get(slurm.len() / 2).copied().unwrap_or(0.0);
     let queued = slurm.iter().filter(|&&s| s > 5.0).count();
     Some(format!(
-        "real mean wait per job ({} jobs): {node:.1} s on the node for a GPU, {back:.1} s in jobs handed back, {slurm_mean:.1} s Slurm's (median {median:.2} s a job; {queued} jobs queued over 5 s)\n",
-        started.len()
+        "real mean wait {:.1} s ({} jobs) = {node:.1} s on the node for a GPU + {back_s:.1} s of {} jobs handed back + {slurm_s:.1} s Slurm's (jobs not handed back: median {median:.2} s each, {queued} over 5 s)\n",
+        node + back_s + slurm_s,
+        started.len(),
+        back.len()
     ))
 }
 
@@ -439,9 +442,11 @@ mod tests {
     fn the_real_wait_splits_into_node_hand_backs_and_slurm() {
         let r = read_results("0 0.0 1.0 9.0 0 0 0.5\n1 0.0 3.0 9.0 0 0 0.0\n2 0.0 12.0 20.0 0 1 4.0\n").unwrap();
         let s = real_wait_split(&r).unwrap();
-        // Node: (0.5 + 0 + 4) / 3; handed back: 12 / 3; Slurm: (0.5 + 3) / 3.
-        assert!(s.contains("(3 jobs): 1.5 s on the node") && s.contains("4.0 s in jobs handed back"), "{s}");
-        assert!(s.contains("1.2 s Slurm's (median 3.00 s a job; 0 jobs queued"), "{s}");
+        // Mean wait (1 + 3 + 12) / 3; node 0.5 / 3, handed back 12 / 3,
+        // Slurm's (0.5 + 3) / 3: the shares add up to it.
+        assert!(s.starts_with("real mean wait 5.3 s (3 jobs) = 0.2 s on the node"), "{s}");
+        assert!(s.contains("+ 4.0 s of 1 jobs handed back + 1.2 s Slurm's"), "{s}");
+        assert!(s.contains("median 3.00 s each, 0 over 5 s"), "{s}");
         assert_eq!(real_wait_split(&read_results("0 0.0 1.0 9.0 0 0\n").unwrap()), None);
     }
 

@@ -200,7 +200,9 @@ fn the_server_is_roots_daemons_child_running_as_its_clients_user_until_its_last_
     assert!(node.log().contains(&format!("refused a request of pid {} (uid 0)", std::process::id())), "{}", node.log());
 
     // Two jobs of one user: one server, as that user, under root's daemon.
-    let jobs = [node.fakejob(NOBODY, "4"), node.fakejob(NOBODY, "4")];
+    // Long enough to outlast their registration (up to 10 s) and the check
+    // that another user waits.
+    let jobs = [node.fakejob(NOBODY, "15"), node.fakejob(NOBODY, "15")];
     for j in &jobs {
         let why = || format!("job {} did not register: {}", j.id(), node.log());
         wait_for(Duration::from_secs(10), || node.registered(j.id()).is_some(), why);

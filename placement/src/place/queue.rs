@@ -5,7 +5,7 @@
 use super::{PlaceError, Placer};
 use crate::clock::now_secs;
 use crate::gpu::GpuReading;
-use crate::policy::{NoFit, observe};
+use crate::policy::{NoFit, Params, observe};
 use crate::request::{Decision, Request, StepRef};
 use crate::slots::{SlotRef, Slots};
 use crate::state::{Locked, NodeState, StateError, StateStore};
@@ -78,14 +78,17 @@ impl Placer {
         step: StepRef,
         req: &Request,
         readings: &[GpuReading],
+        as_of_ms: Option<u64>,
     ) -> Result<Decision, PlaceError> {
+        // Every request of this round is decided on these readings.
+        let params = Params { readings_ms: as_of_ms, ..self.params };
         let q = self.store.slots();
         let mut st = lock.load()?;
         self.collect(&mut st, false);
         let owners = self.processes.owners_on(readings, &st);
         observe(&mut st, readings, &owners);
         let mut gc_forced = false;
-        let mine = self.decide(&mut st, step, req, readings, &owners, &mut gc_forced);
+        let mine = self.decide(&mut st, step, req, readings, &owners, &params, &mut gc_forced);
         let mut stored = false;
         let mut left = Vec::new();
         for _round in 0..4 {
@@ -96,7 +99,7 @@ impl Placer {
             }
             let decided: Vec<_> = taken
                 .into_iter()
-                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &mut gc_forced)))
+                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &params, &mut gc_forced)))
                 .collect();
             if let Err(e) = lock.store(&st) {
                 // Undecided after all: their owners try again themselves.
@@ -134,6 +137,7 @@ impl Placer {
         req: &Request,
         readings: &[GpuReading],
         owners: &HashMap<u32, u32>,
+        params: &Params,
         gc_forced: &mut bool,
     ) -> Result<Decision, NoFit> {
         let mut collect = |st: &mut NodeState| {
@@ -144,8 +148,7 @@ impl Placer {
             self.collect(st, true);
             true
         };
-        let d =
-            crate::decide::decide(st, step, req, readings, owners, &self.params, &self.learn, now_secs(), &mut collect);
+        let d = crate::decide::decide(st, step, req, readings, owners, params, &self.learn, now_secs(), &mut collect);
         if d.is_ok() {
             st.counters.placements += 1;
         }

@@ -419,8 +419,13 @@ fn a_placed_job_counts_until_the_published_window_has_seen_it() {
     // Readings as of now (a direct source): its age is all the window.
     assert_eq!(expected_activity(&g, &st, &p), (0.67, 0));
     // Once the published window has seen all of it, the readings speak.
-    let later = Params { readings_ms: Some((now + 1) * 1000), ..p };
+    let later = Params { readings_ms: Some((now + 1) * 1000), now_secs: now + 1, ..p };
     assert_eq!(expected_activity(&g, &st, &later), (0.67, 0));
+    // Readings dated after now (a clock set back) are taken as of now: a
+    // job placed 2 s ago still counts.
+    st.reservations[0].since = now - 2;
+    let ahead = Params { readings_ms: Some((now + 60) * 1000), ..p };
+    assert_eq!(expected_activity(&g, &st, &ahead).1, 1);
 }
 
 #[test]

@@ -48,6 +48,9 @@ impl Published {
     }
 }
 
+/// How far ahead of the reader's clock a publication may be dated.
+const FUTURE_SLACK_MS: u64 = 1000;
+
 pub fn path(state_dir: &Path) -> PathBuf {
     state_dir.join(READINGS_FILE)
 }
@@ -81,6 +84,15 @@ pub fn read(state_dir: &Path) -> Result<Published, String> {
 /// Whether published readings can be used now, and if not why.
 pub fn fresh(state_dir: &Path, stale_after: Duration) -> Result<Published, String> {
     let p = read(state_dir)?;
+    // Dated ahead of this clock (it was set back): its age says nothing.
+    let ahead = p.written_ms.saturating_sub(crate::clock::now_ms());
+    if ahead > FUTURE_SLACK_MS {
+        return Err(format!(
+            "{} is dated {:.1} s ahead of this node's clock (was the clock set back?)",
+            path(state_dir).display(),
+            ahead as f64 / 1000.0
+        ));
+    }
     let age = p.age();
     if age > stale_after {
         return Err(format!(
@@ -178,6 +190,9 @@ mod tests {
         publish(&d.0, &publication(crate::clock::now_ms() - 30_000, 0.25)).unwrap();
         let why = fresh(&d.0, Duration::from_secs(10)).unwrap_err();
         assert!(why.contains("s old") && why.contains("stale_after 10 s"), "{why}");
+        publish(&d.0, &publication(crate::clock::now_ms() + 60_000, 0.25)).unwrap();
+        let why = fresh(&d.0, Duration::from_secs(10)).unwrap_err();
+        assert!(why.contains("ahead of this node's clock"), "{why}");
         std::fs::write(path(&d.0), b"{half").unwrap();
         assert!(fresh(&d.0, Duration::from_secs(10)).unwrap_err().contains("unreadable"));
     }
