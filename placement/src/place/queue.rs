@@ -50,6 +50,15 @@ pub(super) enum Waited<'a> {
     Locked(Locked<'a>),
 }
 
+/// What one round of decisions under the lock is made on: the readings,
+/// whose processes belong to which holder, and the thresholds as of the
+/// readings' time.
+struct Round<'a> {
+    readings: &'a [GpuReading],
+    owners: &'a HashMap<u32, u32>,
+    params: Params,
+}
+
 impl Placer {
     /// An answer another launch decided for us, checked against the job's
     /// Slurm GPUs: a holder of an older build ignores them.
@@ -80,15 +89,15 @@ impl Placer {
         readings: &[GpuReading],
         as_of_ms: Option<u64>,
     ) -> Result<Decision, PlaceError> {
-        // Every request of this round is decided on these readings.
-        let params = Params { readings_ms: as_of_ms, ..self.params };
         let q = self.store.slots();
         let mut st = lock.load()?;
         self.collect(&mut st, false);
         let owners = self.processes.owners_on(readings, &st);
         observe(&mut st, readings, &owners);
+        // Every request of this round is decided on these readings.
+        let round = Round { readings, owners: &owners, params: Params { readings_ms: as_of_ms, ..self.params } };
         let mut gc_forced = false;
-        let mine = self.decide(&mut st, step, req, readings, &owners, &params, &mut gc_forced);
+        let mine = self.decide(&mut st, step, req, &round, &mut gc_forced);
         let mut stored = false;
         let mut left = Vec::new();
         for _round in 0..4 {
@@ -99,7 +108,7 @@ impl Placer {
             }
             let decided: Vec<_> = taken
                 .into_iter()
-                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, readings, &owners, &params, &mut gc_forced)))
+                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, &round, &mut gc_forced)))
                 .collect();
             if let Err(e) = lock.store(&st) {
                 // Undecided after all: their owners try again themselves.
@@ -135,9 +144,7 @@ impl Placer {
         st: &mut NodeState,
         step: StepRef,
         req: &Request,
-        readings: &[GpuReading],
-        owners: &HashMap<u32, u32>,
-        params: &Params,
+        round: &Round<'_>,
         gc_forced: &mut bool,
     ) -> Result<Decision, NoFit> {
         let mut collect = |st: &mut NodeState| {
@@ -148,6 +155,7 @@ impl Placer {
             self.collect(st, true);
             true
         };
+        let (readings, owners, params) = (round.readings, round.owners, &round.params);
         let d = crate::decide::decide(st, step, req, readings, owners, params, &self.learn, now_secs(), &mut collect);
         if d.is_ok() {
             st.counters.placements += 1;
