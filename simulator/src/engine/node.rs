@@ -47,18 +47,20 @@ pub(super) struct NodeView<'a> {
 }
 
 impl NodeView<'_> {
-    /// What each GPU reads at this instant `(sm, busy)`: each job's SM work
-    /// at its slowed pace, and the share of time any kernel runs (the GPU
-    /// is busy whenever one of its jobs would be).
+    /// What each GPU reads at this instant `(sm, busy)`.
     pub(super) fn instant(&self) -> Vec<(f64, f64)> {
         (0..self.cluster.gpus_per_node)
-            .map(|index| {
-                let solo: Vec<(f64, f64)> = self.on_gpu(index).map(|r| (r.busy, r.sm)).collect();
-                let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(&solo);
-                let busy = solo.iter().map(|j| j.0).sum::<f64>();
-                (sm.min(1.0), busy.min(1.0))
-            })
+            .map(|index| self.timesliced(&self.on_gpu(index).map(|r| (r.busy, r.sm)).collect::<Vec<_>>()))
             .collect()
+    }
+
+    /// What a GPU whose jobs have these solo `(busy, sm)` reads: each job's
+    /// SM work at its slowed pace, and the share of time any kernel runs
+    /// (the GPU is busy whenever one of its jobs would be).
+    fn timesliced(&self, solo: &[(f64, f64)]) -> (f64, f64) {
+        let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(solo);
+        let busy = solo.iter().map(|j| j.0).sum::<f64>();
+        (sm.min(1.0), busy.min(1.0))
     }
 
     fn on_gpu(&self, index: u32) -> impl Iterator<Item = &Run> {
@@ -69,22 +71,22 @@ impl NodeView<'_> {
     /// time now or, under a window, their means over it.
     pub(super) fn read_now(&self) -> Vec<GpuReading> {
         let window = self.assumptions.window_s;
-        self.instant()
-            .into_iter()
-            .zip(0..self.cluster.gpus_per_node)
-            .map(|((sm_now, busy_now), index)| {
+        (0..self.cluster.gpus_per_node)
+            .map(|index| {
                 let mut used = 0.0;
                 let mut processes = Vec::new();
+                let mut solo = Vec::new();
                 for r in self.on_gpu(index) {
                     let a = r.alloc(self.t, self.assumptions.ramp_s);
                     used += a;
+                    solo.push((r.busy, r.sm));
                     processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
                 }
                 let (sm, busy) = if window > 0.0 {
                     let at = self.assumptions.published_at(self.t);
                     self.window.mean(self.cluster.slot(self.node, index), at, window)
                 } else {
-                    (sm_now, busy_now)
+                    self.timesliced(&solo)
                 };
                 GpuReading {
                     index,
