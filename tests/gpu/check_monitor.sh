@@ -12,7 +12,6 @@
 # time and per-process memory, and `carma place --dry-run`. summarize.py
 # prints the checks and writes summary.json.
 #
-# Status: written without a GPU (2026-11-23); not yet run.
 set -euo pipefail
 out=${1:-${OUT:-/tmp/carma-gpu-check}}
 bin=${CARMA_BIN:-target/release}
@@ -31,6 +30,8 @@ CONF
 monitor=$!
 trap 'kill $monitor 2>/dev/null; kill $(jobs -p) 2>/dev/null; true' EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0 >"$out/device.txt"
+# The device file the driver gives GPU 0: what a job's device cgroup must allow.
+nvidia-smi -q -i 0 | awk -F: '/Minor Number/ {gsub(/ /, "", $2); print $2}' >"$out/minor.txt"
 
 # After one full window of the workload: everything the checks compare.
 sample() {

@@ -38,6 +38,11 @@ def main():
         same = all(abs(mine.get(pid, -1) - mib) <= max(2, mib // 50) for pid, mib in apps.items())
         check(f"{label}: per-process memory matches nvidia-smi --query-compute-apps", same and set(mine) == set(apps),
               f"{mine} vs {apps}")
+    minor = (out / "minor.txt").read_text().strip()
+    reported = gpu0(json.loads((out / "readings-light.json").read_text())).get("minor")
+    figures["minor"] = {"nvidia_smi": minor, "monitor": reported}
+    check("GPU 0's minor number (its /dev/nvidiaN) as nvidia-smi gives it",
+          str(reported) == minor and pathlib.Path(f"/dev/nvidia{minor}").exists(), f"{reported} vs {minor}")
     light, heavy = figures["light"], figures["heavy"]
     check("light pair: SM activity < 0.10", light["monitor_sm"] < 0.10, f"{light['monitor_sm']:.3f}")
     check("light pair: busy > 0.8", light["monitor_busy"] > 0.8, f"{light['monitor_busy']:.3f}")
