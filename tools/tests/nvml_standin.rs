@@ -359,6 +359,32 @@ fn the_monitor_publishes_gpm_sm_activity_of_the_h100_profile_within_one_window()
     end(&mut procs);
 }
 
+#[test]
+fn the_monitors_busy_time_is_the_mean_of_what_each_interval_saw() {
+    // Each read takes the driver's samples since the previous one. Taking
+    // the whole window on each read averaged it twice: on an H100 a job
+    // busy 0.93 read 0.58 one window after it started (docs/gpu-checks.md).
+    let node = Node::new(
+        "busy",
+        &["{index: 0, uuid: GPU-aaaa, memory_total: 80G}"],
+        "standin:\n  profile: h100\n",
+        "monitor: {published: true, interval: 200ms, stale_after: 5s, metrics: off, slurm_node: carma-test-no-such-node}\nmonitor_window: 2s\n",
+    );
+    let m = node.monitor();
+    let idle = node.published(3);
+    assert_eq!(idle["gpus"][0]["busy"].as_f64(), Some(0.0), "{idle}");
+    let mut procs = sleepers(1);
+    node.sim().allocate(procs[0].id(), &[0], 4096, 0.3, 0.9, false).unwrap().unwrap();
+    // One window and a little more: every sample in it saw the job.
+    std::thread::sleep(Duration::from_millis(2600));
+    let g = &node.published(3)["gpus"][0];
+    let busy = g["busy"].as_f64().unwrap_or(-1.0);
+    assert!((busy - 0.9).abs() < 0.02, "busy {busy} a window after a job busy 0.9 started: {g}");
+    let err = stop(m);
+    assert!(!err.contains("panicked"), "{err}");
+    end(&mut procs);
+}
+
 /// A dcgm-exporter: answers every request with `page`.
 fn exporter(page: String) -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
