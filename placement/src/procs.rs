@@ -23,8 +23,10 @@ pub const MPS_CONTROL_EXE: &str = "nvidia-cuda-mps-control";
 /// PR_SET_NAME, or a copy of any program under that name). So a server
 /// counts only if its parent is NVIDIA's control daemon: a process whose
 /// real uid is 0 (no user process has it) and whose executable
-/// (/proc/PPID/exe, the file it runs, which only root can change) is a file
-/// named `nvidia-cuda-mps-control`. The daemon runs as root and starts each
+/// (/proc/PPID/exe, the file it runs) is a file named
+/// `nvidia-cuda-mps-control` that only root can change (owned by root, not
+/// writable by group or others: a root daemon run from a file a user could
+/// replace is not one to trust). The daemon runs as root and starts each
 /// server itself, as the user that server serves: a user can neither make a
 /// root process its parent nor start root's daemon. The user is the
 /// server's real uid (`Uid:` in its status), the one the daemon gave it.
@@ -35,7 +37,7 @@ pub fn mps_server_uid(pid: u32) -> Option<u32> {
         return None;
     }
     let parent = parent_of(pid).filter(|&p| p != 0 && p != pid)?;
-    if real_uid(parent) != Some(0) || !exe_named(parent, MPS_CONTROL_EXE) {
+    if real_uid(parent) != Some(0) || !exe_named(parent, MPS_CONTROL_EXE) || !exe_roots_alone(parent) {
         return None;
     }
     real_uid(pid)
@@ -50,6 +52,13 @@ fn exe_named(pid: u32, name: &str) -> bool {
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return false };
     let Some(file) = exe.file_name().and_then(|f| f.to_str()) else { return false };
     file.strip_suffix(" (deleted)").unwrap_or(file) == name
+}
+
+/// True if the file `pid` runs (also once replaced or removed) is owned by
+/// root and writable by nobody else.
+fn exe_roots_alone(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0)
 }
 
 /// A process that exists and is not a zombie: a slurmstepd killed with
@@ -282,6 +291,14 @@ mod tests {
         // A root parent of another name is not NVIDIA's daemon.
         let tree = Tree::start(&files.path("nvidia-cuda-mps-control.old"), &server, None);
         assert_eq!(mps_server_uid(tree.server), None, "a server under root's nvidia-cuda-mps-control.old");
+        drop(tree);
+        // Nor is root running a file of that name that others may write.
+        let open = Copies::new("writable", &["nvidia-cuda-mps-control"]);
+        let control = open.path("nvidia-cuda-mps-control");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o757)).unwrap();
+        let tree = Tree::start(&control, &server, None);
+        assert_eq!(mps_server_uid(tree.server), None, "a server under root's nvidia-cuda-mps-control writable by others");
     }
 
     /// A user's process titled like a slurmstepd of a job that has ended
