@@ -176,6 +176,21 @@ mod tests {
         }
     }
 
+    /// Spawns `cmd`, again while its file is busy: a copy just written can
+    /// be held open for writing by a child another test thread forked
+    /// before its exec (ETXTBSY).
+    fn spawn(cmd: &mut std::process::Command) -> std::process::Child {
+        for _ in 0..50 {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                other => return other.unwrap(),
+            }
+        }
+        panic!("{cmd:?} stayed busy for a second");
+    }
+
     impl Drop for Copies {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
@@ -200,7 +215,7 @@ mod tests {
             if let Some(uid) = uid {
                 cmd.uid(uid).gid(uid);
             }
-            let mut parent = cmd.spawn().unwrap();
+            let mut parent = spawn(&mut cmd);
             let ppid = parent.id();
             let start = std::time::Instant::now();
             // The child counts once it runs the server's file (before its
@@ -248,7 +263,7 @@ mod tests {
         let files = Copies::new("forged", &["nvidia-cuda-mps-control", "nvidia-cuda-mps-server"]);
         let server = files.path("nvidia-cuda-mps-server");
         // Its parent is this test, whatever its user.
-        let mut direct = std::process::Command::new(&server).args(["-c", "sleep 30; exit 0"]).spawn().unwrap();
+        let mut direct = spawn(std::process::Command::new(&server).args(["-c", "sleep 30; exit 0"]));
         std::thread::sleep(std::time::Duration::from_millis(200));
         let name = parent_name(direct.id());
         let direct_uid = mps_server_uid(direct.id());
@@ -298,7 +313,11 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o757)).unwrap();
         let tree = Tree::start(&control, &server, None);
-        assert_eq!(mps_server_uid(tree.server), None, "a server under root's nvidia-cuda-mps-control writable by others");
+        assert_eq!(
+            mps_server_uid(tree.server),
+            None,
+            "a server under root's nvidia-cuda-mps-control writable by others"
+        );
     }
 
     /// A user's process titled like a slurmstepd of a job that has ended
