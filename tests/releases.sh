@@ -12,6 +12,8 @@
 #   tests/releases.sh root CODENAME      prints the chroot's directory
 #   tests/releases.sh plugin CODENAME    builds the plugin against its headers
 #                                        (target/$PROFILE/slurm-SERIES/)
+#   tests/releases.sh previous CODENAME  the previous release against them
+#                                        (tests/previous-release.sh)
 #   tests/releases.sh enter CODENAME CMD...  runs CMD inside, as root, with
 #                                        the checkout and target dir mounted
 #                                        at their own paths
@@ -215,13 +217,22 @@ plugin() {
     "$repo/packaging/build-plugin.sh" "$(include_of "$codename")"
 }
 
+# The previous release (tests/previous-release.sh) against the release's
+# headers, for the upgrade test.
+previous() {
+    local codename=$1
+    make_root "$codename"
+    "$repo/tests/previous-release.sh" build "$(include_of "$codename")"
+}
+
 case "${1:-}" in
     make) make_root "${2:?codename}" ;;
     series) series "${2:?codename}" ;;
     root) root_of "${2:?codename}" ;;
     plugin) plugin "${2:?codename}" ;;
+    previous) previous "${2:?codename}" ;;
     enter) shift; enter "$@" ;;
     umount) umount_root "${2:?codename}" ;;
     tarball) make_tarball "${2:?series, e.g. 25.11}" "${3:?a clone of SchedMD/slurm}" ;;
-    *) die "usage: $0 make|series|root|plugin|enter|umount CODENAME [CMD...] | tarball SERIES GIT_DIR" ;;
+    *) die "usage: $0 make|series|root|plugin|previous|enter|umount CODENAME [CMD...] | tarball SERIES GIT_DIR" ;;
 esac

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The release a site upgrades from, built from this repository's history for
+# the upgrade test (tests/package.rs): its plugin against one Slurm
+# release's headers, and its binaries.
+#
+#   tests/previous-release.sh build [INCLUDE_DIR]   (default /usr/include)
+#   tests/previous-release.sh commit
+#
+# `build` writes TARGET/PROFILE/previous/ (carma, carma-epilog, ...) and
+# TARGET/PROFILE/previous/slurm-SERIES/libcarma_spank.so, and the source in
+# TARGET/previous/src, whose packaging/build-deb.sh packages them as that
+# release did. The commit is tests/previous-release's; a clone has it (and
+# .ci/run's copy carries .git).
+#
+# It builds before the workspace (tests/run.sh): in the same target
+# directory, so that it compiles its own crates and none of the
+# dependencies again. Its crates get another version, which keeps their
+# files apart from this tree's; the few it shares a name with (the
+# binaries, the plugin) are copied out and removed, and the workspace build
+# after it writes this tree's.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+PROFILE=${PROFILE:-release}
+target=${CARGO_TARGET_DIR:-$repo/target}
+die() { echo "previous-release.sh: $*" >&2; exit 1; }
+
+commit=$(sed -n 's/^commit: *\([0-9a-f]\{40\}\)$/\1/p' "$repo/tests/previous-release")
+[ -n "$commit" ] || die "tests/previous-release names no commit (a line 'commit: <40 hex digits>')"
+
+build() {
+    local inc=${1:-/usr/include} series src=$target/previous/src out=$target/$PROFILE/previous f
+    series=$("$repo/packaging/slurm-series.sh" "$inc") || die "name an include directory holding a release's slurm/ headers"
+    if [ "$(cat "$src/.commit" 2>/dev/null)" != "$commit" ]; then
+        git -C "$repo" cat-file -e "$commit^{commit}" 2>/dev/null ||
+            die "commit $commit (tests/previous-release) is not in $repo's history: run from a full clone"
+        rm -rf "$src"
+        install -d "$src"
+        git -C "$repo" archive "$commit" | tar -x -C "$src"
+        sed -i '/^\[workspace.package\]/,/^\[/s/^version = ".*"/version = "0.0.0-previous"/' "$src/Cargo.toml"
+        echo "$commit" >"$src/.commit"
+    fi
+    # As that release's packaging/build-plugin.sh: the host's headers with
+    # the variable unset; all targets, for this tree's feature resolution.
+    if [ "$(realpath "$inc")" = /usr/include ]; then
+        unset CARMA_SLURM_INCLUDE
+    else
+        export CARMA_SLURM_INCLUDE=$inc
+    fi
+    (cd "$src" && CARGO_TARGET_DIR=$target cargo build -q --profile "$PROFILE" --workspace --all-targets)
+    install -d "$out/slurm-$series"
+    for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so; do
+        [ -f "$target/$PROFILE/$f" ] || die "the previous release built no $f"
+        case $f in
+            libcarma_spank.so) install -m 0644 "$target/$PROFILE/$f" "$out/slurm-$series/$f" ;;
+            *) install -m 0755 "$target/$PROFILE/$f" "$out/$f" ;;
+        esac
+        rm -f "$target/$PROFILE/$f"
+    done
+    grep -qa "carma-slurm-series=$series;" "$out/slurm-$series/libcarma_spank.so" ||
+        die "the previous release's plugin is not marked for Slurm $series"
+    echo "$out"
+}
+
+case "${1:-}" in
+    build) build "${2:-}" ;;
+    commit) echo "$commit" ;;
+    *) die "usage: $0 build [INCLUDE_DIR] | commit" ;;
+esac
