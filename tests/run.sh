@@ -27,10 +27,10 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 # monitors' endpoints, which do not depend on Slurm's release.
 # 22.05 (long out of support): recovery and admission run on 24.11 and 26.05,
 # but for the hand-back (#37), which meets each release's requeue.
-SLURM_22_05="foundation transparent package isolation record load prometheus owner recovery:handed_back,past_its_hand_backs"
+SLURM_22_05="foundation transparent package upgrade isolation record load prometheus owner recovery:handed_back,past_its_hand_backs"
 # 24.11 (out of support): what meets its SPANK contexts, requeue and epilog,
 # packages and device cgroups; 26.05 runs the rest (same TRES spelling).
-SLURM_24_11="foundation recovery package isolation record owner"
+SLURM_24_11="foundation recovery package upgrade isolation record owner"
 SLURM_26_05="all -prometheus"
 # Under Slurm's cgroup/v2 (this host's hierarchy is hybrid, which it
 # refuses; tests/vm.sh): what touches device cgroups (isolation, owner)
@@ -175,7 +175,7 @@ for r in $RELEASES; do
     fi
     # A Slurm built from source is no Debian package: the package suite
     # (Depends on Debian's Slurm series, apt's refusals) does not apply.
-    case $r in trixie) chosen=$SLURM_24_11 ;; sid) chosen=$SLURM_26_05 ;; src-*) chosen="$SLURM_26_05 -package" ;; esac
+    case $r in trixie) chosen=$SLURM_24_11 ;; sid) chosen=$SLURM_26_05 ;; src-*) chosen="$SLURM_26_05 -package -upgrade" ;; esac
     phase "real-Slurm suites on $r's Slurm $(tests/releases.sh series "$r") ($chosen)"
     tests/cluster.sh stop
     trap "tests/releases.sh enter $r tests/cluster.sh stop; tests/releases.sh umount $r" EXIT

@@ -38,7 +38,7 @@ pub mod state;
 mod test_support;
 
 pub use gpu::{GpuProcess, GpuReading, index_list};
-pub use place::{LinuxProcesses, LiveHolders, PlaceError, Placer, Processes};
+pub use place::{LinuxProcesses, LiveHolders, PlaceError, Placer, Processes, Status};
 pub use policy::{Demand, NoFit, Params, Reject, choose};
 pub use request::{Decision, Request, StepRef};
 pub use source::{GpuSource, SourceError, open_direct, open_monitored, open_sampling, open_source};

@@ -40,8 +40,15 @@ pub struct Placer {
     log: Logger,
 }
 
-/// The readings of an opened source.
-/// The readings, and when their window ended where that is older than the
+/// What `carma status` and the dry run show: the GPUs, the node's state,
+/// and the thresholds as of those readings.
+pub struct Status {
+    pub readings: Vec<GpuReading>,
+    pub state: NodeState,
+    pub params: Params,
+}
+
+/// The readings of an opened source, and when their window ended where that is older than the
 /// read ([`Params::readings_ms`]: published readings).
 fn read_source(source: &mut Option<Box<dyn GpuSource>>) -> Result<(Vec<GpuReading>, Option<u64>), PlaceError> {
     match source.as_mut() {
@@ -73,8 +80,11 @@ impl Placer {
         Ok(self.source.as_mut().expect("just opened"))
     }
 
-    fn read(&mut self) -> Result<Vec<GpuReading>, PlaceError> {
-        Ok(self.source()?.read()?)
+    /// The readings, and when their window ended where that is older than
+    /// the read.
+    fn read(&mut self) -> Result<(Vec<GpuReading>, Option<u64>), PlaceError> {
+        let source = self.source()?;
+        Ok((source.read()?, source.as_of_ms()))
     }
 
     /// The placer of this node as carma.yaml describes it.
@@ -103,9 +113,9 @@ impl Placer {
         })
     }
 
-    /// The thresholds, as of now and of the last readings read.
+    /// The thresholds, as of now, for readings as of now.
     pub fn params(&self) -> Params {
-        Params { now_secs: now_secs(), readings_ms: self.source.as_ref().and_then(|s| s.as_of_ms()), ..self.params }
+        Params { now_secs: now_secs(), ..self.params }
     }
 
     /// Who holds reservations (Linux's slurmstepds unless set: the latency
@@ -130,9 +140,10 @@ impl Placer {
     }
 
     /// Live readings and the recorded state (shared lock), for status.
-    pub fn status(&mut self) -> Result<(Vec<GpuReading>, NodeState), PlaceError> {
-        let readings = self.read()?;
-        Ok((readings, self.store.snapshot()?))
+    pub fn status(&mut self) -> Result<Status, PlaceError> {
+        let (readings, readings_ms) = self.read()?;
+        let params = Params { readings_ms, ..self.params() };
+        Ok(Status { readings, state: self.store.snapshot()?, params })
     }
 
     /// Garbage collection costs a /proc lookup per holder, so it runs at most

@@ -437,3 +437,14 @@ impl Drop for Node1Monitor {
         let _ = root(&["scontrol", "update", &format!("NodeName={}", self.1), gres], 20);
     }
 }
+
+/// `dpkg-query ARGS` as root: its output.
+pub fn dpkg_query(args: &[&str]) -> String {
+    root(&[&["dpkg-query"], args].concat(), 20).ok().stdout
+}
+
+/// Where `tests/cluster.sh` built the packages from.
+pub fn bin_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("target"));
+    target.join(std::env::var("PROFILE").unwrap_or_else(|_| "release".into()))
+}

@@ -68,7 +68,7 @@ fn cmd_status(a: &StatusArgs) -> Result<(), String> {
         cfg.clone()
     };
     let mut placer = Placer::from_config(&read, placer_log).map_err(|e| e.to_string())?;
-    let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
+    let carma_placement::Status { readings: gpus, state, params } = placer.status().map_err(|e| e.to_string())?;
     let gpus = status::settle(gpus, &state);
     if a.json {
         let mut v = status::to_json(&gpus, &state);
@@ -78,7 +78,7 @@ fn cmd_status(a: &StatusArgs) -> Result<(), String> {
         v["gpu_owner"] = cfg.gpu_owner.name().into();
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
-        println!("{}", status::precondition(&placer.params()));
+        println!("{}", status::precondition(&params));
         println!("{}", gpu_owner_line(cfg.gpu_owner));
         println!("{}", monitor.0);
         println!("{}", status::runtime(&cfg.estimator, &state).0);
@@ -218,8 +218,7 @@ fn cmd_place(a: &PlaceArgs) -> Result<(), String> {
     let r = &plan.request;
     let (policy, count) = (r.policy, r.count);
     let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
-    let (gpus, state) = placer.status().map_err(|e| e.to_string())?;
-    let p = placer.params();
+    let carma_placement::Status { readings: gpus, state, params: p } = placer.status().map_err(|e| e.to_string())?;
     let now = carma_placement::clock::now_secs();
     let dry = status::dry_run(&gpus, &state, r, &p, &cfg.estimator.learn_runtime, now);
     let (decision, verdicts) = (dry.decision, dry.verdicts);

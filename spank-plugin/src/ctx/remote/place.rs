@@ -165,7 +165,7 @@ fn unwritable(dir: &std::path::Path) -> Option<String> {
 /// GPU source reads it (carma-monitor's publication: no driver call here);
 /// the index where the source does not know it.
 fn device_minors(placer: &mut Placer, gpus: &[u32]) -> Result<Vec<u32>, String> {
-    let (readings, _) = placer.status().map_err(|e| format!("the placed GPUs' device numbers: {e}"))?;
+    let readings = placer.status().map_err(|e| format!("the placed GPUs' device numbers: {e}"))?.readings;
     gpus.iter()
         .map(|&i| {
             let g = readings.iter().find(|g| g.index == i);
