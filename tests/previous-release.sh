@@ -40,13 +40,14 @@ build() {
         echo "$commit" >"$src/.commit"
     fi
     # As that release's packaging/build-plugin.sh: the host's headers with
-    # the variable unset; all targets, for this tree's feature resolution.
+    # the variable unset; all targets, for this tree's feature resolution
+    # (but its real-Slurm suites, which add no feature and are not run).
     if [ "$(realpath "$inc")" = /usr/include ]; then
         unset CARMA_SLURM_INCLUDE
     else
         export CARMA_SLURM_INCLUDE=$inc
     fi
-    (cd "$src" && CARGO_TARGET_DIR=$target cargo build -q --profile "$PROFILE" --workspace --all-targets)
+    (cd "$src" && CARGO_TARGET_DIR=$target cargo build -q --profile "$PROFILE" --workspace --exclude carma-suites --all-targets)
     install -d "$out/slurm-$series"
     for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so; do
         [ -f "$target/$PROFILE/$f" ] || die "the previous release built no $f"
