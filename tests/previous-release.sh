@@ -35,7 +35,10 @@ build() {
             die "commit $commit (tests/previous-release) is not in $repo's history: run from a full clone"
         rm -rf "$src"
         install -d "$src"
-        git -C "$repo" archive "$commit" | tar -x -C "$src"
+        # Extracted as new files (-m): cargo knows them by relative path and
+        # mtime, and a source older than an earlier previous release's
+        # build of the same crate would pass for built.
+        git -C "$repo" archive "$commit" | tar -x -m -C "$src"
         sed -i '/^\[workspace.package\]/,/^\[/s/^version = ".*"/version = "0.0.0-previous"/' "$src/Cargo.toml"
         echo "$commit" >"$src/.commit"
     fi
@@ -49,8 +52,13 @@ build() {
     fi
     (cd "$src" && CARGO_TARGET_DIR=$target cargo build -q --profile "$PROFILE" --workspace --exclude carma-suites --all-targets)
     install -d "$out/slurm-$series"
+    rm -f "$out"/carma*  "$out"/lib*.so "$out/slurm-$series/libcarma_spank.so"
     for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so; do
-        [ -f "$target/$PROFILE/$f" ] || die "the previous release built no $f"
+        # Older releases lack some (their packaging asks for what it needs).
+        if [ ! -f "$target/$PROFILE/$f" ]; then
+            [ "$f" != libcarma_spank.so ] || die "the previous release built no plugin"
+            continue
+        fi
         case $f in
             libcarma_spank.so) install -m 0644 "$target/$PROFILE/$f" "$out/slurm-$series/$f" ;;
             *) install -m 0755 "$target/$PROFILE/$f" "$out/$f" ;;

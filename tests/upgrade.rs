@@ -18,10 +18,33 @@ impl Drop for CancelByName {
     }
 }
 
+/// Puts this tree's packages back, the version the other suites test, when
+/// dropped, however the test ends: a failed test must not leave another
+/// build on the node for the suites after it.
+struct Reinstalled(String);
+
+impl Reinstalled {
+    fn debs(version: &str) -> [String; 2] {
+        let dir = bin_dir().parent().unwrap().join("debian");
+        ["carma-slurm", "carma-slurm-sim"]
+            .map(|p| dir.join(format!("{p}_{version}_amd64.deb")).to_string_lossy().into_owned())
+    }
+}
+
+impl Drop for Reinstalled {
+    fn drop(&mut self) {
+        let [deb, sim] = Reinstalled::debs(&self.0);
+        // dpkg -i downgrades too; no assertion here (this may run while
+        // the test unwinds).
+        let _ = root(&["dpkg", "-i", &deb, &sim], 120);
+    }
+}
+
 #[test]
 fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     require_cluster();
     let installed = dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]);
+    let back = Reinstalled(installed.clone());
     let name = unique("upgrade");
     let up = work_dir().join(format!("{name}.up"));
     let go = work_dir().join(format!("{name}.go"));
@@ -70,12 +93,12 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     assert_eq!(r.code, 0, "{text}");
     assert!(text.contains("STILL-HERE") && text.contains("gpu_indices="), "{text}");
 
-    // Back to the version the other suites test (dpkg -i downgrades).
-    let back = bin_dir().parent().unwrap().join("debian");
-    let deb0 = back.join(format!("carma-slurm_{installed}_amd64.deb"));
-    let sim0 = back.join(format!("carma-slurm-sim_{installed}_amd64.deb"));
-    let r = root(&["dpkg", "-i", deb0.to_str().unwrap(), sim0.to_str().unwrap()], 120);
-    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    drop(back);
+    assert_eq!(
+        dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]),
+        installed,
+        "this tree's package was not put back"
+    );
     let _ = std::fs::remove_dir_all(&out);
     report(
         "package",
@@ -178,6 +201,7 @@ fn job_id(held: &Held) -> u64 {
 fn the_previous_release_and_this_one_place_and_release_on_one_node_state() {
     require_cluster();
     let installed = dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]);
+    let _back = Reinstalled(installed.clone());
     let target = bin_dir().parent().unwrap().to_path_buf();
     let previous_bin = bin_dir().join("previous");
     let src = target.join("previous/src");
