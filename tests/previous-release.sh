@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The release a site upgrades from, built from this repository's history for
-# the upgrade test (tests/package.rs): its plugin against one Slurm
+# the upgrade test (tests/upgrade.rs): its plugin against one Slurm
 # release's headers, and its binaries.
 #
 #   tests/previous-release.sh build [INCLUDE_DIR]   (default /usr/include)
@@ -10,14 +10,14 @@
 # TARGET/PROFILE/previous/slurm-SERIES/libcarma_spank.so, and the source in
 # TARGET/previous/src, whose packaging/build-deb.sh packages them as that
 # release did. The commit is tests/previous-release's; a clone has it (and
-# .ci/run's copy carries .git).
+# .ci/run's copy carries the history).
 #
-# It builds before the workspace (tests/run.sh): in the same target
-# directory, so that it compiles its own crates and none of the
-# dependencies again. Its crates get another version, which keeps their
-# files apart from this tree's; the few it shares a name with (the
-# binaries, the plugin) are copied out and removed, and the workspace build
-# after it writes this tree's.
+# It builds in the target directory of this tree's build (tests/run.sh),
+# so that it compiles its own crates and none of the dependencies again.
+# Its crates get another version, which keeps their files apart from this
+# tree's. The few files both builds name alike (the binaries, the plugin)
+# are removed before it builds and once copied out: this tree's next cargo
+# build puts its own back.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PROFILE=${PROFILE:-release}
@@ -31,7 +31,7 @@ build() {
     local inc=${1:-/usr/include} series src=$target/previous/src out=$target/$PROFILE/previous f
     series=$("$repo/packaging/slurm-series.sh" "$inc") || die "name an include directory holding a release's slurm/ headers"
     if [ "$(cat "$src/.commit" 2>/dev/null)" != "$commit" ]; then
-        git -C "$repo" cat-file -e "$commit^{commit}" 2>/dev/null ||
+        git -C "$repo" cat-file -e "$commit^{commit}" ||
             die "commit $commit (tests/previous-release) is not in $repo's history: run from a full clone"
         rm -rf "$src"
         install -d "$src"
@@ -40,6 +40,12 @@ build() {
         # build of the same crate would pass for built.
         git -C "$repo" archive "$commit" | tar -x -m -C "$src"
         sed -i '/^\[workspace.package\]/,/^\[/s/^version = ".*"/version = "0.0.0-previous"/' "$src/Cargo.toml"
+        # A crate of its own version would keep this tree's unit names, and
+        # its newer files would pass for this tree's build of that crate.
+        local own
+        own=$(find "$src" -name Cargo.toml -not -path "$src/fuzz/*" -exec grep -l '^\[package\]' {} + |
+            xargs grep -L '^version.workspace = true' || true)
+        [ -z "$own" ] || die "crates of the previous release with a version of their own: $own"
         echo "$commit" >"$src/.commit"
     fi
     # As that release's packaging/build-plugin.sh: the host's headers with
@@ -50,6 +56,11 @@ build() {
     else
         export CARMA_SLURM_INCLUDE=$inc
     fi
+    # What this tree built under the names both builds use must not pass
+    # for the previous release's.
+    for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so; do
+        rm -f "$target/$PROFILE/$f"
+    done
     (cd "$src" && CARGO_TARGET_DIR=$target cargo build -q --profile "$PROFILE" --workspace --exclude carma-suites --all-targets)
     install -d "$out/slurm-$series"
     rm -f "$out"/carma*  "$out"/lib*.so "$out/slurm-$series/libcarma_spank.so"

@@ -95,13 +95,17 @@ trap - EXIT
 phase "plugins per release"
 # One plugin per Slurm release; the host's last, so that the workspace
 # build (and cargo test below) stays the host's.
-# With each, the previous release's (tests/package.rs upgrades from it);
-# it takes this tree's binaries' names, which the next build puts back.
+# With each, the previous release's (tests/upgrade.rs upgrades from it,
+# where Slurm is Debian's: not src-*); it takes this tree's binaries'
+# names, which the next build puts back.
 for r in $RELEASES; do
     case $r in
         host) tests/previous-release.sh build /usr/include ;;
-        vm) tests/releases.sh plugin sid && tests/releases.sh previous sid ;;
-        *) tests/releases.sh plugin "$r" && tests/releases.sh previous "$r" ;;
+        vm | src-*) tests/releases.sh plugin "${r/vm/sid}" ;;
+        *)
+            tests/releases.sh plugin "$r"
+            tests/releases.sh previous "$r"
+            ;;
     esac
 done
 packaging/build-plugin.sh /usr/include

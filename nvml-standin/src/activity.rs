@@ -32,24 +32,37 @@ fn now_us() -> u64 {
 const SAMPLE_US: u64 = 200_000;
 const KEPT_US: u64 = 14_000_000;
 
-/// Each GPU's busy time as this process saw it: (when, percent). The
-/// stand-in learns a GPU's busy time only when asked, so a sample takes
-/// the value of the first look at or after its time: a change shows from
-/// the look that saw it, and a reader that looked once sees its whole
-/// ring at the value of now.
+/// Looks kept per GPU at most: a caller in a tight loop must not grow
+/// them without bound.
+const LOOKS_KEPT: usize = 256;
+
+/// Each GPU's busy time as this process saw it: (when, percent), oldest
+/// first. The stand-in learns a GPU's busy time only when asked, so a
+/// sample takes the value of the first look at or after its time: a
+/// change shows from the look that saw it, and a reader that looked once
+/// sees its whole ring at the value of now.
 static SEEN: Mutex<Vec<VecDeque<(u64, u64)>>> = Mutex::new(Vec::new());
 
-/// The ring's samples newer than `last_seen`, as of `now` when the GPU is
+/// The ring's samples newer than `last_seen`, as of now, when the GPU is
 /// `pct` busy.
-fn samples_since(gpu: usize, last_seen: u64, now: u64, pct: u64) -> Vec<Sample> {
+fn samples_since(gpu: usize, last_seen: u64, pct: u64) -> Vec<Sample> {
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Read under the lock: looks are added in time order.
+    let now = now_us();
     if seen.len() <= gpu {
         seen.resize_with(gpu + 1, VecDeque::new);
     }
     let looks = &mut seen[gpu];
+    // The clock was set back: what was seen "later" says nothing now.
+    if looks.back().is_some_and(|&(at, _)| at > now) {
+        looks.clear();
+    }
     looks.push_back((now, pct));
-    while looks.front().is_some_and(|&(at, _)| at + KEPT_US < now) {
+    while looks.len() > LOOKS_KEPT || looks.front().is_some_and(|&(at, _)| at.saturating_add(KEPT_US) < now) {
         looks.pop_front();
+    }
+    if last_seen >= now {
+        return Vec::new();
     }
     let first = now.saturating_sub(KEPT_US).max(last_seen + 1).div_ceil(SAMPLE_US) * SAMPLE_US;
     (first..=now)
@@ -77,7 +90,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
         if kind != SAMPLES_GPU_UTILIZATION {
             return Err(code::NOT_SUPPORTED);
         }
-        let ring = samples_since(i, last_seen, now_us(), (g.busy * 100.0).round() as u64);
+        let ring = samples_since(i, last_seen, (g.busy * 100.0).round() as u64);
         if ring.is_empty() {
             return Err(code::NOT_FOUND);
         }

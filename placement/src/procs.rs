@@ -307,17 +307,22 @@ mod tests {
         let tree = Tree::start(&files.path("nvidia-cuda-mps-control.old"), &server, None);
         assert_eq!(mps_server_uid(tree.server), None, "a server under root's nvidia-cuda-mps-control.old");
         drop(tree);
-        // Nor is root running a file of that name that others may write.
+        // Nor is root running a file of that name that someone else may
+        // change: writable by others or by its group, or a user's own.
+        use std::os::unix::fs::PermissionsExt;
         let open = Copies::new("writable", &["nvidia-cuda-mps-control"]);
         let control = open.path("nvidia-cuda-mps-control");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o757)).unwrap();
         let tree = Tree::start(&control, &server, None);
-        assert_eq!(
-            mps_server_uid(tree.server),
-            None,
-            "a server under root's nvidia-cuda-mps-control writable by others"
-        );
+        assert_eq!(mps_server_uid(tree.server), Some(0), "the same tree under a file root alone can change");
+        for (mode, owner, what) in
+            [(0o757, 0, "writable by others"), (0o775, 0, "writable by its group"), (0o755, 65534, "owned by a user")]
+        {
+            std::os::unix::fs::chown(&control, Some(owner), None).unwrap();
+            std::fs::set_permissions(&control, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(mps_server_uid(tree.server), None, "a server under root's nvidia-cuda-mps-control {what}");
+            std::os::unix::fs::chown(&control, Some(0), None).unwrap();
+            std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
     }
 
     /// A user's process titled like a slurmstepd of a job that has ended

@@ -67,8 +67,9 @@ sleep 12
 ps -eo pid,ppid,ruid,euid,comm,args >"$out/mps-ps.txt"
 for pid in $(pids_of nvidia-cuda-mps-server); do
     ppid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status")
-    printf '%s %s %s %s %s %s\n' "$pid" "$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")" "$(readlink "/proc/$pid/exe")" \
-        "$ppid" "$(awk '/^Uid:/ {print $2}' "/proc/$ppid/status")" "$(readlink "/proc/$ppid/exe")"
+    printf '%s %s %s %s %s %s %s\n' "$pid" "$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")" "$(readlink "/proc/$pid/exe")" \
+        "$ppid" "$(awk '/^Uid:/ {print $2}' "/proc/$ppid/status")" "$(readlink "/proc/$ppid/exe")" \
+        "$(stat -L -c '%u:%a' "/proc/$ppid/exe")"
 done >"$out/mps-servers.txt"
 cp "$work/state/readings.json" "$out/mps-readings.json"
 cat >"$work/direct.yaml" <<CONF

@@ -31,7 +31,7 @@ def main():
         ts = [s.timeStamp for s in samples]
         out[label] = {"value_type": vtype, "count": len(vals), "first_ts": ts[0] if ts else None,
                       "last_ts": ts[-1] if ts else None, "mean": sum(vals) / len(vals) if vals else None,
-                      "values": vals[-40:], "gaps_us": [b - a for a, b in zip(ts[-40:], ts[-39:])]}
+                      "values": vals[-40:], "gaps_us": [b - a for a, b in zip(ts[-40:], ts[-40:][1:])]}
     print(json.dumps(out))
 
 

@@ -30,6 +30,9 @@ for check in monitor:180 mps:100; do
     grep -E '^(PASS|FAIL)' "$work/$name.out"
     # A check stopped at its limit leaves its daemons and jobs behind.
     pkill -x carma-monitor; pkill -f tests/gpu/train.py; pkill -f mps_client.py; sleep 1
+    # NVIDIA's MPS daemon and server (the kernel names both so) left by a
+    # check stopped at its limit: they daemonised, out of its reach.
+    pkill -x nvidia-cuda-mps
 done
 tar czf "$out/gpu-check.tgz" -C "$work" .
 cp "$work/runs.txt" "$work/env.txt" "$out/"

@@ -31,10 +31,13 @@ def main():
     servers = [line.split() for line in (out / "mps-servers.txt").read_text().splitlines() if line.strip()]
     figures["servers"] = servers
     check("one MPS server runs for the user", len(servers) == 1, f"{servers}")
-    for pid, ruid, exe, ppid, pruid, pexe in servers:
+    for pid, ruid, exe, ppid, pruid, pexe, pfile in servers:
+        owner, mode = pfile.split(":")
         check("the server's parent is the root control daemon started for the GPU",
               int(ppid) in control and pruid == "0" and os.path.basename(pexe) == "nvidia-cuda-mps-control",
               f"server {pid} parent {ppid} (uid {pruid}, {pexe}); control daemon {sorted(control)}")
+        check("the daemon's file is root's alone (owner 0, not group/other-writable)",
+              owner == "0" and int(mode, 8) & 0o022 == 0, f"{pexe}: owner {owner}, mode {mode}")
         check("the server runs as the user it serves", int(ruid) == uid, f"real uid {ruid}, user {uid}; {exe}")
     small = load_json_line(out / "mps-client-1g.json")
     big = load_json_line(out / "mps-client-3g.json")

@@ -144,7 +144,12 @@ impl NvmlSource {
         // read for a sampling one; the instantaneous rate only if the
         // driver keeps no samples for this device, or none came since.
         let sampling = self.gpm.is_some();
-        let since = if sampling { self.busy_seen.get(&index).copied().unwrap_or(since_us) } else { since_us };
+        // The last sample read, where it lies within the window: after a
+        // clock step back, or a gap longer than the window (a GPU left out
+        // for a while, a stalled monitor), the window's samples instead.
+        let now_us = since_us.saturating_add(self.window.as_micros() as u64);
+        let seen = self.busy_seen.get(&index).copied().filter(|&t| since_us <= t && t <= now_us);
+        let since = if sampling { seen.unwrap_or(since_us) } else { since_us };
         let samples = dev.samples(Sampling::GpuUtilization, since).ok();
         if let Some(newest) = samples.iter().flatten().map(|s| s.timestamp).max().filter(|_| sampling) {
             self.busy_seen.insert(index, newest);
