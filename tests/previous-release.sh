@@ -27,6 +27,15 @@ die() { echo "previous-release.sh: $*" >&2; exit 1; }
 commit=$(sed -n 's/^commit: *\([0-9a-f]\{40\}\)$/\1/p' "$repo/tests/previous-release")
 [ -n "$commit" ] || die "tests/previous-release names no commit (a line 'commit: <40 hex digits>')"
 
+# The files both builds name alike in TARGET/PROFILE, and the shared
+# libraries' own files in deps/, which cargo names without a hash: removed,
+# a build of either tree finds its output gone and builds it again.
+SHARED=(carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so)
+unshare() {
+    local f
+    for f in "${SHARED[@]}" deps/libnvidia_ml.so deps/libcarma_spank.so; do rm -f "$target/$PROFILE/$f"; done
+}
+
 build() {
     local inc=${1:-/usr/include} series src=$target/previous/src out=$target/$PROFILE/previous f
     series=$("$repo/packaging/slurm-series.sh" "$inc") || die "name an include directory holding a release's slurm/ headers"
@@ -58,13 +67,11 @@ build() {
     fi
     # What this tree built under the names both builds use must not pass
     # for the previous release's.
-    for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so; do
-        rm -f "$target/$PROFILE/$f"
-    done
+    unshare
     (cd "$src" && CARGO_TARGET_DIR=$target cargo build -q --profile "$PROFILE" --workspace --exclude carma-suites --all-targets)
     install -d "$out/slurm-$series"
     rm -f "$out"/carma*  "$out"/lib*.so "$out/slurm-$series/libcarma_spank.so"
-    for f in carma carma-epilog carma-monitor carma-fakejob carma-fake-mps-control libnvidia_ml.so libcarma_spank.so; do
+    for f in "${SHARED[@]}"; do
         # Older releases lack some (their packaging asks for what it needs).
         if [ ! -f "$target/$PROFILE/$f" ]; then
             [ "$f" != libcarma_spank.so ] || die "the previous release built no plugin"
@@ -74,8 +81,8 @@ build() {
             libcarma_spank.so) install -m 0644 "$target/$PROFILE/$f" "$out/slurm-$series/$f" ;;
             *) install -m 0755 "$target/$PROFILE/$f" "$out/$f" ;;
         esac
-        rm -f "$target/$PROFILE/$f"
     done
+    unshare
     grep -qa "carma-slurm-series=$series;" "$out/slurm-$series/libcarma_spank.so" ||
         die "the previous release's plugin is not marked for Slurm $series"
     echo "$out"

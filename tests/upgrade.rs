@@ -48,24 +48,8 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     require_cluster();
     let installed = dpkg_query(&["-W", "-f", "${Version}", "carma-slurm"]);
     let back = Reinstalled(installed.clone());
-    let name = unique("upgrade");
-    let up = work_dir().join(format!("{name}.up"));
-    let go = work_dir().join(format!("{name}.go"));
-    let body = format!(
-        "echo \"$CARMA_DECISION\"; touch {up}; while [ ! -e {go} ]; do sleep 0.2; done; echo STILL-HERE",
-        up = up.display(),
-        go = go.display()
-    );
-    // A failed assertion below must not leave the job waiting for its go
-    // file: it would hold its GPU through every later suite.
-    let _cancel = CancelByName(name.clone());
-    let job_name = format!("--job-name={name}");
-    let job = std::thread::spawn(move || sbatch_wait(&["--carma-mem=3G", &job_name], &[], &body, 120));
-    let start = std::time::Instant::now();
-    while !up.exists() {
-        assert!(start.elapsed().as_secs() < 60, "the job never started");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let held = Held::start("upgrade", "3G");
+    wait_held(&[&held]);
     let before = root(&["carma", "status", "--json"], 20).ok().stdout;
 
     // A newer version, installed the way admins upgrade, while the job runs.
@@ -91,9 +75,7 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     assert_eq!(reservations(&after), reservations(&before), "the upgrade changed the node state");
     let r = user(&["srun", "--carma-mem=1G", "printenv", "CARMA_DECISION"], 60).ok();
     assert!(r.stdout.contains("gpu_indices="), "{}", r.stdout);
-    std::fs::write(&go, "").unwrap();
-    let (r, text) = job.join().unwrap();
-    assert_eq!(r.code, 0, "{text}");
+    let text = held.release();
     assert!(text.contains("STILL-HERE") && text.contains("gpu_indices="), "{text}");
 
     drop(back);
@@ -109,8 +91,9 @@ fn an_upgrade_leaves_running_jobs_and_their_reservations_alone() {
     );
 }
 
-/// A batch job on the first node that holds its GPU until released: its
-/// decision, once it runs, and its end.
+/// A batch job on the first node (whose state `carma status` here reads)
+/// that holds its GPU until released: its decision, once it runs, and its
+/// end.
 struct Held {
     go: PathBuf,
     decision: String,
@@ -124,7 +107,7 @@ impl Held {
         let up = work_dir().join(format!("{name}.up"));
         let go = work_dir().join(format!("{name}.go"));
         let body = format!(
-            "echo \"job=$SLURM_JOB_ID $CARMA_DECISION\" > {up}.tmp; mv {up}.tmp {up}; while [ ! -e {go} ]; do sleep 0.2; done",
+            "d=\"job=$SLURM_JOB_ID $CARMA_DECISION\"; echo \"$d\"; echo \"$d\" > {up}.tmp; mv {up}.tmp {up}; while [ ! -e {go} ]; do sleep 0.2; done; echo STILL-HERE",
             up = up.display(),
             go = go.display()
         );
@@ -148,12 +131,12 @@ impl Held {
         self.decision.split_whitespace().find_map(|w| w.strip_prefix("gpu_indices=")).unwrap_or("none").to_string()
     }
 
-    /// Ends the job; its run.
-    fn release(mut self) -> Run {
+    /// Ends the job, which must succeed; its output.
+    fn release(mut self) -> String {
         std::fs::write(&self.go, "").unwrap();
         let (r, text) = self.job.take().unwrap().join().unwrap();
         assert_eq!(r.code, 0, "{text}");
-        r
+        text
     }
 }
 

@@ -48,8 +48,8 @@ pub struct Status {
     pub params: Params,
 }
 
-/// The readings of an opened source, and when their window ended where that is older than the
-/// read ([`Params::readings_ms`]: published readings).
+/// The readings of an opened source, and when their window ended where
+/// that is older than the read ([`Params::readings_ms`]: published readings).
 fn read_source(source: &mut Option<Box<dyn GpuSource>>) -> Result<(Vec<GpuReading>, Option<u64>), PlaceError> {
     match source.as_mut() {
         Some(s) => Ok((s.read()?, s.as_of_ms())),
@@ -83,8 +83,8 @@ impl Placer {
     /// The readings, and when their window ended where that is older than
     /// the read.
     fn read(&mut self) -> Result<(Vec<GpuReading>, Option<u64>), PlaceError> {
-        let source = self.source()?;
-        Ok((source.read()?, source.as_of_ms()))
+        self.source()?;
+        read_source(&mut self.source)
     }
 
     /// The placer of this node as carma.yaml describes it.

@@ -10,6 +10,12 @@ set -uo pipefail
 out=${1:-${OUT:-/tmp/carma-gpu-check}}
 here=$(cd "$(dirname "$0")" && pwd)
 install -d "$out"
+# It starts and stops its own carma-monitor and MPS daemon, and stops by
+# name what a check left behind: on a node running either, it would stop
+# the site's. An idle node (drained, or a test machine) only.
+for p in carma-monitor nvidia-cuda-mps; do
+    ! pgrep -x "$p" >/dev/null || { echo "run_all.sh: $p runs here: use an idle GPU node" >&2; exit 1; }
+done
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 {

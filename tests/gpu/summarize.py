@@ -8,6 +8,8 @@ import json
 import pathlib
 import sys
 
+from checklist import Checklist
+
 
 def gpu0(readings):
     return next(g for g in readings["gpus"] if g["index"] == 0)
@@ -15,11 +17,8 @@ def gpu0(readings):
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    checks, figures = [], {}
-
-    def check(name, ok, detail):
-        checks.append({"check": name, "ok": bool(ok), "detail": detail})
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+    checklist, figures = Checklist(), {}
+    check = checklist.check
 
     figures["device"] = (out / "device.txt").read_text().strip()
     for label in ["light", "heavy"]:
@@ -53,8 +52,7 @@ def main():
     direct = [float(x) for x in (out / "direct-read-seconds.txt").read_text().split()]
     figures["carma_status_direct_nvml_s"] = direct
     figures["carma_status_published_s"] = [float((out / f"status-seconds-{l}.txt").read_text()) for l in ["light", "heavy"]]
-    (out / "summary.json").write_text(json.dumps({"checks": checks, "figures": figures}, indent=2))
-    sys.exit(0 if all(c["ok"] for c in checks) else 1)
+    checklist.finish(out / "summary.json", figures)
 
 
 if __name__ == "__main__":

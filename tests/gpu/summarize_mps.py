@@ -8,6 +8,8 @@ import os
 import pathlib
 import sys
 
+from checklist import Checklist
+
 
 def gpu0(doc):
     return next(g for g in doc["gpus"] if g["index"] == 0)
@@ -20,11 +22,8 @@ def load_json_line(path):
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    checks, figures = [], {}
-
-    def check(name, ok, detail):
-        checks.append({"check": name, "ok": bool(ok), "detail": detail})
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+    checklist, figures = Checklist(), {}
+    check = checklist.check
 
     uid = int((out / "mps-user-uid.txt").read_text())
     control = {int(p) for p in (out / "mps-control.pid").read_text().split()}
@@ -57,8 +56,7 @@ def main():
         clients = [c["pid"] for c in (small, big) if c]
         check(f"{label}: the clients are listed with their memory",
               all(pids.get(pid, 0) > 0 for pid in clients), f"processes {pids}, clients {clients}")
-    (out / "mps-summary.json").write_text(json.dumps({"checks": checks, "figures": figures}, indent=2))
-    sys.exit(0 if all(c["ok"] for c in checks) else 1)
+    checklist.finish(out / "mps-summary.json", figures)
 
 
 if __name__ == "__main__":
