@@ -115,7 +115,8 @@ pub struct Demand {
 
 /// Why a GPU was passed over. Kept structured and formatted only when
 /// shown: a busy node (or the simulator) refuses far more often than it logs.
-#[derive(Debug, Clone, PartialEq)]
+/// Serialised into a queued launch's answer (slots.rs).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Reject {
     SlurmWhole(u32),
     Exclusive(u32),
@@ -184,7 +185,7 @@ impl fmt::Display for Reject {
 }
 
 /// Why each GPU was passed over (`None`: it qualified); prints as one line.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NoFit {
     pub wanted: u32,
     pub reasons: Vec<(u32, Option<Reject>)>,

@@ -9,8 +9,10 @@
 //! finds the lock taken claims a free slot, writes its request (JSON)
 //! there and sleeps on the slot's futex word. The lock holder takes every queued request, decides them
 //! with its own, writes the state once, then writes each answer into its
-//! slot and wakes its owner. A request that does not fit goes back to the
-//! queue: its owner decides it itself and reports why. Releasing the lock
+//! slot and wakes its owner: the GPUs it was given, or why none fits (a
+//! refusal sent back to be decided again would pass the lock once per
+//! refused launch, serially). An answer too large for its slot sends the
+//! request back to the queue: its owner decides it itself. Releasing the lock
 //! wakes the oldest queued owner, which takes the lock next. No file is
 //! created per request and a waiter makes no system call but the futex
 //! wait and its lock attempts: a launch burst costs little CPU.
@@ -25,6 +27,7 @@
 //! All `unsafe` of the queue is here: the mapping, the atomic views of its
 //! header words, payload copies, and the futex system call.
 
+use crate::policy::NoFit;
 use crate::request::{Decision, Request, StepRef};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -70,6 +73,20 @@ struct Wire {
     job: u32,
     holder: u32,
     request: Request,
+}
+
+/// The answer to a queued request: what [`crate::decide::decide`] said.
+pub type Answer = Result<Decision, NoFit>;
+
+/// An answer on the wire. A placement is the decision itself, as builds
+/// before refusals were answered wrote and read it; a refusal is an object
+/// of its own, which such a build cannot read: it frees the slot and
+/// decides alone, as it did before.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum AnswerWire {
+    Placed(Decision),
+    Refused { refused: NoFit },
 }
 
 /// The mapped slots file.
@@ -225,20 +242,23 @@ impl Slots {
     }
 
     /// Our answer, if the lock holder left one; the slot is freed.
-    pub fn take_answer(&self, s: SlotRef) -> Option<Decision> {
+    pub fn take_answer(&self, s: SlotRef) -> Option<Answer> {
         if self.tag(s.index).load(Ordering::Acquire) != tag(s.id, ANSWERED) {
             return None;
         }
-        let d = serde_json::from_slice(&self.read_payload(s.index)).ok();
+        let a = serde_json::from_slice(&self.read_payload(s.index)).ok().map(|w| match w {
+            AnswerWire::Placed(d) => Ok(d),
+            AnswerWire::Refused { refused } => Err(refused),
+        });
         let _ = self.tag(s.index).compare_exchange(tag(s.id, ANSWERED), FREE, Ordering::AcqRel, Ordering::Relaxed);
-        d
+        a
     }
 
     /// Takes our request off the queue. Returns the answer if it was
     /// decided meanwhile. A request being decided right now (a decider
     /// that took it and then died, or one still at work) is left: the
     /// slot is freed once we are gone.
-    pub fn withdraw(&self, s: SlotRef) -> Option<Decision> {
+    pub fn withdraw(&self, s: SlotRef) -> Option<Answer> {
         let t = self.tag(s.index);
         if t.compare_exchange(tag(s.id, QUEUED), FREE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             return None;
@@ -288,12 +308,17 @@ impl Slots {
         out
     }
 
-    /// Answers a taken request (the state recording `d` is written) and
-    /// wakes its owner. An answer too large for the slot is not given: the
-    /// request goes back to the queue and its owner finds its job's
-    /// reservation itself.
-    pub fn answer(&self, s: SlotRef, d: &Decision) {
-        match serde_json::to_vec(d) {
+    /// Answers a taken request (the state recording a placement is
+    /// written) and wakes its owner. An answer too large for the slot is not
+    /// given: the request goes back to the queue and its owner decides it
+    /// itself (a placement: finds its job's reservation). Returns whether
+    /// it was answered.
+    pub fn answer(&self, s: SlotRef, a: &Answer) -> bool {
+        let wire = match a {
+            Ok(d) => serde_json::to_vec(&AnswerWire::Placed(d.clone())),
+            Err(n) => serde_json::to_vec(&AnswerWire::Refused { refused: n.clone() }),
+        };
+        match wire {
             Ok(bytes) if bytes.len() <= PAYLOAD => {
                 self.write_payload(s.index, &bytes);
                 let _ = self.tag(s.index).compare_exchange(
@@ -303,8 +328,12 @@ impl Slots {
                     Ordering::Relaxed,
                 );
                 self.bump(s.index);
+                true
             }
-            _ => self.put_back(s),
+            _ => {
+                self.put_back(s);
+                false
+            }
         }
     }
 
@@ -428,10 +457,10 @@ mod tests {
             (t.elapsed(), owner.take_answer(s), owner.busy())
         });
         std::thread::sleep(Duration::from_millis(100));
-        decider.answer(taken[0].slot, &decision());
+        assert!(decider.answer(taken[0].slot, &Ok(decision())));
         let (took, answer, busy) = sleeper.join().unwrap();
         assert!(took < Duration::from_secs(10), "not woken: {took:?}");
-        assert_eq!(answer, Some(decision()));
+        assert_eq!(answer, Some(Ok(decision())));
         assert_eq!(busy, 0, "slot not freed");
     }
 
@@ -478,6 +507,35 @@ mod tests {
         assert!(q.take_queued(&[], &|l| lines.lock().unwrap().push(l.to_string())).is_empty());
         assert!(lines.lock().unwrap()[0].contains("unreadable"));
         assert_eq!(q.busy(), 0);
+    }
+
+    /// A refusal travels with its reasons; a placement is the decision's
+    /// own JSON, as builds that answered placements only read it.
+    #[test]
+    fn refusals_are_answered_with_their_reasons_and_placements_as_before() {
+        use crate::policy::{NoFit, Reject};
+        let d = TempDir::new();
+        let q = Slots::open(&d.0).unwrap();
+        let why = NoFit { wanted: 1, reasons: vec![(0, Some(Reject::Exclusive(4))), (1, None)] };
+        let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None)).unwrap();
+        let t = q.take_queued(&[], &|_| {});
+        assert!(q.answer(t[0].slot, &Err(why.clone())));
+        assert_eq!(q.take_answer(s), Some(Err(why)));
+        let s = q.enqueue(StepRef { job: 2, holder: 1 }, &req(None)).unwrap();
+        let t = q.take_queued(&[], &|_| {});
+        assert!(q.answer(t[0].slot, &Ok(decision())));
+        let older: Decision = serde_json::from_slice(&q.read_payload(s.index)).unwrap();
+        assert_eq!(older, decision());
+        assert_eq!(q.take_answer(s), Some(Ok(decision())));
+        assert_eq!(q.busy(), 0);
+        // Too large for the slot: queued again, for its owner to decide.
+        let huge = Reject::NotIdleProcesses { count: usize::MAX, used_mib: u64::MAX };
+        let why = NoFit { wanted: 1, reasons: (0..64).map(|g| (g, Some(huge.clone()))).collect() };
+        let s = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None)).unwrap();
+        let t = q.take_queued(&[], &|_| {});
+        assert!(!q.answer(t[0].slot, &Err(why)));
+        assert_eq!(q.take_answer(s), None);
+        assert_eq!(q.take_queued(&[], &|_| {}).len(), 1, "not queued again");
     }
 
     #[test]

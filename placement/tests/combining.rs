@@ -1,7 +1,6 @@
 //! Requests queued while the state lock is held are decided by its holder
-//! (see `carma_placement::slots`): answered when they fit, left to their
-//! owners when not, and never promised beyond capacity however many
-//! launches race.
+//! (see `carma_placement::slots`): answered, placed or refused with why,
+//! and never promised beyond capacity however many launches race.
 
 use carma_config::Policy;
 use carma_placement::slots::Slots;
@@ -60,7 +59,7 @@ fn the_lock_holder_decides_a_queued_request_and_answers_it() {
     let slot = q.enqueue(waiting, &request(Policy::Magm, 4096)).unwrap();
     assert!(q.take_answer(slot).is_none(), "answered before anyone decided");
     let own = p.try_place(StepRef { job: 8, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    let answer = q.take_answer(slot).expect("the queued request was answered");
+    let answer = q.take_answer(slot).expect("the queued request was answered").expect("placed");
     assert_eq!(answer.reserve_mib, 4096);
     // magm spreads the two: each went to the GPU with more room.
     assert_ne!(answer.gpus, own.gpus);
@@ -73,22 +72,23 @@ fn the_lock_holder_decides_a_queued_request_and_answers_it() {
 }
 
 #[test]
-fn a_queued_request_that_does_not_fit_is_left_to_its_owner() {
+fn a_queued_request_that_does_not_fit_is_answered_with_why() {
     let d = node("nofit", 1, 20480);
     let me = std::process::id();
     let mut p = placer(&d.0);
     p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    // An exclusive request finds no idle GPU: not answered, still queued.
+    // An exclusive request finds no idle GPU: refused by the lock holder,
+    // with the reason, so that its owner need not pass the lock to learn it.
     let q = Slots::open(&d.0.join("state")).unwrap();
     let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap();
     p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    assert!(q.take_answer(slot).is_none());
-    assert_eq!(busy(&d.0), 1, "the request left the queue");
-    // Its owner decides it and learns why.
-    let err = p.try_place(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap_err();
-    assert!(err.to_string().contains("no GPU fits"), "{err}");
-    assert_eq!(q.withdraw(slot), None);
-    assert_eq!(busy(&d.0), 0);
+    let why = q.take_answer(slot).expect("answered").expect_err("placed on a shared GPU");
+    assert_eq!(why.wanted, 1);
+    assert!(why.to_string().contains("GPU0: not idle (job 1 placed here)"), "{why}");
+    assert_eq!(busy(&d.0), 0, "the slot was not freed");
+    let st =
+        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
+    assert!(st.reservations.iter().all(|r| r.job != 2), "the refused job was recorded");
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn a_launch_answered_while_queued_reads_no_gpus() {
         std::thread::sleep(Duration::from_millis(1));
     };
     assert_eq!(taken.len(), 1);
-    q.answer(taken[0].slot, &decided);
+    assert!(q.answer(taken[0].slot, &Ok(decided.clone())));
     let got = t.join().unwrap().expect("placed on the holder's answer");
     assert_eq!(got.gpus, decided.gpus);
     assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0, "a queued launch read the GPUs");
@@ -290,7 +290,7 @@ fn an_answer_outside_the_jobs_slurm_gpus_is_given_back_and_refused() {
         learned_runtime_mib: None,
         learned_from: None,
     };
-    q.answer(taken[0].slot, &foreign);
+    assert!(q.answer(taken[0].slot, &Ok(foreign)));
     drop(lock);
     let err = launch.join().unwrap().unwrap_err().to_string();
     assert!(err.contains("not among the job's Slurm GPU(s) 0") && err.contains("given back"), "{err}");

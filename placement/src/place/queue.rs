@@ -7,7 +7,7 @@ use crate::clock::now_secs;
 use crate::gpu::GpuReading;
 use crate::policy::{NoFit, Params, observe};
 use crate::request::{Decision, Request, StepRef};
-use crate::slots::{SlotRef, Slots};
+use crate::slots::{Answer, SlotRef, Slots};
 use crate::state::{Locked, NodeState, StateError, StateStore};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ pub(super) fn answer_or_lock<'a>(store: &'a StateStore, q: &Slots, slot: SlotRef
 
 /// How a queued launch's wait ended.
 pub(super) enum Waited<'a> {
-    Answered(Decision),
+    Answered(Answer),
     Locked(Locked<'a>),
 }
 
@@ -60,9 +60,10 @@ struct Round<'a> {
 }
 
 impl Placer {
-    /// An answer another launch decided for us, checked against the job's
-    /// Slurm GPUs: a holder of an older build ignores them.
-    pub(super) fn within_slurms(&self, step: StepRef, req: &Request, d: Decision) -> Result<Decision, PlaceError> {
+    /// An answer another launch decided for us; a placement is checked
+    /// against the job's Slurm GPUs: a holder of an older build ignores them.
+    pub(super) fn within_slurms(&self, step: StepRef, req: &Request, a: Answer) -> Result<Decision, PlaceError> {
+        let d = a.map_err(PlaceError::NoFit)?;
         match &req.within {
             Some(within) if !d.gpus.iter().all(|g| within.contains(g)) => {
                 if let Err(e) = self.release(step) {
@@ -79,7 +80,8 @@ impl Placer {
 
     /// Under the exclusive lock (dead deciders' requests queued again, ours
     /// out of the queue): decides our request, then the queued
-    /// ones in arrival order, writes the state, then answers them.
+    /// ones in arrival order, writes the state, then answers them (placed
+    /// or refused, with the reasons).
     /// Requests queued meanwhile are taken in further rounds.
     pub(super) fn decide_queued(
         &self,
@@ -120,13 +122,11 @@ impl Placer {
             }
             stored = true;
             for (s, d) in decided {
-                match d {
-                    Ok(d) => q.answer(s, &d),
-                    // Left to its owner, which decides it and reports why.
-                    Err(_) => {
-                        q.put_back(s);
-                        left.push(s);
-                    }
+                // Refusals too: decided again by its owner, each would pass
+                // the lock on its own, one after another. Too large for the
+                // slot: left to its owner (not taken again this pass).
+                if !q.answer(s, &d) {
+                    left.push(s);
                 }
             }
         }
