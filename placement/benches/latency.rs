@@ -23,7 +23,9 @@
 //! stand-in answers each call in microseconds; a driver's calls take
 //! longer: ~30 ms for a whole read on an H100, docs/nvml-standin.md).
 //!
-//! CARMA_BENCH_ROUNDS overrides the number of bursts per configuration.
+//! CARMA_BENCH_ROUNDS overrides the number of bursts per configuration;
+//! CARMA_BENCH_ONLY=GPUS:LAUNCHES:SOURCE (e.g. 64:64:published) runs that
+//! configuration alone (to profile it).
 //! The state directory is BENCH_DIR (default /dev/shm: tmpfs, like the
 //! default state_dir /run/carma).
 //! Run: cargo bench -p carma-placement --bench latency
@@ -185,7 +187,10 @@ fn main() {
     if standin.is_none() {
         println!("  (no NVML stand-in built beside this bench: cargo build -p carma-nvml-standin; nvml rows skipped)");
     }
-    for (gpus, launches, source, combining) in direct.chain(published).chain(weighing).chain(nvml) {
+    let only = std::env::var("CARMA_BENCH_ONLY").ok();
+    let chosen =
+        |&(g, l, s, c): &(usize, usize, &str, bool)| only.as_deref().is_none_or(|o| c && o == format!("{g}:{l}:{s}"));
+    for (gpus, launches, source, combining) in direct.chain(published).chain(weighing).chain(nvml).filter(chosen) {
         let dir = base.join(format!("g{gpus}-{launches}-{source}-{combining}"));
         let file = setup(&dir, gpus);
         if !combining {

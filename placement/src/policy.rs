@@ -3,7 +3,7 @@
 //! reused by the simulator.
 
 use crate::gpu::GpuReading;
-use crate::state::{Holding, NodeState};
+use crate::state::{Holding, NodeState, Reservation};
 use carma_config::{ActivityMetric, Policy};
 use std::collections::HashMap;
 use std::fmt;
@@ -70,19 +70,55 @@ impl Params {
 /// the window that has seen it run (a window-long mean takes a job in
 /// linearly).
 pub fn expected_activity(gpu: &GpuReading, state: &NodeState, p: &Params) -> (f64, usize) {
+    expected_activity_on(gpu, &on_gpu(gpu, state), p)
+}
+
+/// [`expected_activity`] over the reservations naming the GPU.
+fn expected_activity_on(gpu: &GpuReading, on: &[&Reservation], p: &Params) -> (f64, usize) {
     let mut recent = 0;
     let mut pending = 0.0;
     if p.window_secs > 0 {
         let window_ms = p.window_secs * 1000;
-        for r in state.reservations.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive) {
+        for r in on.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive) {
             let seen_ms = seen_ms(r.since, p);
-            if r.gpus.contains(&gpu.index) && seen_ms < window_ms {
+            if seen_ms < window_ms {
                 recent += 1;
                 pending += p.placed_activity() * (1.0 - seen_ms as f64 / window_ms as f64);
             }
         }
     }
     (gpu.activity(p.metric) + pending, recent)
+}
+
+/// The reservations naming `gpu`.
+fn on_gpu<'a>(gpu: &GpuReading, state: &'a NodeState) -> Vec<&'a Reservation> {
+    state.reservations.iter().filter(|r| r.gpus.contains(&gpu.index)).collect()
+}
+
+/// The reservations naming each of `gpus`, in their order, from one pass
+/// over the state: each GPU's checks then read its own few reservations,
+/// not all of the node's (a 64-GPU node deciding a burst of 64 launches
+/// would otherwise scan every reservation for every GPU, check and launch).
+fn by_gpu<'a>(gpus: &[GpuReading], state: &'a NodeState) -> Vec<Vec<&'a Reservation>> {
+    // (Readings name each GPU once; were one named twice, both get its
+    // reservations, as the scans did.)
+    let mut at: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, g) in gpus.iter().enumerate() {
+        at.entry(g.index).or_default().push(i);
+    }
+    let mut out = vec![Vec::new(); gpus.len()];
+    for r in &state.reservations {
+        for g in &r.gpus {
+            for &i in at.get(g).into_iter().flatten() {
+                // A reservation naming a GPU twice counts once, as with
+                // `contains`.
+                if out[i].last().is_none_or(|l: &&Reservation| !std::ptr::eq(*l, r)) {
+                    out[i].push(r);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// How long of a job placed at `since` the readings' window has seen, in
@@ -251,10 +287,13 @@ pub struct Choice {
 /// there now, never below zero. `owners` maps GPU process pids to the
 /// holder (slurmstepd) they descend from.
 pub fn promised_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<u32, u32>) -> u64 {
-    state
-        .reservations
-        .iter()
-        .filter(|r| r.holding == Holding::Carma && r.gpus.contains(&gpu.index))
+    promised_on(gpu, &on_gpu(gpu, state), owners)
+}
+
+/// [`promised_mib`] over the reservations naming the GPU.
+fn promised_on(gpu: &GpuReading, on: &[&Reservation], owners: &HashMap<u32, u32>) -> u64 {
+    on.iter()
+        .filter(|r| r.holding == Holding::Carma)
         .map(|r| {
             let used: u64 = gpu
                 .processes
@@ -304,6 +343,11 @@ pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<
     gpu.free_mib().saturating_sub(promised_mib(gpu, state, owners))
 }
 
+/// [`effective_free_mib`] over the reservations naming the GPU.
+fn effective_free_on(gpu: &GpuReading, on: &[&Reservation], owners: &HashMap<u32, u32>) -> u64 {
+    gpu.free_mib().saturating_sub(promised_on(gpu, on, owners))
+}
+
 /// The GPU memory shared jobs could still be promised on this node, in
 /// GiB: each GPU a shared job may use (not held whole by Slurm or by an
 /// exclusive job, its activity within the cap) offers its effective free
@@ -313,30 +357,27 @@ pub fn effective_free_mib(gpu: &GpuReading, state: &NodeState, owners: &HashMap<
 /// free memory may still be too little for a job the sum admits.
 pub fn admissible_gib(gpus: &[GpuReading], state: &NodeState, owners: &HashMap<u32, u32>, p: &Params) -> u64 {
     gpus.iter()
-        .filter(|g| {
-            let held = state
-                .reservations
-                .iter()
-                .any(|r| r.gpus.contains(&g.index) && (r.holding == Holding::SlurmWhole || r.exclusive));
-            !held && expected_activity(g, state, p).0 <= p.cap()
+        .zip(by_gpu(gpus, state))
+        .filter(|(g, on)| {
+            let held = on.iter().any(|r| r.holding == Holding::SlurmWhole || r.exclusive);
+            !held && expected_activity_on(g, on, p).0 <= p.cap()
         })
-        .map(|g| effective_free_mib(g, state, owners) / 1024)
+        .map(|(g, on)| effective_free_on(g, &on, owners) / 1024)
         .sum()
 }
 
 /// Why `gpu` cannot take the demand, or `None` if it can.
 fn reject(
     gpu: &GpuReading,
-    state: &NodeState,
+    on: &[&Reservation],
     owners: &HashMap<u32, u32>,
     need_whole: bool,
     est: u64,
     mps_uid: Option<u32>,
     p: &Params,
 ) -> Option<Reject> {
-    let mut on_gpu = state.reservations.iter().filter(|r| r.gpus.contains(&gpu.index));
     let mut first = None;
-    for r in on_gpu.by_ref() {
+    for r in on {
         if r.holding == Holding::SlurmWhole {
             return Some(Reject::SlurmWhole(r.job));
         }
@@ -356,22 +397,16 @@ fn reject(
     }
     if let Some(me) = mps_uid {
         // The server running now, or one a placed MPS job will start.
-        let other = gpu.mps_uid.filter(|u| *u != me).or_else(|| {
-            state
-                .reservations
-                .iter()
-                .filter(|r| r.gpus.contains(&gpu.index))
-                .find_map(|r| r.mps_uid.filter(|u| *u != me))
-        });
+        let other = gpu.mps_uid.filter(|u| *u != me).or_else(|| on.iter().find_map(|r| r.mps_uid.filter(|u| *u != me)));
         if let Some(uid) = other {
             return Some(Reject::MpsUser(uid));
         }
     }
-    let (value, recent) = expected_activity(gpu, state, p);
+    let (value, recent) = expected_activity_on(gpu, on, p);
     if value > p.cap() {
         return Some(Reject::Activity { metric: p.metric, value, cap: p.cap(), recent });
     }
-    let free = effective_free_mib(gpu, state, owners);
+    let free = effective_free_on(gpu, on, owners);
     if free < est.saturating_add(p.headroom_mib) {
         return Some(Reject::Memory { free_mib: free, estimate_mib: est, headroom_mib: p.headroom_mib });
     }
@@ -387,14 +422,17 @@ pub fn choose(
     params: &Params,
     owners: &HashMap<u32, u32>,
 ) -> Result<Choice, NoFit> {
-    let (need_whole, est, reasons) = assess(gpus, state, demand, params, owners);
+    let on = by_gpu(gpus, state);
+    let (need_whole, est, reasons) = assess_on(gpus, &on, demand, params, owners);
     // Each eligible GPU, its effective free memory and expected activity.
     let mut ok: Vec<(&GpuReading, u64, f64)> = gpus
         .iter()
+        .zip(&on)
         .zip(&reasons)
         .filter(|(_, (_, why))| why.is_none())
-        .map(|(g, _)| (g, effective_free_mib(g, state, owners), expected_activity(g, state, params).0))
+        .map(|((g, on), _)| (g, effective_free_on(g, on, owners), expected_activity_on(g, on, params).0))
         .collect();
+    drop(on);
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {
         return Err(NoFit { wanted: demand.count, reasons });
@@ -439,6 +477,17 @@ pub fn assess(
     params: &Params,
     owners: &HashMap<u32, u32>,
 ) -> (bool, u64, Vec<(u32, Option<Reject>)>) {
+    assess_on(gpus, &by_gpu(gpus, state), demand, params, owners)
+}
+
+/// [`assess`] with each GPU's reservations ([`by_gpu`]).
+fn assess_on(
+    gpus: &[GpuReading],
+    on: &[Vec<&Reservation>],
+    demand: &Demand,
+    params: &Params,
+    owners: &HashMap<u32, u32>,
+) -> (bool, u64, Vec<(u32, Option<Reject>)>) {
     let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
     // No job needs more than a GPU holds: an absurd estimate (an OOM
     // message's "inf", a forged history) asks for a whole GPU, and the sums
@@ -450,8 +499,11 @@ pub fn assess(
         Some(est) => demand.policy == Policy::Exclusive || est.saturating_add(params.headroom_mib) > smallest,
     };
     let est = estimate.unwrap_or(smallest);
-    let reasons =
-        gpus.iter().map(|g| (g.index, reject(g, state, owners, need_whole, est, demand.mps_uid, params))).collect();
+    let reasons = gpus
+        .iter()
+        .zip(on)
+        .map(|(g, on)| (g.index, reject(g, on, owners, need_whole, est, demand.mps_uid, params)))
+        .collect();
     (need_whole, est, reasons)
 }
 

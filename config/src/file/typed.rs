@@ -120,8 +120,9 @@ pub struct MpsConfig {
 /// `interval` and publishes windowed readings in `state_dir`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MonitorConfig {
-    /// Placement reads the published readings (falling back to a direct
-    /// read when they are missing or stale) instead of opening the GPU source.
+    /// Placement reads the published readings instead of opening the GPU
+    /// source; missing or stale ones refuse CARMA steps with the reason
+    /// (slurmstepd never falls back to the driver).
     pub published: bool,
     pub interval: Duration,
     /// Published readings older than this are stale.
