@@ -260,7 +260,8 @@ replay() {
     install -d -m 0755 -o "$TEST_USER" "$r/out"
     # The plugin's wait before it hands a job back and the monitor's
     # window, as short as the compressed trace's times (carma.yaml's
-    # defaults are 30 s and 60 s): the simulator is told the same.
+    # defaults are 30 s and 60 s): the simulator is told the same, and the
+    # monitors' admission interval (10 s, write_scale).
     local wait=5 window=6 publish=2
     SCALE_WAIT=$wait start_scale "$n" on "$(printf 'gpu_owner: carma\nno_fit: hand_back\nmonitor_window: %ss' "$window")"
     /usr/bin/carma replay-plan "${src[@]}" --workloads "$repo/data/carma/workloads.csv" --compress "$compress" --out "$r/plan" ||
@@ -321,7 +322,7 @@ replay() {
     # a median of half a second a job), and the real one is held against
     # that spread (docs/replay.md).
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
-        --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" \
+        --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" --count-interval 10 \
         --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the real makespan lies more than ${SCALE_FAIL_ABOVE:-50} % outside the simulated ones)"
     # Each hand-back is a failed step, a requeue and a record more: 10.6
     # to 20.4 per job measured (docs/replay.md).

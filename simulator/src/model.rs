@@ -75,6 +75,12 @@ pub struct Assumptions {
     /// Seconds a handed-back job is away before slurmctld can place it
     /// again (the epilog's requeue). 0: at once.
     pub requeue_s: f64,
+    /// How often each node's monitor sets its admission count in slurmctld
+    /// (carma.yaml's `monitor.admission_interval`), under node-memory
+    /// admission: slurmctld's free count is what the node could promise
+    /// when it was last set, less what slurmctld allocated since. 0: it
+    /// is Slurm's own count of the node's GPUs under the cap.
+    pub count_interval_s: f64,
 }
 
 impl Default for Assumptions {
@@ -92,6 +98,7 @@ impl Default for Assumptions {
             publish_s: 0.0,
             node_wait_s: 0.0,
             requeue_s: 0.0,
+            count_interval_s: 0.0,
         }
     }
 }

@@ -52,6 +52,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             publish_s: 0.0,
             node_wait_s: 0.0,
             requeue_s: 0.0,
+            count_interval_s: 0.0,
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
@@ -410,4 +411,40 @@ fn window_means_keep_an_ended_job_and_lag_by_the_publication_interval() {
     assert_eq!(run(10.5, 6.0, 0.0), 12.0);
     assert_eq!(run(11.5, 6.0, 0.0), 11.5);
     assert_eq!(run(11.5, 6.0, 4.0), 12.0);
+}
+
+/// The monitors' admission count (`count_interval_s`): slurmctld's free
+/// count is what the node could promise when its monitor last set it, less
+/// what slurmctld allocated since.
+#[test]
+fn slurmctld_sees_the_count_its_node_last_set() {
+    // One 40 GiB GPU. A (30 GiB, asks 32) at 0, B and C (4 GiB, ask 6) at
+    // 1 and 2, all SM 0.1, A for 1000 s, B and C 100 s.
+    let w: HashMap<_, _> = [
+        ("big".to_string(), wl("big", 30, 1000.0, 0.1, None)),
+        ("small".to_string(), wl("small", 4, 100.0, 0.1, None)),
+    ]
+    .into();
+    let trace = [job(0, 0.0, "big"), job(1, 1.0, "small"), job(2, 2.0, "small")];
+    let one = Cluster { nodes: 1, gpus_per_node: 1, mem_mib: 40 * 1024 };
+    let run = |count_interval_s: f64| {
+        let base = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+        let c = SimConfig {
+            cluster: one,
+            admission: Admission::NodeMemory { hand_back: 1 },
+            assumptions: Assumptions { count_interval_s, ..base.assumptions },
+            ..base
+        };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    // Counted by Slurm alone: 40 - 32 - 6 = 2 GiB left after B, so C waits
+    // for B's end (101).
+    let alone = run(0.0);
+    assert!(close(alone.jobs[2].start_s.unwrap(), 101.0), "{:?}", alone.jobs[2]);
+    // Set at 0 (40), then at 10: the GPU can promise 40 - 30 - 4 = 6 GiB,
+    // + 38 allocated = 44; slurmctld sees 44 - 38 = 6 free, C asks 6 and
+    // CARMA finds 6 GiB for its 4 + 2 headroom: it starts at 10.
+    let counted = run(10.0);
+    assert!(close(counted.jobs[1].start_s.unwrap(), 1.0), "{:?}", counted.jobs[1]);
+    assert!(close(counted.jobs[2].start_s.unwrap(), 10.0), "{:?}", counted.jobs[2]);
 }

@@ -179,7 +179,19 @@ impl Admission {
     }
 
     fn set_count(&mut self, free_gib: u64) -> Result<Option<String>, String> {
-        let text = scontrol(self.bin_dir.as_deref(), &["show", "node", "-o", &self.node])?;
+        // -d: without details scontrol prints no GresUsed (measured on
+        // 22.05), which read as nothing allocated: the count was then the
+        // promisable GiB alone, and slurmctld took each running job's
+        // carmamem off it a second time.
+        let text = scontrol(self.bin_dir.as_deref(), &["-d", "show", "node", "-o", &self.node])?;
+        // Read as nothing allocated, a missing field would make the same
+        // double count: no update without it.
+        if !text.split_whitespace().any(|w| w.starts_with("GresUsed=")) {
+            return Err(format!(
+                "scontrol -d show node -o {} printed no GresUsed= (what Slurm allocated of {ADMISSION_GRES}): count not updated",
+                self.node
+            ));
+        }
         let Some(now) = parse_node(&text) else {
             self.off = true;
             return Ok(Some(format!(
@@ -231,7 +243,7 @@ mod tests {
         let count = dir.join("count");
         let script = format!(
             "#!/bin/sh\necho \"$*\" >>{calls}\nc=$(cat {count} 2>/dev/null || echo 100)\n\
-             [ \"$1\" = show ] && echo \"NodeName=n1 Gres=gpu:4,carmamem:$c GresUsed=carmamem:(null):10\"\n\
+             [ \"$1 $2\" = \"-d show\" ] && echo \"NodeName=n1 Gres=gpu:4,carmamem:$c GresUsed=carmamem:(null):10\"\n\
              [ \"$1\" = update ] && echo \"${{3##*:}}\" >{count}\nexit 0\n",
             calls = calls.display(),
             count = count.display()
@@ -242,7 +254,7 @@ mod tests {
         let change = a.sync(50, None).unwrap().unwrap();
         assert!(change.contains("100 -> 60"), "{change}");
         let said = std::fs::read_to_string(&calls).unwrap();
-        assert_eq!(said, "show node -o n1\nupdate NodeName=n1 Gres=gpu:4,carmamem:60\n");
+        assert_eq!(said, "-d show node -o n1\nupdate NodeName=n1 Gres=gpu:4,carmamem:60\n");
         let calls_now = || std::fs::read_to_string(&calls).unwrap().lines().count();
         // After an update the next check reads again and finds it right;
         // then the same promisable GiB ask nothing until the resync, and
@@ -268,6 +280,12 @@ mod tests {
         assert_eq!(calls_now(), 8);
         assert_eq!(a.sync_at(51, Some(mark), t + SETTLE + a.resync).unwrap(), None);
         assert_eq!(calls_now(), 9);
+        // A Slurm that shows no GresUsed: no count is set from it (read as
+        // none allocated, each running job's memory would be counted twice).
+        let plain = "#!/bin/sh\necho \"NodeName=n1 Gres=gpu:4,carmamem:100\"\n[ \"$1\" = update ] && exit 9\nexit 0\n";
+        std::fs::write(dir.join("scontrol"), plain).unwrap();
+        let e = Admission::new("n1".into(), Some(dir.clone())).sync(50, None).unwrap_err();
+        assert!(e.contains("printed no GresUsed=") && e.contains("not updated"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

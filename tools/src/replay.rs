@@ -67,6 +67,9 @@ pub struct CompareArgs {
     /// Seconds a job waits on its node for a GPU before it is handed back (the nodes' timeouts.wait)
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub node_wait: f64,
+    /// Seconds between the nodes' admission counts (their monitor.admission_interval); 0: slurmctld counts the GPUs under the cap
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
+    pub count_interval: f64,
     /// Seconds a handed-back job is away before slurmctld places it again (the requeue)
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub requeue_delay: f64,
@@ -304,6 +307,7 @@ fn simulated_run(a: &CompareArgs, real: &[RealJob], noise: Option<(u64, f64)>) -
             publish_s: a.publish,
             node_wait_s: a.node_wait,
             requeue_s: a.requeue_delay,
+            count_interval_s: a.count_interval,
             ..Assumptions::default()
         },
         admission: Admission::parse("node-memory")?,

@@ -86,6 +86,9 @@ pub struct SimulateArgs {
     /// Seconds a handed-back job is away before slurmctld places it again (the requeue)
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().requeue_s, value_parser = num)]
     pub requeue_delay: f64,
+    /// Under --admission node-memory: seconds between the nodes' admission counts in slurmctld, each what the node could promise when its monitor set it (monitor.admission_interval); 0: slurmctld counts the node's GPUs under the activity cap
+    #[arg(long, value_name = "S", default_value_t = Assumptions::default().count_interval_s, value_parser = num)]
+    pub count_interval: f64,
     /// Idle power in watts [default: the --gpu profile's]
     #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
     pub idle_w: Option<f64>,
@@ -153,6 +156,7 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
         publish_s: a.publish,
         node_wait_s: a.node_wait,
         requeue_s: a.requeue_delay,
+        count_interval_s: a.count_interval,
     }
 }
 
@@ -321,6 +325,7 @@ mod tests {
             publish_s: 3.0,
             node_wait_s: 12.0,
             requeue_s: 2.0,
+            count_interval_s: 0.0,
         };
         assert_eq!(assumptions(&a), want);
         let p = params(&a);

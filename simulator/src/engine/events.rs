@@ -66,6 +66,15 @@ impl Sim<'_> {
         if a.window_s > 0.0 && (!self.queue.is_empty() || !self.recovery.is_empty() || !self.on_node.is_empty()) {
             t_next = t_next.min(t.floor() + 1.0);
         }
+        // A job slurmctld holds back is tried again when a monitor sets its
+        // node's count.
+        if a.count_interval_s > 0.0 && (!self.queue.is_empty() || !self.recovery.is_empty()) {
+            for &(due, _) in &self.counts {
+                if due > t + EPS {
+                    t_next = t_next.min(due);
+                }
+            }
+        }
         for (r, &k) in self.runs.iter().zip(&pace.rate) {
             t_next = t_next.min(t + (1.0 - r.progress) / k);
             if r.start + a.ramp_s > t + EPS {

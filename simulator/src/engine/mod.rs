@@ -39,6 +39,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         // Readings and the plugin's count of recent placements change with
         // time under a window: the head may fit at any event.
         sim.dirty |= cfg.assumptions.window_s > 0.0;
+        // A monitor that sets its node's count may let the head in.
+        sim.dirty |= sim.set_counts();
         sim.place_queue_heads()?;
         // Who runs where changed now, not at the next event.
         sim.record_readings();
@@ -75,6 +77,9 @@ struct Sim<'a> {
     results: Vec<JobResult>,
     states: Vec<NodeState>,
     slurm: SlurmAlloc,
+    /// Each node's admission count as its monitor last set it, and when it
+    /// sets it next (`Assumptions::count_interval_s`).
+    counts: Vec<(f64, u32)>,
     /// The nodes that handed each job back.
     excluded: Vec<Vec<usize>>,
     runs: Vec<Run>,
@@ -160,6 +165,7 @@ impl<'a> Sim<'a> {
             results,
             states: (0..cl.nodes).map(|_| NodeState::default()).collect(),
             slurm: SlurmAlloc::new(cl),
+            counts: vec![(f64::NEG_INFINITY, 0); cl.nodes as usize],
             excluded: vec![Vec::new(); trace.len()],
             runs: Vec::new(),
             by_node: vec![Vec::new(); cl.nodes as usize],

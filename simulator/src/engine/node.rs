@@ -174,17 +174,20 @@ impl Deciding<'_> {
 }
 
 impl Deciding<'_> {
-    /// The thresholds with the window: jobs placed within it count on top
-    /// of the readings, as of their publication.
     fn params(&self) -> carma_placement::Params {
-        let a = &self.cfg.assumptions;
-        carma_placement::Params {
-            window_secs: window_secs(a.window_s),
-            now_secs: self.t.max(0.0) as u64,
-            readings_ms: (a.window_s > 0.0 && a.publish_s > 0.0)
-                .then(|| (a.published_at(self.t).max(0.0) * 1000.0) as u64),
-            ..self.cfg.params
-        }
+        deciding_params(self.cfg, self.t)
+    }
+}
+
+/// The thresholds with the window: jobs placed within it count on top of
+/// the readings, as of their publication.
+pub(super) fn deciding_params(cfg: &SimConfig, t: f64) -> carma_placement::Params {
+    let a = &cfg.assumptions;
+    carma_placement::Params {
+        window_secs: window_secs(a.window_s),
+        now_secs: t.max(0.0) as u64,
+        readings_ms: (a.window_s > 0.0 && a.publish_s > 0.0).then(|| (a.published_at(t).max(0.0) * 1000.0) as u64),
+        ..cfg.params
     }
 }
 

@@ -7,6 +7,7 @@ use super::slurmctld::{Ask, Slurmctld};
 use super::{Admission, Sim};
 use carma_config::GpuOwner;
 use carma_placement::{Decision, NodeState, Request, StepRef};
+use std::collections::HashMap;
 
 /// A job slurmctld sent to a node where CARMA found no GPU yet: it holds
 /// its allocation there and is tried again until `deadline`.
@@ -188,6 +189,7 @@ impl Sim<'_> {
         req: &Request,
         ask: Ask,
     ) -> Result<Attempt, String> {
+        self.set_counts();
         let slurmctld = Slurmctld {
             cfg: self.cfg,
             alloc: &self.slurm,
@@ -195,6 +197,7 @@ impl Sim<'_> {
             by_node: &self.by_node,
             t: self.t,
             window: &self.windowed,
+            counts: &self.counts,
         };
         let Some((node, gpus)) = slurmctld.pick(&self.excluded[job], self.wl[job].gpus, &ask) else {
             return Ok(Attempt::Waits);
@@ -218,6 +221,41 @@ impl Sim<'_> {
                 Ok(Attempt::Dropped)
             }
         }
+    }
+
+    /// The monitors whose time has come set their node's count: what
+    /// the node could promise now (`admissible_gib`) plus what slurmctld
+    /// has allocated there.
+    /// Returns whether any did (a job held back may fit now).
+    pub(super) fn set_counts(&mut self) -> bool {
+        let every = self.cfg.assumptions.count_interval_s;
+        if every <= 0.0 || !matches!(self.cfg.admission, Admission::NodeMemory { .. }) {
+            return false;
+        }
+        let mut set = false;
+        for node in 0..self.states.len() {
+            if self.t < self.counts[node].0 {
+                continue;
+            }
+            let on_node = &self.by_node[node];
+            let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
+            let readings = super::node::NodeView {
+                cluster: self.cfg.cluster,
+                node,
+                runs: &self.runs,
+                on_node,
+                t: self.t,
+                assumptions: &self.cfg.assumptions,
+                window: &self.windowed,
+            }
+            .read_now();
+            let params = super::node::deciding_params(self.cfg, self.t);
+            let gib = carma_placement::policy::admissible_gib(&readings, &self.states[node], &owners, &params);
+            let next = if self.counts[node].0.is_finite() { self.counts[node].0 + every } else { self.t + every };
+            self.counts[node] = (next.max(self.t), (gib as u32).max(1) + self.slurm.node_gib[node]);
+            set = true;
+        }
+        set
     }
 
     /// Starts the job's run where CARMA placed it.

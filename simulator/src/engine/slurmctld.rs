@@ -131,6 +131,8 @@ pub(super) struct Slurmctld<'a> {
     pub(super) by_node: &'a [Vec<usize>],
     pub(super) t: f64,
     pub(super) window: &'a Windowed,
+    /// Each node's admission count, where monitors set it.
+    pub(super) counts: &'a [(f64, u32)],
 }
 
 impl Slurmctld<'_> {
@@ -174,7 +176,11 @@ impl Slurmctld<'_> {
             vec![false; cl.gpus_per_node as usize]
         };
         if matches!(admission, Admission::NodeMemory { .. }) {
-            let capacity = over.iter().filter(|o| !**o).count() as u32 * per_gpu;
+            let capacity = if cfg.assumptions.count_interval_s > 0.0 {
+                self.counts[node].1
+            } else {
+                over.iter().filter(|o| !**o).count() as u32 * per_gpu
+            };
             let free = capacity.saturating_sub(self.alloc.node_gib[node]);
             if free < ask.need * gpus {
                 return None;
