@@ -1,5 +1,6 @@
 //! Placement decision latency: GPU read + state lock + garbage collection +
-//! policy + atomic state write, as one slurmstepd does it. Measured alone
+//! policy + atomic state write (and, for a step that does not fit, counting
+//! the refusal), as one slurmstepd does it (`Placer::place`, no wait). Measured alone
 //! (1 launch at a time) and in bursts of 64 launches contending at once on
 //! one node's state (the wait for the lock included). Prints p50/p99/max.
 //!
@@ -147,7 +148,9 @@ fn child(args: &[String]) {
     gate.lock_shared().unwrap();
     let before = usage();
     let t = Instant::now();
-    let d = p.try_place(StepRef { job, holder }, &req);
+    // As slurmstepd places a step (`Placer::place`), with no wait: a
+    // refusal's count is part of the launch.
+    let d = p.place(StepRef { job, holder }, &req, Duration::ZERO, Duration::from_millis(250), &mut || true);
     let took = t.elapsed();
     let after = usage();
     let outcome = match &d {

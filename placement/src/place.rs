@@ -38,6 +38,12 @@ pub struct Placer {
     learn: LearnRuntime,
     processes: Box<dyn Processes>,
     log: Logger,
+    /// The counter a refusal of this launch bumps in the state write that
+    /// decides it ([`crate::slots::RefusalCount`]), and whether the last
+    /// attempt's refusal was so counted (then the launch does not pass the
+    /// lock again to count it).
+    refusal_count: Option<crate::slots::RefusalCount>,
+    refusal_counted: std::cell::Cell<bool>,
 }
 
 /// What `carma status` and the dry run show: the GPUs, the node's state,
@@ -66,7 +72,17 @@ impl Placer {
         log: Logger,
     ) -> Placer {
         let learn = LearnRuntime::default();
-        Placer { store, source: Some(source), source_config: None, params, learn, processes, log }
+        Placer {
+            store,
+            source: Some(source),
+            source_config: None,
+            params,
+            learn,
+            processes,
+            log,
+            refusal_count: None,
+            refusal_counted: std::cell::Cell::new(false),
+        }
     }
 
     fn source(&mut self) -> Result<&mut Box<dyn GpuSource>, PlaceError> {
@@ -110,6 +126,8 @@ impl Placer {
             learn: cfg.estimator.learn_runtime,
             processes: Box::new(LinuxProcesses),
             log: Box::new(log),
+            refusal_count: None,
+            refusal_counted: std::cell::Cell::new(false),
         })
     }
 
@@ -190,9 +208,10 @@ impl Placer {
             "nvml" => Some(read_source(&mut self.source)?),
             _ => None,
         };
+        self.refusal_counted.set(false);
         let (lock, own) = match self.store.try_exclusive()? {
             Some(lock) => (lock, None),
-            None => match self.store.slots().and_then(|q| Some((q, q.enqueue(step, req)?))) {
+            None => match self.store.slots().and_then(|q| Some((q, q.enqueue(step, req, self.refusal_count)?))) {
                 // No queue (or no room in it): wait for the lock, bounded.
                 None => (self.store.exclusive()?, None),
                 Some((q, slot)) => match answer_or_lock(&self.store, q, slot)? {
@@ -238,20 +257,34 @@ impl Placer {
         poll: Duration,
         job_alive: &mut dyn FnMut() -> bool,
     ) -> Result<Decision, PlaceError> {
+        use crate::slots::RefusalCount;
         let start = Instant::now();
         let mut pause = poll;
         let mut waiting = false;
         loop {
-            match self.try_place(step, req) {
+            // What a refusal of this attempt counts, bumped in the state
+            // write that decides it (a final refusal or the first wait; a
+            // refusal of more GPUs than the node has counts as final).
+            let asked =
+                if wait.is_zero() { Some(RefusalCount::NoFit) } else { (!waiting).then_some(RefusalCount::Wait) };
+            self.refusal_count = asked;
+            let tried = self.try_place(step, req);
+            self.refusal_count = None;
+            let counted = self.refusal_counted.replace(false);
+            match tried {
                 // More GPUs than the node has: waiting cannot help.
                 Err(PlaceError::NoFit(last)) if (last.reasons.len() as u32) < last.wanted => {
-                    self.count(|c| c.no_fit(last.class()));
+                    if !counted {
+                        self.count(|c| c.no_fit(last.class()));
+                    }
                     return Err(PlaceError::NoFit(last));
                 }
                 Err(PlaceError::NoFit(last)) => {
                     let waited = start.elapsed();
                     if waited >= wait {
-                        self.count(|c| c.no_fit(last.class()));
+                        if !(counted && asked == Some(RefusalCount::NoFit)) {
+                            self.count(|c| c.no_fit(last.class()));
+                        }
                         return Err(if wait.is_zero() {
                             PlaceError::NoFit(last)
                         } else {
@@ -260,7 +293,9 @@ impl Placer {
                     }
                     if !waiting {
                         waiting = true;
-                        self.count(|c| c.waits += 1);
+                        if !(counted && asked == Some(RefusalCount::Wait)) {
+                            self.count(|c| c.waits += 1);
+                        }
                     } else if !job_alive() {
                         self.count(|c| c.no_fit(last.class()));
                         return Err(PlaceError::Ended { waited });

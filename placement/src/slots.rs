@@ -73,20 +73,63 @@ struct Wire {
     job: u32,
     holder: u32,
     request: Request,
+    /// The owner reads refusals. Builds before did not (a refusal does not
+    /// parse as their `Decision`): their requests that do not fit go back
+    /// to the queue, for them to decide.
+    #[serde(default)]
+    reads_refusals: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    count: Option<RefusalCount>,
+}
+
+/// The counter a lock holder bumps, in the state it writes anyway, when it
+/// refuses a queued request: the one its owner would bump otherwise, passing
+/// the lock once more for it (a burst's refused launches one after another).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCount {
+    /// The step goes on to wait (`Counters::waits`).
+    Wait,
+    /// The step gives up (`Counters::no_fit`, by the refusal's class).
+    NoFit,
+}
+
+/// Bumps the counter `count` names for the refusal `why` (a node with fewer
+/// GPUs than asked is a final refusal however long the step would wait).
+/// Returns whether one was bumped.
+pub fn count_refusal(counters: &mut crate::state::Counters, why: &NoFit, count: Option<RefusalCount>) -> bool {
+    let Some(count) = count else { return false };
+    if (why.reasons.len() as u32) < why.wanted || count == RefusalCount::NoFit {
+        counters.no_fit(why.class());
+    } else {
+        counters.waits += 1;
+    }
+    true
+}
+
+/// A queued request that does not fit: why, and whether the holder bumped
+/// the counter its owner asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub why: NoFit,
+    pub counted: bool,
 }
 
 /// The answer to a queued request: what [`crate::decide::decide`] said.
-pub type Answer = Result<Decision, NoFit>;
+pub type Answer = Result<Decision, Refusal>;
 
 /// An answer on the wire. A placement is the decision itself, as builds
 /// before refusals were answered wrote and read it; a refusal is an object
-/// of its own, which such a build cannot read: it frees the slot and
-/// decides alone, as it did before.
+/// of its own, given only to owners that read it.
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum AnswerWire {
     Placed(Decision),
-    Refused { refused: NoFit },
+    Refused {
+        refused: NoFit,
+        #[serde(default)]
+        counted: bool,
+    },
 }
 
 /// The mapped slots file.
@@ -113,6 +156,9 @@ pub struct Taken {
     pub slot: SlotRef,
     pub step: StepRef,
     pub request: Request,
+    /// Its owner reads a refusal; the counter to bump if it is refused.
+    pub reads_refusals: bool,
+    pub count: Option<RefusalCount>,
 }
 
 impl Slots {
@@ -198,11 +244,13 @@ impl Slots {
         }
     }
 
-    /// Queues the request of `step`. `None` if every slot is busy or the
-    /// request is too large for one.
-    pub fn enqueue(&self, step: StepRef, req: &Request) -> Option<SlotRef> {
+    /// Queues the request of `step`; if it is refused, the holder bumps
+    /// `count`. `None` if every slot is busy or the request is too large
+    /// for one.
+    pub fn enqueue(&self, step: StepRef, req: &Request, count: Option<RefusalCount>) -> Option<SlotRef> {
         static N: AtomicU64 = AtomicU64::new(0);
-        let bytes = serde_json::to_vec(&Wire { job: step.job, holder: step.holder, request: req.clone() }).ok()?;
+        let wire = Wire { job: step.job, holder: step.holder, request: req.clone(), reads_refusals: true, count };
+        let bytes = serde_json::to_vec(&wire).ok()?;
         if bytes.len() > PAYLOAD {
             return None;
         }
@@ -248,7 +296,7 @@ impl Slots {
         }
         let a = serde_json::from_slice(&self.read_payload(s.index)).ok().map(|w| match w {
             AnswerWire::Placed(d) => Ok(d),
-            AnswerWire::Refused { refused } => Err(refused),
+            AnswerWire::Refused { refused, counted } => Err(Refusal { why: refused, counted }),
         });
         let _ = self.tag(s.index).compare_exchange(tag(s.id, ANSWERED), FREE, Ordering::AcqRel, Ordering::Relaxed);
         a
@@ -296,9 +344,13 @@ impl Slots {
                 continue; // withdrawn meanwhile
             }
             match serde_json::from_slice::<Wire>(&self.read_payload(s.index)) {
-                Ok(w) => {
-                    out.push(Taken { slot: s, step: StepRef { job: w.job, holder: w.holder }, request: w.request })
-                }
+                Ok(w) => out.push(Taken {
+                    slot: s,
+                    step: StepRef { job: w.job, holder: w.holder },
+                    request: w.request,
+                    reads_refusals: w.reads_refusals,
+                    count: w.count,
+                }),
                 Err(e) => {
                     log(&format!("placement request in {SLOTS_FILE} slot {} unreadable ({e}); dropped", s.index));
                     let _ = t.compare_exchange(tag(s.id, TAKEN), FREE, Ordering::AcqRel, Ordering::Relaxed);
@@ -316,7 +368,7 @@ impl Slots {
     pub fn answer(&self, s: SlotRef, a: &Answer) -> bool {
         let wire = match a {
             Ok(d) => serde_json::to_vec(&AnswerWire::Placed(d.clone())),
-            Err(n) => serde_json::to_vec(&AnswerWire::Refused { refused: n.clone() }),
+            Err(r) => serde_json::to_vec(&AnswerWire::Refused { refused: r.why.clone(), counted: r.counted }),
         };
         match wire {
             Ok(bytes) if bytes.len() <= PAYLOAD => {
@@ -444,7 +496,7 @@ mod tests {
         let d = TempDir::new();
         let (owner, decider) = (Slots::open(&d.0).unwrap(), Slots::open(&d.0).unwrap());
         let step = StepRef { job: 7, holder: 1 };
-        let s = owner.enqueue(step, &req(None)).unwrap();
+        let s = owner.enqueue(step, &req(None), None).unwrap();
         assert!(owner.take_answer(s).is_none(), "answered before anyone decided");
         let taken = decider.take_queued(&[], &|_| {});
         assert_eq!(taken.len(), 1);
@@ -468,12 +520,12 @@ mod tests {
     fn withdrawn_put_back_recovered_and_dead_owners_slots() {
         let d = TempDir::new();
         let q = Slots::open(&d.0).unwrap();
-        let a = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None)).unwrap();
-        let b = q.enqueue(StepRef { job: 2, holder: 1 }, &req(None)).unwrap();
+        let a = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None), None).unwrap();
+        let b = q.enqueue(StepRef { job: 2, holder: 1 }, &req(None), None).unwrap();
         assert_eq!(q.withdraw(a), None);
         assert_eq!(q.busy(), 1);
         // A withdrawn slot's reuse is not someone else's to withdraw.
-        let c = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None)).unwrap();
+        let c = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None), None).unwrap();
         assert_eq!(c.index, a.index);
         assert_eq!(q.withdraw(a), None);
         assert_eq!(q.busy(), 2, "withdrawing a stale claim freed another request");
@@ -496,12 +548,13 @@ mod tests {
     fn full_queue_oversized_requests_and_garbage_payloads() {
         let d = TempDir::new();
         let q = Slots::open(&d.0).unwrap();
-        assert!(q.enqueue(StepRef { job: 1, holder: 1 }, &req(Some("x".repeat(PAYLOAD)))).is_none());
-        let all: Vec<_> = (0..SLOTS).map(|j| q.enqueue(StepRef { job: j as u32, holder: 1 }, &req(None))).collect();
+        assert!(q.enqueue(StepRef { job: 1, holder: 1 }, &req(Some("x".repeat(PAYLOAD))), None).is_none());
+        let all: Vec<_> =
+            (0..SLOTS).map(|j| q.enqueue(StepRef { job: j as u32, holder: 1 }, &req(None), None)).collect();
         assert!(all.iter().all(Option::is_some));
-        assert!(q.enqueue(StepRef { job: 99, holder: 1 }, &req(None)).is_none(), "more slots than exist");
+        assert!(q.enqueue(StepRef { job: 99, holder: 1 }, &req(None), None).is_none(), "more slots than exist");
         q.reclaim(&|_| false);
-        let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None)).unwrap();
+        let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None), None).unwrap();
         q.write_payload(s.index, b"{not json");
         let lines = std::sync::Mutex::new(Vec::new());
         assert!(q.take_queued(&[], &|l| lines.lock().unwrap().push(l.to_string())).is_empty());
@@ -517,11 +570,23 @@ mod tests {
         let d = TempDir::new();
         let q = Slots::open(&d.0).unwrap();
         let why = NoFit { wanted: 1, reasons: vec![(0, Some(Reject::Exclusive(4))), (1, None)] };
-        let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None)).unwrap();
+        let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None), Some(RefusalCount::Wait)).unwrap();
         let t = q.take_queued(&[], &|_| {});
-        assert!(q.answer(t[0].slot, &Err(why.clone())));
-        assert_eq!(q.take_answer(s), Some(Err(why)));
-        let s = q.enqueue(StepRef { job: 2, holder: 1 }, &req(None)).unwrap();
+        assert!(t[0].reads_refusals && t[0].count == Some(RefusalCount::Wait));
+        let refusal = Refusal { why, counted: true };
+        assert!(q.answer(t[0].slot, &Err(refusal.clone())));
+        // An older build's owner parses it as a decision: it must fail.
+        assert!(serde_json::from_slice::<Decision>(&q.read_payload(s.index)).is_err());
+        assert_eq!(q.take_answer(s), Some(Err(refusal)));
+        // An older build's request says nothing of refusals.
+        let s = q.enqueue(StepRef { job: 4, holder: 1 }, &req(None), None).unwrap();
+        let older = serde_json::to_vec(&serde_json::json!({"job": 4, "holder": 1, "request": req(None)})).unwrap();
+        q.write_payload(s.index, &older);
+        let t = q.take_queued(&[], &|_| {});
+        assert!(!t[0].reads_refusals && t[0].count.is_none());
+        q.put_back(t[0].slot);
+        assert_eq!(q.withdraw(s), None);
+        let s = q.enqueue(StepRef { job: 2, holder: 1 }, &req(None), None).unwrap();
         let t = q.take_queued(&[], &|_| {});
         assert!(q.answer(t[0].slot, &Ok(decision())));
         let older: Decision = serde_json::from_slice(&q.read_payload(s.index)).unwrap();
@@ -531,11 +596,11 @@ mod tests {
         // Too large for the slot: queued again, for its owner to decide.
         let huge = Reject::NotIdleProcesses { count: usize::MAX, used_mib: u64::MAX };
         let why = NoFit { wanted: 1, reasons: (0..64).map(|g| (g, Some(huge.clone()))).collect() };
-        let s = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None)).unwrap();
+        let s = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None), None).unwrap();
         let t = q.take_queued(&[], &|_| {});
-        assert!(!q.answer(t[0].slot, &Err(why)));
+        assert!(!q.answer(t[0].slot, &Err(Refusal { why, counted: false })));
         assert_eq!(q.take_answer(s), None);
-        assert_eq!(q.take_queued(&[], &|_| {}).len(), 1, "not queued again");
+        assert_eq!(q.take_queued(&[], &|_| {}).len(), 1, "it left the queue");
     }
 
     #[test]

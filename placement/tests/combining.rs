@@ -56,7 +56,7 @@ fn the_lock_holder_decides_a_queued_request_and_answers_it() {
     let waiting = StepRef { job: 7, holder: me };
     let mut p = placer(&d.0);
     let q = Slots::open(&d.0.join("state")).unwrap();
-    let slot = q.enqueue(waiting, &request(Policy::Magm, 4096)).unwrap();
+    let slot = q.enqueue(waiting, &request(Policy::Magm, 4096), None).unwrap();
     assert!(q.take_answer(slot).is_none(), "answered before anyone decided");
     let own = p.try_place(StepRef { job: 8, holder: me }, &request(Policy::Magm, 4096)).unwrap();
     let answer = q.take_answer(slot).expect("the queued request was answered").expect("placed");
@@ -80,15 +80,93 @@ fn a_queued_request_that_does_not_fit_is_answered_with_why() {
     // An exclusive request finds no idle GPU: refused by the lock holder,
     // with the reason, so that its owner need not pass the lock to learn it.
     let q = Slots::open(&d.0.join("state")).unwrap();
-    let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096)).unwrap();
+    let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096), None).unwrap();
     p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    let why = q.take_answer(slot).expect("answered").expect_err("placed on a shared GPU");
+    let why = q.take_answer(slot).expect("answered").expect_err("placed on a shared GPU").why;
     assert_eq!(why.wanted, 1);
     assert!(why.to_string().contains("GPU0: not idle (job 1 placed here)"), "{why}");
     assert_eq!(busy(&d.0), 0, "the slot was not freed");
     let st =
         StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
     assert!(st.reservations.iter().all(|r| r.job != 2), "the refused job was recorded");
+}
+
+/// An older build's owner cannot read a refusal: its request goes back to
+/// the queue, for it to decide, as before refusals were answered.
+#[test]
+fn an_older_builds_request_that_does_not_fit_is_left_to_it() {
+    let d = node("older", 1, 20480);
+    let me = std::process::id();
+    let mut p = placer(&d.0);
+    p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096), None).unwrap();
+    // As an older build writes it: without the field (an unknown one is
+    // ignored), in place in the mapped file.
+    let path = d.0.join("state").join(carma_placement::slots::SLOTS_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let field = b"\"reads_refusals\":true";
+    let at = bytes.windows(field.len()).position(|w| w == field).expect("the request's payload");
+    bytes[at + 1] = b'z';
+    std::os::unix::fs::FileExt::write_all_at(&std::fs::File::options().write(true).open(&path).unwrap(), &bytes, 0)
+        .unwrap();
+    p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    assert!(q.take_answer(slot).is_none(), "an older owner was answered");
+    assert_eq!(busy(&d.0), 1, "the request left the queue");
+    assert!(q.withdraw(slot).is_none());
+}
+
+/// A refused launch does not pass the lock again to count its refusal:
+/// the holder counts it in the state write that decides it.
+#[test]
+fn the_holder_counts_a_refusal_it_answers() {
+    use carma_placement::slots::RefusalCount;
+    let d = node("counted", 1, 20480);
+    let me = std::process::id();
+    let mut p = placer(&d.0);
+    p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    let waits = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096), Some(RefusalCount::Wait));
+    let gives_up =
+        q.enqueue(StepRef { job: 3, holder: me }, &request(Policy::Exclusive, 4096), Some(RefusalCount::NoFit));
+    let silent = q.enqueue(StepRef { job: 4, holder: me }, &request(Policy::Exclusive, 4096), None);
+    p.try_place(StepRef { job: 5, holder: me }, &request(Policy::Magm, 4096)).unwrap();
+    let counted = |s| q.take_answer(s).expect("answered").expect_err("placed").counted;
+    assert!(counted(waits.unwrap()) && counted(gives_up.unwrap()) && !counted(silent.unwrap()));
+    let st =
+        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
+    assert_eq!(st.counters.waits, 1);
+    assert_eq!(st.counters.no_fits.get("held"), Some(&1), "{:?}", st.counters.no_fits);
+    assert_eq!(st.counters.placements, 2);
+}
+
+/// Launches racing with no wait: each refusal counted once, by its holder
+/// or its owner, never both.
+#[test]
+fn racing_launches_count_each_refusal_once() {
+    let d = Arc::new(node("race-count", 2, 10240));
+    let me = std::process::id();
+    let start = Arc::new(Barrier::new(24));
+    let handles: Vec<_> = (0..24u32)
+        .map(|i| {
+            let (d, start) = (d.clone(), start.clone());
+            std::thread::spawn(move || {
+                let mut p = placer(&d.0);
+                start.wait();
+                let mut alive = || true;
+                let step = StepRef { job: i + 1, holder: me };
+                p.place(step, &request(Policy::Magm, 3072), Duration::ZERO, Duration::from_millis(10), &mut alive)
+                    .is_ok()
+            })
+        })
+        .collect();
+    let placed = handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count();
+    let st =
+        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
+    assert_eq!(placed, 4);
+    assert_eq!(st.counters.placements, 4);
+    assert_eq!(st.counters.no_fits.values().sum::<u64>(), 20, "{:?}", st.counters.no_fits);
+    assert_eq!(st.counters.waits, 0);
 }
 
 #[test]
@@ -137,7 +215,7 @@ const HELPER_DIR: &str = "CARMA_TEST_QUEUE_DIR";
 fn helper_queue_and_hang() {
     let Some(dir) = std::env::var_os(HELPER_DIR) else { return };
     let q = Slots::open(Path::new(&dir)).unwrap();
-    q.enqueue(StepRef { job: 99, holder: std::process::id() }, &request(Policy::Magm, 1024)).unwrap();
+    q.enqueue(StepRef { job: 99, holder: std::process::id() }, &request(Policy::Magm, 1024), None).unwrap();
     println!("queued");
     std::io::Write::flush(&mut std::io::stdout()).unwrap();
     std::thread::sleep(Duration::from_secs(120));

@@ -7,7 +7,7 @@ use crate::clock::now_secs;
 use crate::gpu::GpuReading;
 use crate::policy::{NoFit, Params, observe};
 use crate::request::{Decision, Request, StepRef};
-use crate::slots::{Answer, SlotRef, Slots};
+use crate::slots::{Answer, Refusal, SlotRef, Slots, count_refusal};
 use crate::state::{Locked, NodeState, StateError, StateStore};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -63,7 +63,10 @@ impl Placer {
     /// An answer another launch decided for us; a placement is checked
     /// against the job's Slurm GPUs: a holder of an older build ignores them.
     pub(super) fn within_slurms(&self, step: StepRef, req: &Request, a: Answer) -> Result<Decision, PlaceError> {
-        let d = a.map_err(PlaceError::NoFit)?;
+        let d = a.map_err(|r| {
+            self.refusal_counted.set(r.counted);
+            PlaceError::NoFit(r.why)
+        })?;
         match &req.within {
             Some(within) if !d.gpus.iter().all(|g| within.contains(g)) => {
                 if let Err(e) = self.release(step) {
@@ -100,6 +103,10 @@ impl Placer {
         let round = Round { readings, owners: &owners, params: Params { readings_ms: as_of_ms, ..self.params } };
         let mut gc_forced = false;
         let mine = self.decide(&mut st, step, req, &round, &mut gc_forced);
+        if let Err(why) = &mine {
+            // Ours is counted in this write too, once it stands.
+            self.refusal_counted.set(count_refusal(&mut st.counters, why, self.refusal_count));
+        }
         let mut stored = false;
         let mut left = Vec::new();
         for _round in 0..4 {
@@ -110,28 +117,47 @@ impl Placer {
             }
             let decided: Vec<_> = taken
                 .into_iter()
-                .map(|t| (t.slot, self.decide(&mut st, t.step, &t.request, &round, &mut gc_forced)))
+                .map(|t| {
+                    let answer = match self.decide(&mut st, t.step, &t.request, &round, &mut gc_forced) {
+                        Ok(d) => Some(Ok(d)),
+                        // Refusals too: decided again by its owner, each
+                        // would pass the lock on its own, one after another.
+                        Err(why) if t.reads_refusals => {
+                            let counted = count_refusal(&mut st.counters, &why, t.count);
+                            Some(Err(Refusal { why, counted }))
+                        }
+                        // An older build's: it decides again itself.
+                        Err(_) => None,
+                    };
+                    (t.slot, answer)
+                })
                 .collect();
             if let Err(e) = lock.store(&st) {
                 // Undecided after all: their owners try again themselves.
                 decided.iter().for_each(|(s, _)| q.put_back(*s));
                 if stored {
-                    break; // ours is already written
+                    break; // ours is already written, its count with it
                 }
+                self.refusal_counted.set(false);
                 return Err(e.into());
             }
             stored = true;
             for (s, d) in decided {
-                // Refusals too: decided again by its owner, each would pass
-                // the lock on its own, one after another. Too large for the
-                // slot: left to its owner (not taken again this pass).
-                if !q.answer(s, &d) {
-                    left.push(s);
+                // Too large for the slot, or not for this owner: left to it
+                // (not taken again this pass).
+                match d {
+                    Some(a) if q.answer(s, &a) => {}
+                    Some(_) => left.push(s),
+                    None => {
+                        q.put_back(s);
+                        left.push(s);
+                    }
                 }
             }
         }
-        if !stored {
-            lock.store(&st)?;
+        if !stored && let Err(e) = lock.store(&st) {
+            self.refusal_counted.set(false);
+            return Err(e.into());
         }
         drop(lock);
         mine.map_err(PlaceError::NoFit)

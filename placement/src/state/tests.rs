@@ -214,7 +214,7 @@ fn a_failed_lock_attempt_wakes_nobody() {
     let (_d, s, _) = store();
     let q = s.slots().expect("the queue is mapped");
     let req = crate::request::Request::declared(Policy::Magm, 1);
-    let slot = q.enqueue(crate::request::StepRef { job: 1, holder: std::process::id() }, &req).unwrap();
+    let slot = q.enqueue(crate::request::StepRef { job: 1, holder: std::process::id() }, &req, None).unwrap();
     let seen = q.generation(slot);
     let holder = File::create(s.dir().join(LOCK_FILE)).unwrap();
     holder.lock_exclusive().unwrap();
