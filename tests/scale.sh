@@ -320,10 +320,10 @@ replay() {
     # A makespan is made by the last few long jobs: the simulator runs 8
     # more times, each submission up to a second later (Slurm's own start,
     # a median of half a second a job), and the real one is held against
-    # that spread (docs/replay.md).
+    # their median (docs/replay.md).
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
         --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" --count-interval 10 \
-        --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the real makespan lies more than ${SCALE_FAIL_ABOVE:-50} % outside the simulated ones)"
+        --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the simulated median makespan is off the real by more than ${SCALE_FAIL_ABOVE:-50} %)"
     # Each hand-back is a failed step, a requeue and a record more: 10.6
     # to 20.4 per job measured (docs/replay.md).
     served "$jobs" "$n" 30

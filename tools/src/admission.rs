@@ -184,6 +184,13 @@ impl Admission {
         // promisable GiB alone, and slurmctld took each running job's
         // carmamem off it a second time.
         let text = scontrol(self.bin_dir.as_deref(), &["-d", "show", "node", "-o", &self.node])?;
+        let Some(now) = parse_node(&text) else {
+            self.off = true;
+            return Ok(Some(format!(
+                "node {} has no {ADMISSION_GRES} GRES in Slurm: its admission count is not kept",
+                self.node
+            )));
+        };
         // Read as nothing allocated, a missing field would make the same
         // double count: no update without it.
         if !text.split_whitespace().any(|w| w.starts_with("GresUsed=")) {
@@ -192,13 +199,6 @@ impl Admission {
                 self.node
             ));
         }
-        let Some(now) = parse_node(&text) else {
-            self.off = true;
-            return Ok(Some(format!(
-                "node {} has no {ADMISSION_GRES} GRES in Slurm: its admission count is not kept",
-                self.node
-            )));
-        };
         // Slurm drops a GRES whose count is set to 0 from the node's list
         // (measured on 22.05), and this monitor would then find none: 1
         // GiB stands for none, less than any job asks (its headroom alone

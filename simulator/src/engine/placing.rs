@@ -251,8 +251,13 @@ impl Sim<'_> {
             .read_now();
             let params = super::node::deciding_params(self.cfg, self.t);
             let gib = carma_placement::policy::admissible_gib(&readings, &self.states[node], &owners, &params);
-            let next = if self.counts[node].0.is_finite() { self.counts[node].0 + every } else { self.t + every };
-            self.counts[node] = (next.max(self.t), (gib as u32).max(1) + self.slurm.node_gib[node]);
+            // The next point of the node's schedule (from its first count).
+            let mut next = if self.counts[node].0.is_finite() { self.counts[node].0 } else { self.t };
+            while next <= self.t {
+                next += every;
+            }
+            // As the monitor writes it: never 0 (Slurm would drop the GRES).
+            self.counts[node] = (next, (gib as u32 + self.slurm.node_gib[node]).max(1));
             set = true;
         }
         set
