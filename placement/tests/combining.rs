@@ -71,35 +71,42 @@ fn the_lock_holder_decides_a_queued_request_and_answers_it() {
     assert_eq!(busy(&d.0), 0, "slots left in use");
 }
 
+/// One 20 GiB GPU that job 1 shares (an exclusive request finds it not
+/// idle), its placer and its queue.
+fn one_gpu_shared(name: &str) -> (Dir, Placer, Slots) {
+    let d = node(name, 1, 20480);
+    let mut p = placer(&d.0);
+    p.try_place(StepRef { job: 1, holder: std::process::id() }, &request(Policy::Magm, 4096)).unwrap();
+    let q = Slots::open(&d.0.join("state")).unwrap();
+    (d, p, q)
+}
+
+/// The node's state, read under the lock.
+fn state(d: &Dir) -> carma_placement::NodeState {
+    StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap()
+}
+
 #[test]
 fn a_queued_request_that_does_not_fit_is_answered_with_why() {
-    let d = node("nofit", 1, 20480);
+    let (d, mut p, q) = one_gpu_shared("nofit");
     let me = std::process::id();
-    let mut p = placer(&d.0);
-    p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
     // An exclusive request finds no idle GPU: refused by the lock holder,
     // with the reason, so that its owner need not pass the lock to learn it.
-    let q = Slots::open(&d.0.join("state")).unwrap();
     let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096), None).unwrap();
     p.try_place(StepRef { job: 3, holder: me }, &request(Policy::Magm, 4096)).unwrap();
     let why = q.take_answer(slot).expect("answered").expect_err("placed on a shared GPU").why;
     assert_eq!(why.wanted, 1);
     assert!(why.to_string().contains("GPU0: not idle (job 1 placed here)"), "{why}");
     assert_eq!(busy(&d.0), 0, "the slot was not freed");
-    let st =
-        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
-    assert!(st.reservations.iter().all(|r| r.job != 2), "the refused job was recorded");
+    assert!(state(&d).reservations.iter().all(|r| r.job != 2), "the refused job was recorded");
 }
 
 /// An older build's owner cannot read a refusal: its request goes back to
 /// the queue, for it to decide, as before refusals were answered.
 #[test]
 fn an_older_builds_request_that_does_not_fit_is_left_to_it() {
-    let d = node("older", 1, 20480);
+    let (d, mut p, q) = one_gpu_shared("older");
     let me = std::process::id();
-    let mut p = placer(&d.0);
-    p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    let q = Slots::open(&d.0.join("state")).unwrap();
     let slot = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096), None).unwrap();
     // As an older build writes it: without the field (an unknown one is
     // ignored), in place in the mapped file.
@@ -121,11 +128,8 @@ fn an_older_builds_request_that_does_not_fit_is_left_to_it() {
 #[test]
 fn the_holder_counts_a_refusal_it_answers() {
     use carma_placement::slots::RefusalCount;
-    let d = node("counted", 1, 20480);
+    let (d, mut p, q) = one_gpu_shared("counted");
     let me = std::process::id();
-    let mut p = placer(&d.0);
-    p.try_place(StepRef { job: 1, holder: me }, &request(Policy::Magm, 4096)).unwrap();
-    let q = Slots::open(&d.0.join("state")).unwrap();
     let waits = q.enqueue(StepRef { job: 2, holder: me }, &request(Policy::Exclusive, 4096), Some(RefusalCount::Wait));
     let gives_up =
         q.enqueue(StepRef { job: 3, holder: me }, &request(Policy::Exclusive, 4096), Some(RefusalCount::NoFit));
@@ -133,8 +137,7 @@ fn the_holder_counts_a_refusal_it_answers() {
     p.try_place(StepRef { job: 5, holder: me }, &request(Policy::Magm, 4096)).unwrap();
     let counted = |s| q.take_answer(s).expect("answered").expect_err("placed").counted;
     assert!(counted(waits.unwrap()) && counted(gives_up.unwrap()) && !counted(silent.unwrap()));
-    let st =
-        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
+    let st = state(&d);
     assert_eq!(st.counters.waits, 1);
     assert_eq!(st.counters.no_fits.get("held"), Some(&1), "{:?}", st.counters.no_fits);
     assert_eq!(st.counters.placements, 2);
@@ -161,8 +164,7 @@ fn racing_launches_count_each_refusal_once() {
         })
         .collect();
     let placed = handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count();
-    let st =
-        StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap().snapshot().unwrap();
+    let st = state(&d);
     assert_eq!(placed, 4);
     assert_eq!(st.counters.placements, 4);
     assert_eq!(st.counters.no_fits.values().sum::<u64>(), 20, "{:?}", st.counters.no_fits);
