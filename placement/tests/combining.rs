@@ -145,10 +145,9 @@ fn the_holder_counts_a_refusal_it_answers() {
 
 /// Launches racing with no wait: each refusal counted once, by its holder
 /// or its owner, never both.
-#[test]
-fn racing_launches_count_each_refusal_once() {
-    let d = Arc::new(node("race-count", 2, 10240));
-    let me = std::process::id();
+/// 24 launches at once, each with its own placer: how many `launch` says
+/// were placed.
+fn race(d: &Arc<Dir>, launch: impl Fn(&mut Placer, u32) -> bool + Send + Sync + Copy + 'static) -> usize {
     let start = Arc::new(Barrier::new(24));
     let handles: Vec<_> = (0..24u32)
         .map(|i| {
@@ -156,14 +155,21 @@ fn racing_launches_count_each_refusal_once() {
             std::thread::spawn(move || {
                 let mut p = placer(&d.0);
                 start.wait();
-                let mut alive = || true;
-                let step = StepRef { job: i + 1, holder: me };
-                p.place(step, &request(Policy::Magm, 3072), Duration::ZERO, Duration::from_millis(10), &mut alive)
-                    .is_ok()
+                launch(&mut p, i)
             })
         })
         .collect();
-    let placed = handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count();
+    handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count()
+}
+
+#[test]
+fn racing_launches_count_each_refusal_once() {
+    let d = Arc::new(node("race-count", 2, 10240));
+    let me = std::process::id();
+    let placed = race(&d, move |p, i| {
+        let step = StepRef { job: i + 1, holder: me };
+        p.place(step, &request(Policy::Magm, 3072), Duration::ZERO, Duration::from_millis(10), &mut || true).is_ok()
+    });
     let st = state(&d);
     assert_eq!(placed, 4);
     assert_eq!(st.counters.placements, 4);
@@ -177,21 +183,11 @@ fn racing_launches_never_overcommit_and_leave_nothing_queued() {
     let d = Arc::new(node("race", 2, 10240));
     let me = std::process::id();
     for round in 0..5u32 {
-        let start = Arc::new(Barrier::new(24));
-        let handles: Vec<_> = (0..24u32)
-            .map(|i| {
-                let (d, start) = (d.clone(), start.clone());
-                std::thread::spawn(move || {
-                    let mut p = placer(&d.0);
-                    let policy =
-                        [Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized, Policy::RoundRobin]
-                            [i as usize % 5];
-                    start.wait();
-                    p.try_place(StepRef { job: round * 100 + i + 1, holder: me }, &request(policy, 3072)).is_ok()
-                })
-            })
-            .collect();
-        let placed = handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count();
+        let placed = race(&d, move |p, i| {
+            let policy = [Policy::Magm, Policy::FirstFit, Policy::BestFit, Policy::LeastUtilized, Policy::RoundRobin]
+                [i as usize % 5];
+            p.try_place(StepRef { job: round * 100 + i + 1, holder: me }, &request(policy, 3072)).is_ok()
+        });
         let store = StateStore::open(&d.0.join("state"), Duration::from_secs(5), Box::new(|_| {})).unwrap();
         let st = store.snapshot().unwrap();
         assert_eq!(placed, 4, "round {round}: {placed} placed, state {:?}", st.reservations);
