@@ -4,7 +4,8 @@
 //! - [`gpu`]: what a GPU source reports; [`source`]: NVML and simulated GPUs.
 //! - [`state`]: the node-local, file-locked record of what CARMA promised.
 //! - [`learned`]: the node's fixed memory, learned from finished jobs.
-//! - [`policy`]: preconditions and the six policies, as pure functions.
+//! - [`policy`]: preconditions and the six policies, as pure functions;
+//!   [`nofit`]: why no GPU fits, GPU by GPU.
 //! - [`place`]: lock → read → garbage-collect → decide → write → unlock;
 //!   [`slots`]: requests waiting for the lock, decided together by its holder.
 // `unsafe` only where a module says why (the shared-memory queue, one libc
@@ -25,6 +26,7 @@ pub mod fsutil;
 pub mod gpu;
 pub mod jobfiles;
 pub mod learned;
+pub mod nofit;
 pub mod place;
 pub mod policy;
 pub mod procs;

@@ -27,7 +27,7 @@
 //! All `unsafe` of the queue is here: the mapping, the atomic views of its
 //! header words, payload copies, and the futex system call.
 
-use crate::policy::NoFit;
+use crate::nofit::NoFit;
 use crate::request::{Decision, Request, StepRef};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -92,19 +92,6 @@ pub enum RefusalCount {
     Wait,
     /// The step gives up (`Counters::no_fit`, by the refusal's class).
     NoFit,
-}
-
-/// Bumps the counter `count` names for the refusal `why` (a node with fewer
-/// GPUs than asked is a final refusal however long the step would wait).
-/// Returns whether one was bumped.
-pub fn count_refusal(counters: &mut crate::state::Counters, why: &NoFit, count: Option<RefusalCount>) -> bool {
-    let Some(count) = count else { return false };
-    if (why.reasons.len() as u32) < why.wanted || count == RefusalCount::NoFit {
-        counters.no_fit(why.class());
-    } else {
-        counters.waits += 1;
-    }
-    true
 }
 
 /// A queued request that does not fit: why, and whether the holder bumped

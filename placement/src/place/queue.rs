@@ -7,7 +7,7 @@ use crate::clock::now_secs;
 use crate::gpu::GpuReading;
 use crate::policy::{NoFit, Params, observe};
 use crate::request::{Decision, Request, StepRef};
-use crate::slots::{Answer, Refusal, SlotRef, Slots, count_refusal};
+use crate::slots::{Answer, Refusal, RefusalCount, SlotRef, Slots};
 use crate::state::{Locked, NodeState, StateError, StateStore};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -188,4 +188,17 @@ impl Placer {
         }
         d
     }
+}
+
+/// Bumps the counter `count` names for the refusal `why` (a node with fewer
+/// GPUs than asked is a final refusal however long the step would wait).
+/// Returns whether one was bumped.
+fn count_refusal(counters: &mut crate::state::Counters, why: &NoFit, count: Option<RefusalCount>) -> bool {
+    let Some(count) = count else { return false };
+    if (why.reasons.len() as u32) < why.wanted || count == RefusalCount::NoFit {
+        counters.no_fit(why.class());
+    } else {
+        counters.waits += 1;
+    }
+    true
 }
