@@ -77,9 +77,10 @@ pub struct Assumptions {
     pub requeue_s: f64,
     /// How often each node's monitor sets its admission count in slurmctld
     /// (carma.yaml's `monitor.admission_interval`), under node-memory
-    /// admission: slurmctld's free count is what the node could promise
-    /// when it was last set, less what slurmctld allocated since. 0: it
-    /// is Slurm's own count of the node's GPUs under the cap.
+    /// admission: the count is what the node could promise when it was
+    /// last set, and slurmctld's free count that less what it has
+    /// allocated there. 0: slurmctld counts the node's GPUs under the cap,
+    /// less what it allocated.
     pub count_interval_s: f64,
 }
 

@@ -413,9 +413,9 @@ fn window_means_keep_an_ended_job_and_lag_by_the_publication_interval() {
     assert_eq!(run(11.5, 6.0, 4.0), 12.0);
 }
 
-/// The monitors' admission count (`count_interval_s`): slurmctld's free
-/// count is what the node could promise when its monitor last set it, less
-/// what slurmctld allocated since.
+/// The monitors' admission count (`count_interval_s`): what the node could
+/// promise when its monitor last set it; slurmctld's free count is that
+/// less what it has allocated there (a running job's memory held twice).
 #[test]
 fn slurmctld_sees_the_count_its_node_last_set() {
     // One 40 GiB GPU. A (30 GiB, asks 32) at 0, B and C (4 GiB, ask 6) at
@@ -441,10 +441,10 @@ fn slurmctld_sees_the_count_its_node_last_set() {
     // for B's end (101).
     let alone = run(0.0);
     assert!(close(alone.jobs[2].start_s.unwrap(), 101.0), "{:?}", alone.jobs[2]);
-    // Set at 0 (40), then at 10: the GPU can promise 40 - 30 - 4 = 6 GiB,
-    // + 38 allocated = 44; slurmctld sees 44 - 38 = 6 free, C asks 6 and
-    // CARMA finds 6 GiB for its 4 + 2 headroom: it starts at 10.
+    // Set at 0 (40): B fits the 8 left (1). At 10 the GPU can promise
+    // 40 - 30 - 4 = 6 GiB: slurmctld sees 6 - 38 allocated, none free; at
+    // 110 (B gone) 10 - 32. C waits for A's end (1000): the count is 40.
     let counted = run(10.0);
     assert!(close(counted.jobs[1].start_s.unwrap(), 1.0), "{:?}", counted.jobs[1]);
-    assert!(close(counted.jobs[2].start_s.unwrap(), 10.0), "{:?}", counted.jobs[2]);
+    assert!(close(counted.jobs[2].start_s.unwrap(), 1000.0), "{:?}", counted.jobs[2]);
 }

@@ -224,8 +224,8 @@ impl Sim<'_> {
     }
 
     /// The monitors whose time has come set their node's count: what
-    /// the node could promise now (`admissible_gib`) plus what slurmctld
-    /// has allocated there.
+    /// the node could promise now (`admissible_gib`); slurmctld takes what
+    /// it allocated there off it (tools/src/admission.rs).
     /// Returns whether any did (a job held back may fit now).
     pub(super) fn set_counts(&mut self) -> bool {
         let every = self.cfg.assumptions.count_interval_s;
@@ -257,7 +257,7 @@ impl Sim<'_> {
                 next += every;
             }
             // As the monitor writes it: never 0 (Slurm would drop the GRES).
-            self.counts[node] = (next, (gib as u32 + self.slurm.node_gib[node]).max(1));
+            self.counts[node] = (next, (gib as u32).max(1));
             set = true;
         }
         set
