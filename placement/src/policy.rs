@@ -233,9 +233,9 @@ fn effective_free_on(gpu: &GpuReading, on: &[&Reservation], owners: &HashMap<u32
 /// GiB: each GPU a shared job may use (not held whole by Slurm or by an
 /// exclusive job, its activity within the cap) offers its effective free
 /// memory, rounded down to whole GiB. It is the node's admission count
-/// (docs/admission.md) less what Slurm has allocated; a job asks for its
-/// size plus headroom, so the headroom is not taken off here. One GPU's
-/// free memory may still be too little for a job the sum admits.
+/// (docs/admission.md; slurmctld takes its allocations off it again); a job
+/// asks for its size plus headroom, so the headroom is not taken off here.
+/// One GPU's free memory may still be too little for a job the sum admits.
 pub fn admissible_gib(gpus: &[GpuReading], state: &NodeState, owners: &HashMap<u32, u32>, p: &Params) -> u64 {
     gpus.iter()
         .zip(by_gpu(gpus, state))

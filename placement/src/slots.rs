@@ -347,6 +347,13 @@ impl Slots {
         out
     }
 
+    /// Whether a refusal of `why` would fit an answer's slot: one that
+    /// does not goes back to its owner, which decides and counts it itself.
+    pub fn refusal_fits(why: &NoFit) -> bool {
+        let wire = AnswerWire::Refused { refused: why.clone(), counted: true };
+        serde_json::to_vec(&wire).is_ok_and(|b| b.len() <= PAYLOAD)
+    }
+
     /// Answers a taken request (the state recording a placement is
     /// written) and wakes its owner. An answer too large for the slot is not
     /// given: the request goes back to the queue and its owner decides it
@@ -557,6 +564,7 @@ mod tests {
         let d = TempDir::new();
         let q = Slots::open(&d.0).unwrap();
         let why = NoFit { wanted: 1, reasons: vec![(0, Some(Reject::Exclusive(4))), (1, None)] };
+        assert!(Slots::refusal_fits(&why));
         let s = q.enqueue(StepRef { job: 1, holder: 1 }, &req(None), Some(RefusalCount::Wait)).unwrap();
         let t = q.take_queued(&[], &|_| {});
         assert!(t[0].reads_refusals && t[0].count == Some(RefusalCount::Wait));
@@ -583,6 +591,7 @@ mod tests {
         // Too large for the slot: queued again, for its owner to decide.
         let huge = Reject::NotIdleProcesses { count: usize::MAX, used_mib: u64::MAX };
         let why = NoFit { wanted: 1, reasons: (0..64).map(|g| (g, Some(huge.clone()))).collect() };
+        assert!(!Slots::refusal_fits(&why));
         let s = q.enqueue(StepRef { job: 3, holder: 1 }, &req(None), None).unwrap();
         let t = q.take_queued(&[], &|_| {});
         assert!(!q.answer(t[0].slot, &Err(Refusal { why, counted: false })));

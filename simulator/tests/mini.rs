@@ -418,14 +418,15 @@ fn window_means_keep_an_ended_job_and_lag_by_the_publication_interval() {
 /// less what it has allocated there (a running job's memory held twice).
 #[test]
 fn slurmctld_sees_the_count_its_node_last_set() {
-    // One 40 GiB GPU. A (30 GiB, asks 32) at 0, B and C (4 GiB, ask 6) at
-    // 1 and 2, all SM 0.1, A for 1000 s, B and C 100 s.
+    // One 40 GiB GPU. A (30 GiB, asks 32) at 0 for 1005 s; B (4 GiB, asks
+    // 6) at 1 and C (12 GiB, asks 14) at 2, each for 100 s; all SM 0.1.
     let w: HashMap<_, _> = [
-        ("big".to_string(), wl("big", 30, 1000.0, 0.1, None)),
+        ("big".to_string(), wl("big", 30, 1005.0, 0.1, None)),
         ("small".to_string(), wl("small", 4, 100.0, 0.1, None)),
+        ("mid".to_string(), wl("mid", 12, 100.0, 0.1, None)),
     ]
     .into();
-    let trace = [job(0, 0.0, "big"), job(1, 1.0, "small"), job(2, 2.0, "small")];
+    let trace = [job(0, 0.0, "big"), job(1, 1.0, "small"), job(2, 2.0, "mid")];
     let one = Cluster { nodes: 1, gpus_per_node: 1, mem_mib: 40 * 1024 };
     let run = |count_interval_s: f64| {
         let base = cfg(Policy::Magm, Estimator::Oracle, 0.0);
@@ -437,14 +438,18 @@ fn slurmctld_sees_the_count_its_node_last_set() {
         };
         simulate(&trace, &w, &c).unwrap()
     };
-    // Counted by Slurm alone: 40 - 32 - 6 = 2 GiB left after B, so C waits
-    // for B's end (101).
+    // Counted by Slurm alone: 40 - 32 - 6 = 2 GiB left after B, 8 after
+    // B's end (101): C starts at A's end (1005).
     let alone = run(0.0);
-    assert!(close(alone.jobs[2].start_s.unwrap(), 101.0), "{:?}", alone.jobs[2]);
-    // Set at 0 (40): B fits the 8 left (1). At 10 the GPU can promise
-    // 40 - 30 - 4 = 6 GiB: slurmctld sees 6 - 38 allocated, none free; at
-    // 110 (B gone) 10 - 32. C waits for A's end (1000): the count is 40.
+    assert!(close(alone.jobs[2].start_s.unwrap(), 1005.0), "{:?}", alone.jobs[2]);
+    // Set at 0 (40): B fits the 8 left (1). Every 10 s after, the GPU can
+    // promise 40 - 30 - 4 = 6 GiB, then (B gone) 10: slurmctld takes its
+    // allocations off that, none free. A ends at 1005, between two counts:
+    // slurmctld frees its 32, and the count set at 1000 (10) is less than
+    // C's 14. Nothing runs, but the run goes on to the next count (1010,
+    // 40 GiB), where C starts.
     let counted = run(10.0);
     assert!(close(counted.jobs[1].start_s.unwrap(), 1.0), "{:?}", counted.jobs[1]);
-    assert!(close(counted.jobs[2].start_s.unwrap(), 1000.0), "{:?}", counted.jobs[2]);
+    assert!(!counted.jobs[2].rejected, "{:?}", counted.jobs[2]);
+    assert!(close(counted.jobs[2].start_s.unwrap(), 1010.0), "{:?}", counted.jobs[2]);
 }

@@ -139,10 +139,11 @@ impl Admission {
     /// (measured on 22.05 and 26.05): asked every interval by every node, it
     /// would cost slurmctld in the square of the cluster's size. So it is
     /// asked only when something may have moved: `free_gib` or the mark
-    /// changed since the count was last found right (slurmctld allocates
-    /// before the job prolog marks and frees before the epilog does), once
-    /// more when a mark found young reaches SETTLE, after an update, and
-    /// every `resync`.
+    /// changed since the count was last found right, once more when a mark
+    /// found young reaches SETTLE, after an update, and every `resync`. (The
+    /// marks and SETTLE were for a count that added Slurm's allocations,
+    /// which slurmctld changes around a job's prolog and epilog; the count
+    /// no longer reads them, and the re-reads they cause may go: #42.)
     pub fn sync(&mut self, free_gib: u64, jobs_changed: Option<SystemTime>) -> Result<Option<String>, String> {
         self.sync_at(free_gib, jobs_changed, Instant::now())
     }
@@ -172,8 +173,7 @@ impl Admission {
         }
         let change = self.set_count(free_gib)?;
         // Only a count found right stands: after an update the next check
-        // reads again (a step's memory comes back at its end, before
-        // slurmctld frees the job: a count set between is too high).
+        // reads again (an administrator's edit or a restart between).
         self.synced = change.is_none().then_some(Synced { gib: free_gib, mark: jobs_changed, at: now, young });
         Ok(change)
     }

@@ -122,7 +122,9 @@ impl Placer {
                         Ok(d) => Some(Ok(d)),
                         // Refusals too: decided again by its owner, each
                         // would pass the lock on its own, one after another.
-                        Err(why) if t.reads_refusals => {
+                        // (One too large for its slot is left to its owner
+                        // uncounted, below.)
+                        Err(why) if t.reads_refusals && Slots::refusal_fits(&why) => {
                             let counted = count_refusal(&mut st.counters, &why, t.count);
                             Some(Err(Refusal { why, counted }))
                         }

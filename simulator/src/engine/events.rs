@@ -70,7 +70,7 @@ impl Sim<'_> {
         // node's count.
         if a.count_interval_s > 0.0 && (!self.queue.is_empty() || !self.recovery.is_empty()) {
             for &(due, _) in &self.counts {
-                if due > t + EPS {
+                if due > t + EPS && due.is_finite() {
                     t_next = t_next.min(due);
                 }
             }
@@ -152,6 +152,7 @@ impl Sim<'_> {
                 self.slurm.give_back(&r);
                 self.states[r.node].release_holder(r.pid, r.pid);
                 self.results[r.job].end_s = Some(self.t);
+                self.last_end = self.t;
                 self.dirty = true;
             } else {
                 i += 1;

@@ -80,6 +80,8 @@ struct Sim<'a> {
     /// Each node's admission count as its monitor last set it, and when it
     /// sets it next (`Assumptions::count_interval_s`).
     counts: Vec<(f64, u32)>,
+    /// When a run last ended (what the counts set since have seen).
+    last_end: f64,
     /// The nodes that handed each job back.
     excluded: Vec<Vec<usize>>,
     runs: Vec<Run>,
@@ -166,6 +168,7 @@ impl<'a> Sim<'a> {
             states: (0..cl.nodes).map(|_| NodeState::default()).collect(),
             slurm: SlurmAlloc::new(cl),
             counts: vec![(f64::NEG_INFINITY, 0); cl.nodes as usize],
+            last_end: f64::NEG_INFINITY,
             excluded: vec![Vec::new(); trace.len()],
             runs: Vec::new(),
             by_node: vec![Vec::new(); cl.nodes as usize],
@@ -240,7 +243,13 @@ impl<'a> Sim<'a> {
     /// once without a window, else once its means have passed every run.
     fn readings_settled(&self) -> bool {
         let a = &self.cfg.assumptions;
-        a.window_s <= 0.0 || self.windowed.idle_through(self.t, a.window_s + a.publish_s.max(0.0))
+        let means = a.window_s <= 0.0 || self.windowed.idle_through(self.t, a.window_s + a.publish_s.max(0.0));
+        // And every node's count set since the last run ended (under
+        // node-memory admission, where monitors set them).
+        let counted = a.count_interval_s <= 0.0
+            || !matches!(self.cfg.admission, Admission::NodeMemory { .. })
+            || self.counts.iter().all(|&(due, _)| due - a.count_interval_s >= self.last_end);
+        means && counted
     }
 
     fn index_runs_by_node(&mut self) {

@@ -234,7 +234,9 @@ impl Sim<'_> {
         }
         let mut set = false;
         for node in 0..self.states.len() {
-            if self.t < self.counts[node].0 {
+            // (Due within EPS counts as due: next_event schedules no
+            // event that close.)
+            if self.t + super::EPS < self.counts[node].0 {
                 continue;
             }
             let on_node = &self.by_node[node];
