@@ -38,12 +38,6 @@ pub struct Placer {
     learn: LearnRuntime,
     processes: Box<dyn Processes>,
     log: Logger,
-    /// The counter a refusal of this launch bumps in the state write that
-    /// decides it ([`crate::slots::RefusalCount`]), and whether the last
-    /// attempt's refusal was so counted (then the launch does not pass the
-    /// lock again to count it).
-    refusal_count: Option<crate::slots::RefusalCount>,
-    refusal_counted: std::cell::Cell<bool>,
 }
 
 /// What `carma status` and the dry run show: the GPUs, the node's state,
@@ -72,17 +66,7 @@ impl Placer {
         log: Logger,
     ) -> Placer {
         let learn = LearnRuntime::default();
-        Placer {
-            store,
-            source: Some(source),
-            source_config: None,
-            params,
-            learn,
-            processes,
-            log,
-            refusal_count: None,
-            refusal_counted: std::cell::Cell::new(false),
-        }
+        Placer { store, source: Some(source), source_config: None, params, learn, processes, log }
     }
 
     fn source(&mut self) -> Result<&mut Box<dyn GpuSource>, PlaceError> {
@@ -126,8 +110,6 @@ impl Placer {
             learn: cfg.estimator.learn_runtime,
             processes: Box::new(LinuxProcesses),
             log: Box::new(log),
-            refusal_count: None,
-            refusal_counted: std::cell::Cell::new(false),
         })
     }
 
@@ -195,6 +177,19 @@ impl Placer {
     /// launches does not pass the lock once per launch (see
     /// [`crate::slots`]).
     pub fn try_place(&mut self, step: StepRef, req: &Request) -> Result<Decision, PlaceError> {
+        self.attempt(step, req, None, &mut false)
+    }
+
+    /// [`Placer::try_place`]; a refusal bumps `count` in the state write
+    /// that decides it ([`crate::slots::RefusalCount`]), and `counted` says
+    /// whether it did (then the step does not pass the lock again to count).
+    fn attempt(
+        &mut self,
+        step: StepRef,
+        req: &Request,
+        count: Option<crate::slots::RefusalCount>,
+        counted: &mut bool,
+    ) -> Result<Decision, PlaceError> {
         // Opened (NVML initialised, where it is read directly) before any
         // lock. Published (or simulated) readings, a file, are read only by
         // whoever takes the lock: a queued launch is decided on the holder's
@@ -208,14 +203,14 @@ impl Placer {
             "nvml" => Some(read_source(&mut self.source)?),
             _ => None,
         };
-        self.refusal_counted.set(false);
+        *counted = false;
         let (lock, own) = match self.store.try_exclusive()? {
             Some(lock) => (lock, None),
-            None => match self.store.slots().and_then(|q| Some((q, q.enqueue(step, req, self.refusal_count)?))) {
+            None => match self.store.slots().and_then(|q| Some((q, q.enqueue(step, req, count)?))) {
                 // No queue (or no room in it): wait for the lock, bounded.
                 None => (self.store.exclusive()?, None),
                 Some((q, slot)) => match answer_or_lock(&self.store, q, slot)? {
-                    Waited::Answered(d) => return self.within_slurms(step, req, d),
+                    Waited::Answered(d) => return self.within_slurms(step, req, d, counted),
                     Waited::Locked(lock) => (lock, Some(slot)),
                 },
             },
@@ -226,7 +221,7 @@ impl Placer {
             q.recover_taken();
             if let Some(d) = own.and_then(|s| q.withdraw(s)) {
                 drop(lock);
-                return self.within_slurms(step, req, d);
+                return self.within_slurms(step, req, d, counted);
             }
         }
         // A failed read returns with the lock, which gives it back.
@@ -234,7 +229,7 @@ impl Placer {
             Some(r) => r,
             None => read_source(&mut self.source)?,
         };
-        self.decide_queued(lock, step, req, &readings, as_of_ms)
+        self.decide_queued(lock, step, req, (&readings, as_of_ms), count, counted)
     }
 
     /// Counts a step that waits, or one that was not placed (carma-monitor
@@ -267,11 +262,8 @@ impl Placer {
             // refusal of more GPUs than the node has counts as final).
             let asked =
                 if wait.is_zero() { Some(RefusalCount::NoFit) } else { (!waiting).then_some(RefusalCount::Wait) };
-            self.refusal_count = asked;
-            let tried = self.try_place(step, req);
-            self.refusal_count = None;
-            let counted = self.refusal_counted.replace(false);
-            match tried {
+            let mut counted = false;
+            match self.attempt(step, req, asked, &mut counted) {
                 // More GPUs than the node has: waiting cannot help.
                 Err(PlaceError::NoFit(last)) if (last.reasons.len() as u32) < last.wanted => {
                     if !counted {

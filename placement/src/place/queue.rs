@@ -62,9 +62,16 @@ struct Round<'a> {
 impl Placer {
     /// An answer another launch decided for us; a placement is checked
     /// against the job's Slurm GPUs: a holder of an older build ignores them.
-    pub(super) fn within_slurms(&self, step: StepRef, req: &Request, a: Answer) -> Result<Decision, PlaceError> {
+    /// `counted`: a refusal's counter was bumped by its decider.
+    pub(super) fn within_slurms(
+        &self,
+        step: StepRef,
+        req: &Request,
+        a: Answer,
+        counted: &mut bool,
+    ) -> Result<Decision, PlaceError> {
         let d = a.map_err(|r| {
-            self.refusal_counted.set(r.counted);
+            *counted = r.counted;
             PlaceError::NoFit(r.why)
         })?;
         match &req.within {
@@ -91,8 +98,9 @@ impl Placer {
         mut lock: Locked<'_>,
         step: StepRef,
         req: &Request,
-        readings: &[GpuReading],
-        as_of_ms: Option<u64>,
+        (readings, as_of_ms): (&[GpuReading], Option<u64>),
+        count: Option<RefusalCount>,
+        counted: &mut bool,
     ) -> Result<Decision, PlaceError> {
         let q = self.store.slots();
         let mut st = lock.load()?;
@@ -105,7 +113,7 @@ impl Placer {
         let mine = self.decide(&mut st, step, req, &round, &mut gc_forced);
         if let Err(why) = &mine {
             // Ours is counted in this write too, once it stands.
-            self.refusal_counted.set(count_refusal(&mut st.counters, why, self.refusal_count));
+            *counted = count_refusal(&mut st.counters, why, count);
         }
         let mut stored = false;
         let mut left = Vec::new();
@@ -140,7 +148,7 @@ impl Placer {
                 if stored {
                     break; // ours is already written, its count with it
                 }
-                self.refusal_counted.set(false);
+                *counted = false;
                 return Err(e.into());
             }
             stored = true;
@@ -158,7 +166,7 @@ impl Placer {
             }
         }
         if !stored && let Err(e) = lock.store(&st) {
-            self.refusal_counted.set(false);
+            *counted = false;
             return Err(e.into());
         }
         drop(lock);
