@@ -225,11 +225,12 @@ impl Placer {
             }
         }
         // A failed read returns with the lock, which gives it back.
+        let read_before_lock = early.is_some();
         let (readings, as_of_ms) = match early {
             Some(r) => r,
             None => read_source(&mut self.source)?,
         };
-        self.decide_queued(lock, step, req, (&readings, as_of_ms), count, counted)
+        self.decide_queued(lock, step, req, (&readings, as_of_ms, read_before_lock), count, counted)
     }
 
     /// Counts a step that waits, or one that was not placed (carma-monitor

@@ -313,7 +313,6 @@ pub fn choose(
         .filter(|(_, (_, why))| why.is_none())
         .map(|((g, on), _)| (g, effective_free_on(g, on, owners), expected_activity_on(g, on, params).0))
         .collect();
-    drop(on);
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {
         return Err(NoFit { wanted: demand.count, reasons });

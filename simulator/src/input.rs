@@ -251,6 +251,16 @@ pub fn apply_job_options(workloads: &mut HashMap<String, Workload>, path: &Path)
     Ok(opts)
 }
 
+/// Draws in [0, 1) from a deterministic generator started at `seed` (a
+/// linear congruential one: the same seed, the same draws, on any machine).
+pub fn draws(seed: u64) -> impl FnMut() -> f64 {
+    let mut state = seed;
+    move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as f64 / (1u64 << 31) as f64
+    }
+}
+
 /// A synthetic trace: `jobs` of the table's single-GPU workloads, each
 /// shortened 10x (at least 30 s), arriving every `mean_gap_s` on average,
 /// drawn by a deterministic generator from `seed`. Returns the trace and
@@ -267,11 +277,7 @@ pub fn synthetic(
         .iter()
         .map(|(k, x)| (k.clone(), Workload { solo_s: (x.solo_s / 10.0).max(30.0), ..x.clone() }))
         .collect();
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 33) as f64 / (1u64 << 31) as f64
-    };
+    let mut next = draws(seed);
     let mut at = 0.0;
     let trace = (0..jobs)
         .map(|i| {

@@ -269,13 +269,10 @@ pub fn simulated_figures(a: &CompareArgs, real: &[RealJob]) -> Result<Figures, S
     simulated_run(a, real, None)
 }
 
-/// A draw in [0, 1) from a deterministic generator (the synthetic trace's).
-fn draws(seed: u64) -> impl FnMut() -> f64 {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5DEE_CE66;
-    move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 33) as f64 / (1u64 << 31) as f64
-    }
+/// Each noise run's draws: the synthetic trace's generator, its seed mixed
+/// from the run's number.
+fn draws(run: u64) -> impl FnMut() -> f64 {
+    carma_simulator::input::draws(run.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5DEE_CE66)
 }
 
 /// The simulated figures of the plan; with `noise` (run, seconds), each

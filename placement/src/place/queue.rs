@@ -98,7 +98,7 @@ impl Placer {
         mut lock: Locked<'_>,
         step: StepRef,
         req: &Request,
-        (readings, as_of_ms): (&[GpuReading], Option<u64>),
+        (readings, as_of_ms, read_before_lock): (&[GpuReading], Option<u64>, bool),
         count: Option<RefusalCount>,
         counted: &mut bool,
     ) -> Result<Decision, PlaceError> {
@@ -132,7 +132,11 @@ impl Placer {
                         // would pass the lock on its own, one after another.
                         // (One too large for its slot is left to its owner
                         // uncounted, below.)
-                        Err(why) if t.reads_refusals && Slots::refusal_fits(&why) => {
+                        // Not on readings taken before the lock (NVML read
+                        // directly): safe for a placement (memory freed since
+                        // still looks used), not for a refusal, which its
+                        // owner decides again on its own read.
+                        Err(why) if t.reads_refusals && !read_before_lock && Slots::refusal_fits(&why) => {
                             let counted = count_refusal(&mut st.counters, &why, t.count);
                             Some(Err(Refusal { why, counted }))
                         }
