@@ -515,11 +515,12 @@ fn ran_on(job: &str) -> String {
 /// sent it to (its free memory split across GPUs, none with room) is not
 /// held in slurmstepd: its batch step fails after its (2 s) wait, carma-epilog
 /// requeues it with that node excluded, and it runs on the empty node.
-/// The reason is in its output and the count in AdminComment.
+/// The reason is in its output and the count in AdminComment. A job that
+/// requires the full node pauses instead, and runs there once it has room.
 #[test]
 fn a_job_handed_back_runs_on_the_other_node() {
     require_cluster();
-    let _conf = hand_back_on(NODE1_CONF, "");
+    let _conf = hand_back_on(NODE1_CONF, "hand_back_pause: 5s\n");
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     let fillers = fill_node("debug", &host, NODE1_CONF);
     let _cancel_fillers = Cancel(fillers);
@@ -548,25 +549,31 @@ fn a_job_handed_back_runs_on_the_other_node() {
     assert_eq!(field(&job, "ExcNodeList"), host);
     println!("handed back and run on {node2} in {:.1} s", started.elapsed().as_secs_f64());
     // A job that requires the full node would pend for ever once excluded:
-    // it fails with the reason instead.
+    // it is not excluded from it, but waits hand_back_pause in Slurm's
+    // queue and tries there again (carma.yaml's pause here: 5 s).
     let (pinned, out) = submit(&["-p", "multi", "-w", &host, "--carma-policy=ff", "--carma-mem=20G"], "echo RAN");
     let _cancel_pinned = Cancel(vec![pinned.clone()]);
-    assert_eq!(wait_done(&pinned, 120), "FAILED");
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert!(
-        text.contains(&format!("not handed back: it requires nodes {host} (-w)")) && !text.contains("RAN"),
-        "{text}"
+    let paused = format!(
+        "found no GPU on {host}; it requires nodes {host} (-w): requeued to wait 5s (hand_back_pause, pause 1)"
     );
+    assert!(wait_text(&out, &paused, 60), "{}", std::fs::read_to_string(&out).unwrap_or_default());
+    assert_eq!(field(&pinned, "ExcNodeList"), "(null)");
+    // Room on its node: it runs there.
+    drop(_cancel_fillers);
+    assert_eq!(wait_done(&pinned, 120), "COMPLETED");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(text.contains("RAN") && !text.contains("not handed back"), "{text}");
 }
 
-/// Past `max_hand_backs` the job fails with the reason: handed back once
-/// from the first node, found no GPU on the second either (counted from
-/// AdminComment there), and ends FAILED, saying so in its output.
+/// With `hand_back_pause: 0`, past `max_hand_backs` the job fails with
+/// the reason: handed back once from the first node, found no GPU on the
+/// second either (counted from AdminComment there), and ends FAILED,
+/// saying so in its output.
 #[test]
-fn a_job_past_its_hand_backs_fails_with_the_reason() {
+fn a_job_past_its_hand_backs_fails_with_the_reason_when_it_may_not_pause() {
     require_cluster();
-    let _conf = hand_back_on(NODE1_CONF, "max_hand_backs: 1\n");
-    let _conf2 = hand_back_on(NODE2_CONF, "max_hand_backs: 1\n");
+    let _conf = hand_back_on(NODE1_CONF, "max_hand_backs: 1\nhand_back_pause: 0s\n");
+    let _conf2 = hand_back_on(NODE2_CONF, "max_hand_backs: 1\nhand_back_pause: 0s\n");
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     let node2 = node2();
     let mut fillers = fill_node("debug", &host, NODE1_CONF);
@@ -590,13 +597,69 @@ fn a_job_past_its_hand_backs_fails_with_the_reason() {
     assert!(text.contains(&format!("found no GPU on {host}; handed back to Slurm")), "{text}");
     assert!(
         text.contains(&format!(
-            "found no GPU on {node2} after 1 hand-back(s); not handed back again (max_hand_backs=1): policy ff, estimate 20480M"
+            "found no GPU on {node2} after 1 hand-back(s); not handed back again (max_hand_backs=1, hand_back_pause=0): policy ff, estimate 20480M"
         )),
         "{text}"
     );
     assert_eq!(ran_on(&job), node2);
     let comment = job_field(&job, "AdminComment");
     assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
+}
+
+/// Every GPU of both nodes full (the admission claim of #42, on Slurm): a
+/// job past `max_hand_backs` does not fail while a node may yet have room.
+/// It is handed back from the first node, finds no GPU on the second
+/// either, and pauses in Slurm's queue (`hand_back_pause`) with CARMA's
+/// exclusions lifted and its count started again; a job that excluded a
+/// node of its own (`-x`) has no other node to go to, pauses at once and
+/// keeps its own exclusion. Once the nodes have room both run.
+#[test]
+fn a_job_past_its_hand_backs_pauses_in_the_queue_and_runs_when_a_node_has_room() {
+    require_cluster();
+    let _conf = hand_back_on(NODE1_CONF, "max_hand_backs: 1\nhand_back_pause: 20s\n");
+    let _conf2 = hand_back_on(NODE2_CONF, "max_hand_backs: 1\nhand_back_pause: 20s\n");
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let node2 = node2();
+    let mut fillers = fill_node("debug", &host, NODE1_CONF);
+    fillers.extend(fill_node("multi", &node2, NODE2_CONF));
+    let cancel_fillers = Cancel(fillers.clone());
+    for f in &fillers {
+        let start = Instant::now();
+        while field(f, "JobState") != "RUNNING" {
+            assert!(start.elapsed() < Duration::from_secs(60), "filler {f} did not start");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    wait_reservations(4);
+    std::thread::sleep(Duration::from_secs(3));
+    let body = "echo \"RAN on $SLURMD_NODENAME\"";
+    let (job, out) = submit(&["-p", "multi", "--carma-policy=ff", "--carma-mem=20G"], body);
+    let (own, own_out) = submit(&["-p", "multi", "-x", &node2, "--carma-policy=ff", "--carma-mem=20G"], body);
+    let _cancel = Cancel(vec![job.clone(), own.clone()]);
+    let paused = "node(s) in a row (max_hand_backs=1): requeued to wait 20s (hand_back_pause, pause 1)";
+    assert!(wait_text(&out, paused, 90), "{}", std::fs::read_to_string(&out).unwrap_or_default());
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(text.contains("handed back to Slurm, requeued to run on another node (hand-back 1 of 1)"), "{text}");
+    assert!(!text.contains("not handed back"), "{text}");
+    // Pending on its pause, nothing of CARMA's excluded, counted afresh.
+    assert_eq!(field(&job, "JobState"), "PENDING");
+    assert_eq!(field(&job, "ExcNodeList"), "(null)");
+    let comment = job_field(&job, "AdminComment");
+    assert!(comment.contains("carma-hand-back: n=0 from=") && comment.contains(" x= p=1 ("), "{comment}");
+    let own_paused = format!(
+        "found no GPU on {host}; no node of partition(s) multi is left once {host} is excluded: requeued to wait 20s"
+    );
+    assert!(wait_text(&own_out, &own_paused, 60), "{}", std::fs::read_to_string(&own_out).unwrap_or_default());
+    assert_eq!(field(&own, "ExcNodeList"), node2);
+    assert!(job_field(&own, "AdminComment").contains(&format!(" x={node2} p=1 (")));
+    drop(cancel_fillers);
+    assert_eq!(wait_done(&job, 120), "COMPLETED");
+    assert_eq!(wait_done(&own, 120), "COMPLETED");
+    assert!(std::fs::read_to_string(&own_out).unwrap_or_default().contains(&format!("RAN on {host}")));
+    report(
+        "admission",
+        "every GPU of both nodes full: a job past max_hand_backs pauses in Slurm's queue (hand_back_pause) instead of failing, CARMA's exclusions lifted and a -x of its own kept, and runs once a node has room",
+    );
 }
 
 /// A hand-back mark is its run's only: one an earlier run left behind (its

@@ -262,8 +262,8 @@ replay() {
     # window, as short as the compressed trace's times (carma.yaml's
     # defaults are 30 s and 60 s): the simulator is told the same, and the
     # monitors' admission interval (10 s, write_scale).
-    local wait=5 window=6 publish=2
-    SCALE_WAIT=$wait start_scale "$n" on "$(printf 'gpu_owner: carma\nno_fit: hand_back\nmonitor_window: %ss' "$window")"
+    local wait=5 window=6 publish=2 pause=10
+    SCALE_WAIT=$wait start_scale "$n" on "$(printf 'gpu_owner: carma\nno_fit: hand_back\nhand_back_pause: %ss\nmonitor_window: %ss' "$pause" "$window")"
     /usr/bin/carma replay-plan "${src[@]}" --workloads "$repo/data/carma/workloads.csv" --compress "$compress" --out "$r/plan" ||
         die "scale: carma replay-plan failed"
     local ctld cpu0 log0 t0 jobs=0
@@ -298,8 +298,8 @@ replay() {
             n = split(substr($0, RSTART, RLENGTH), f, /[ =]/); print f[3], substr(f[n], 1, length(f[n]) - 2) / 1000}' \
         <(tail -c +$((log0 + 1)) "$SCALE_LOG") >"$r/node-wait"
     # Each job's last run: its start and end from the replay's start, exit
-    # status, the times a node handed it back (the epilog's line) and its
-    # wait on the node.
+    # status, the times a node handed it back (the epilog's line), its
+    # wait on the node and the times it paused, out of hand-backs.
     while read -r seq sub id; do
         # Read as the user who owns the outputs (root would follow a link).
         runuser -u "$TEST_USER" -- test -f "$r/out/$seq.out" || { echo "$seq $sub - - - 0"; continue; }
@@ -308,10 +308,18 @@ replay() {
             $1 == "start" {s = sprintf("%.3f", $2 - t0); e = "-"; rc = "-"; runs++}
             $1 == "end" {e = sprintf("%.3f", $2 - t0); rc = $3}
             /requeued to run on another node/ {hb++}
-            END {printf "%s %s %s %s %s %d %s\n", seq, st, runs ? s : "-", runs ? e : "-", runs ? rc : "-", hb, nw}' \
+            /requeued to wait/ {pz++}
+            END {printf "%s %s %s %s %s %d %s %d\n", seq, st, runs ? s : "-", runs ? e : "-", runs ? rc : "-", hb, nw, pz}' \
             "$r/out/$seq.out"
     done <"$r/submitted" >"$r/results"
     echo "== scale replay: $n nodes, $trace, policy $policy, time / $compress: $jobs jobs, all left the queue after $span s"
+    # The admission claim (#42): no job fails for want of a GPU; one the
+    # cluster has no room for pauses in the queue (hand_back_pause) and
+    # runs when a node has room.
+    local nofit
+    nofit=$(runuser -u "$TEST_USER" -- grep -l "found no GPU on .*; not handed back\|not handed back again" "$r"/out/*.out | wc -l)
+    echo "failed for no GPU: $nofit of $jobs jobs; paused out of hand-backs: $(awk '{p += $8} END {print p + 0}' "$r/results") times"
+    [ "$nofit" -eq 0 ] || die "scale: $nofit job(s) failed for want of a GPU (hand_back_pause is on): see $r/out"
     echo "slurmctld: $(awk -v a="$cpu0" -v b="$(cpu_s "$ctld")" 'BEGIN {printf "%.1f", b - a}') CPU s during the replay, RSS $(rss_mib "$ctld") MiB"
     # The stand-in answers GPM as an H100 does (its default profile), so
     # the nodes cap SM activity (carma.yaml's default activity_metric).
@@ -322,7 +330,7 @@ replay() {
     # a median of half a second a job), and the real one is held against
     # their median (docs/replay.md).
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
-        --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" --count-interval 10 \
+        --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" --count-interval 10 --hand-back-pause "$pause" \
         --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the simulated median makespan is off the real by more than ${SCALE_FAIL_ABOVE:-50} %)"
     # Each hand-back is a failed step, a requeue and a record more: 10.6
     # to 20.4 per job measured (docs/replay.md).

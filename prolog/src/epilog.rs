@@ -182,10 +182,7 @@ fn requeue_oom(
                 recoveries + 1,
                 facts.max_recoveries,
                 facts.mode.name(),
-                match follow_up {
-                    FollowUp::Prompt => "",
-                    FollowUp::WholePrompt => " (a job on shards asks Slurm for a whole GPU instead)",
-                }
+                if whole { " (a job on shards asks Slurm for a whole GPU instead)" } else { "" }
             ));
             // carma-monitor exports the node's count of recoveries.
             let counted = carma_placement::Placer::from_config(cfg, |m| eprintln!("carma-epilog: {m}"))

@@ -104,12 +104,17 @@ pub fn names(text: &str) -> Vec<String> {
 const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Requeues a job slurmstepd handed back (no GPU fitted here) to run on
-/// another node: this node joins its excluded nodes. Counted in its
-/// AdminComment, wherever it runs next; past `max_hand_backs` it fails,
-/// with the reason in its output. It is requeued held and released only
-/// once its exclusion and count are in slurmctld, so neither a short
-/// requeue delay nor a failed update lets it start here again or past
-/// the bound; without Slurm's answers it is not requeued at all.
+/// another node: this node joins its excluded nodes, counted in its
+/// AdminComment, wherever it runs next. Past `max_hand_backs` in a row, or
+/// with no other node to go to, it pauses instead: requeued to start no
+/// sooner than `hand_back_pause` from now, on any node its own exclusions
+/// allow (CARMA's are lifted), its count started again; with a pause of 0
+/// it fails, with the reason in its output. A job the cluster has no room
+/// for now thus waits in Slurm's queue, not in slurmstepd, and does not
+/// fail for want of a GPU while another node may have room. It is requeued
+/// held and released only once its exclusions and count are in slurmctld,
+/// so neither a short requeue delay nor a failed update lets it start here
+/// again or past the bound; without Slurm's answers it is not requeued at all.
 pub fn hand_back(
     cfg: &Config,
     job: &str,
@@ -144,21 +149,44 @@ pub fn hand_back(
     let Ok(job_ref) = JobRef::resolve(bin, job_no, deadline) else {
         return no("slurmctld did not say which job it is");
     };
-    let this = HandBack { bin, job, job_ref, sel: job_ref.selector(), node: &node, reason, restart };
+    let this = HandBack { bin, job, job_ref, sel: job_ref.selector(), node: &node, restart };
     let sel = &this.sel;
     let asked = match this.ask(deadline) {
         Ok(r) => r,
         Err(e) => return no(&format!("slurmctld did not answer ({e})")),
     };
     let (count, max) = (jobfiles::hand_backs_in_comment(&asked.comment), cfg.max_hand_backs);
-    if count >= max {
-        return tell(&format!(
-            "carma: job {job} found no GPU on {node} after {count} hand-back(s); not handed back again (max_hand_backs={max}): {reason}"
-        ));
-    }
-    if let Some(why) = asked.place.refusal(&node, &asked.partition_nodes, &asked.excluded) {
-        return no(&why);
-    }
+    let pauses = jobfiles::pauses_in_comment(&asked.comment);
+    // The job's own exclusions, kept from before its first hand-back (an
+    // older build's entry did not keep them: those it has now).
+    let own = jobfiles::own_exclusions_in_comment(&asked.comment).unwrap_or_else(|| asked.place.excluded.clone());
+    let stay = if count >= max {
+        Some(format!("no GPU on {} node(s) in a row (max_hand_backs={max})", count + 1))
+    } else {
+        asked.place.refusal(&node, &asked.partition_nodes, &asked.excluded)
+    };
+    let pause = cfg.hand_back_pause.as_secs();
+    let next = match &stay {
+        None => Next {
+            excluded: asked.place.excluding(&node),
+            entry: jobfiles::hand_back_entry(count + 1, &node, &own, pauses, reason),
+            follow_up: FollowUp::Prompt,
+        },
+        Some(why) if pause == 0 => {
+            return if count >= max {
+                tell(&format!(
+                    "carma: job {job} found no GPU on {node} after {count} hand-back(s); not handed back again (max_hand_backs={max}, hand_back_pause=0): {reason}"
+                ))
+            } else {
+                no(why)
+            };
+        }
+        Some(_) => Next {
+            excluded: own.clone(),
+            entry: jobfiles::hand_back_entry(0, &node, &own, pauses + 1, reason),
+            follow_up: FollowUp::Pause(pause),
+        },
+    };
     // The requeue has its own bound: one cut short may still be applied.
     if let Err(e) = scontrol(bin, &["requeuehold", sel]) {
         if !e.contains("timed out") {
@@ -170,18 +198,32 @@ pub fn hand_back(
             ));
         }
     }
-    if let Err(e) = this.record(&asked, count, log).and_then(|()| scontrol(bin, &["release", sel])) {
+    if let Err(e) = this.record(&asked, &next, log).and_then(|()| scontrol(bin, &["release", sel])) {
         return tell(&format!(
             "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again, without excluding {node}"
         ));
     }
-    if let Err(e) = prompt_later(bin, sel, FollowUp::Prompt) {
+    if let Err(e) = prompt_later(bin, sel, next.follow_up) {
         log(&format!("job {job}: {e}; it starts after Slurm's requeue delay"));
     }
-    tell(&format!(
-        "carma: job {job} found no GPU on {node}; handed back to Slurm, requeued to run on another node (hand-back {} of {max}): {reason}",
-        count + 1
-    ));
+    tell(&match stay {
+        None => format!(
+            "carma: job {job} found no GPU on {node}; handed back to Slurm, requeued to run on another node (hand-back {} of {max}): {reason}",
+            count + 1
+        ),
+        Some(why) => format!(
+            "carma: job {job} found no GPU on {node}; {why}: requeued to wait {pause}s (hand_back_pause, pause {}), then to run again on any node it may use: {reason}",
+            pauses + 1
+        ),
+    });
+}
+
+/// What the requeued job is to be: its exclusions, its AdminComment entry
+/// and the follow-up that sets its start.
+struct Next {
+    excluded: String,
+    entry: String,
+    follow_up: FollowUp,
 }
 
 /// The job being handed back, as the steps of its hand-back need it.
@@ -192,7 +234,6 @@ struct HandBack<'a> {
     /// The job as Slurm's commands name it (`JOB` or `ARRAY_TASK`).
     sel: String,
     node: &'a str,
-    reason: &'a str,
     restart: Option<u32>,
 }
 
@@ -228,21 +269,20 @@ impl HandBack<'_> {
         self.restart.is_some_and(|r| count.is_ok_and(|c| c.trim().parse() == Ok(r + 1)))
     }
 
-    /// Holds the requeued job, excludes this node and counts the hand-back
+    /// Holds the requeued job, sets its exclusions and counts the hand-back
     /// (with an OOM recovery's verdict carried to its next run) in slurmctld.
-    fn record(&self, asked: &Asked, count: u32, log: &dyn Fn(&str)) -> Result<(), String> {
-        let (bin, job, job_ref, sel, node) = (self.bin, self.job, self.job_ref, &self.sel, self.node);
+    fn record(&self, asked: &Asked, next: &Next, log: &dyn Fn(&str)) -> Result<(), String> {
+        let (bin, job, job_ref, sel) = (self.bin, self.job, self.job_ref, &self.sel);
         let deadline = Instant::now() + HAND_BACK_TIMEOUT;
         let scontrol = |args: &[&str]| slurm_output_by(bin, "scontrol", args, deadline).map(drop);
         // Verified: another writer's read-modify-write must not drop the count.
         let entry = |key: &str, text: &str| admin_comment::write_entry_ref(bin, job_ref, key, text, true, deadline);
         // An administrator's hold (requeuehold's is the user's, which the
-        // user could release before the exclusion is in).
+        // user could release before the exclusion is in). An empty list
+        // clears the exclusions (a pause with none of the job's own).
         let mut recorded = scontrol(&["hold", sel])
-            .and_then(|()| {
-                scontrol(&["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", asked.place.excluding(node))])
-            })
-            .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &jobfiles::hand_back_entry(count + 1, node, self.reason)));
+            .and_then(|()| scontrol(&["update", &format!("JobId={sel}"), &format!("ExcNodeList={}", next.excluded)]))
+            .and_then(|()| entry(jobfiles::HAND_BACK_KEY, &next.entry));
         // An OOM recovery's verdict names the run it is for; the requeue
         // starts the next one, which it is for now.
         if self.restart.is_none() {

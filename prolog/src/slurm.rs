@@ -39,13 +39,17 @@ pub enum FollowUp {
     /// Turns the job's shards into a whole GPU (the rerun is to have a GPU
     /// of its own; only a pending job takes that update), then lifts the delay.
     WholePrompt,
+    /// Sets the job's start time this many seconds from now (a job that
+    /// found no GPU on node after node waits before it tries again).
+    Pause(u64),
 }
 
 impl FollowUp {
-    fn arg(self) -> &'static str {
+    fn arg(self) -> String {
         match self {
-            FollowUp::Prompt => "keep",
-            FollowUp::WholePrompt => "whole",
+            FollowUp::Prompt => "keep".into(),
+            FollowUp::WholePrompt => "whole".into(),
+            FollowUp::Pause(s) => format!("pause={s}"),
         }
     }
 }
@@ -87,10 +91,11 @@ fn logged(job: &str, what: &str, r: Result<(), String>) {
     }
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole]]`: waits (at most a
-/// minute) until the requeued job is PENDING; with `whole`, turns its
-/// shards into a whole GPU (Slurm 24.11 and later apply it; 22.05
-/// refuses the update); then sets its start time to 3 s from now.
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|pause=S]]`: waits (at
+/// most a minute) until the requeued job is PENDING; with `whole`, turns
+/// its shards into a whole GPU (Slurm 24.11 and later apply it; 22.05
+/// refuses the update); then sets its start time to 3 s from now (with
+/// `pause=S`, S s from now, at least 3).
 pub fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -108,13 +113,15 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
-            if args.get(2).and_then(|w| w.to_str()).unwrap_or("keep") == "whole" {
+            let next = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
+            if next == "whole" {
                 ask_for_a_whole_gpu(bin_dir, job);
             }
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked").
-            let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), "StartTime=now+3"]);
+            let after = next.strip_prefix("pause=").and_then(|s| s.parse::<u64>().ok()).unwrap_or(0).max(3);
+            let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("StartTime=now+{after}")]);
             let failed = update.is_err();
             logged(job, "its requeue delay was not lifted", update);
             return i32::from(failed);

@@ -82,6 +82,11 @@ pub struct Assumptions {
     /// allocated there. 0: slurmctld counts the node's GPUs under the cap,
     /// less what it allocated.
     pub count_interval_s: f64,
+    /// Seconds a job that found no GPU on as many nodes in a row as the
+    /// admission hands back waits in the queue (carma.yaml's
+    /// `hand_back_pause`) before slurmctld may send it anywhere again, its
+    /// exclusions lifted and its count started again. 0: it fails.
+    pub hand_back_pause_s: f64,
 }
 
 impl Default for Assumptions {
@@ -100,6 +105,7 @@ impl Default for Assumptions {
             node_wait_s: 0.0,
             requeue_s: 0.0,
             count_interval_s: 0.0,
+            hand_back_pause_s: 0.0,
         }
     }
 }

@@ -53,6 +53,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             node_wait_s: 0.0,
             requeue_s: 0.0,
             count_interval_s: 0.0,
+            hand_back_pause_s: 0.0,
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
@@ -257,6 +258,35 @@ fn a_node_whose_free_memory_is_split_hands_the_job_back() {
     // Without hand-back the node would have failed it.
     let o = run(Admission::NodeMemory { hand_back: 0 });
     assert!(o.jobs[2].failed_no_fit && o.jobs[2].wrong_node, "{:?}", o.jobs[2]);
+}
+
+/// A job out of hand-backs pauses (`hand_back_pause_s`) instead of
+/// failing: both nodes' GPUs hold a 25 GiB job each until t=100, so a
+/// 20 GiB job at t=10 finds no GPU on either; it waits 50 s, finds none
+/// again at t=60, waits again and runs at t=110, when both nodes are free.
+/// Without a pause it fails at t=10, though a node would have room later.
+#[test]
+fn a_job_out_of_hand_backs_pauses_and_runs_when_a_node_has_room() {
+    let w: HashMap<_, _> = [
+        ("mid".to_string(), wl("mid", 25, 100.0, 0.2, None)),
+        ("twenty".to_string(), wl("twenty", 20, 100.0, 0.2, None)),
+    ]
+    .into();
+    let trace =
+        [job(0, 0.0, "mid"), job(1, 0.0, "mid"), job(2, 0.0, "mid"), job(3, 0.0, "mid"), job(4, 10.0, "twenty")];
+    let two = Cluster { nodes: 2, gpus_per_node: 2, mem_mib: 40 * 1024 };
+    let run = |pause: f64| {
+        let base = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+        let assumptions = Assumptions { hand_back_pause_s: pause, ..base.assumptions };
+        let c = SimConfig { cluster: two, admission: Admission::NodeMemory { hand_back: 1 }, assumptions, ..base };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let failed = run(0.0);
+    assert!(failed.jobs[4].failed_no_fit && failed.paused == 0, "{:?}", failed.jobs[4]);
+    let o = run(50.0);
+    assert!(!o.jobs[4].failed_no_fit, "{:?}", o.jobs[4]);
+    assert_eq!(o.jobs[4].end_s, Some(210.0), "{:?}", o.jobs[4]);
+    assert_eq!((o.paused, o.handed_back), (2, 2));
 }
 
 /// Under `gpu_owner: slurm` CARMA keeps to the GPU of the job's shard,

@@ -43,7 +43,7 @@ pub struct CompareArgs {
     /// The plan's directory (`carma replay-plan --out`)
     #[arg(long, value_name = "DIR")]
     pub plan: PathBuf,
-    /// What the cluster did, one job a line: seq submit_s start_s end_s exit hand_backs (times from the replay's start, `-` when none)
+    /// What the cluster did, one job a line: seq submit_s start_s end_s exit hand_backs [node_wait_s [pauses]] (times from the replay's start, `-` when none)
     #[arg(long, value_name = "FILE")]
     pub results: PathBuf,
     /// The cluster: nodes x GPUs per node x memory per GPU
@@ -73,6 +73,9 @@ pub struct CompareArgs {
     /// Seconds a handed-back job is away before slurmctld places it again (the requeue)
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub requeue_delay: f64,
+    /// Seconds a job out of hand-backs waits in the queue before it may go anywhere again (the nodes' hand_back_pause); 0: it fails
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
+    pub hand_back_pause: f64,
     /// Fail (exit 1) when the simulated makespan (with --noise-runs, the median of the runs') differs from the real by more than PCT per cent: a broken model or harness, not a benchmark's verdict
     #[arg(long, value_name = "PCT", value_parser = seconds)]
     pub fail_above: Option<f64>,
@@ -203,6 +206,8 @@ pub struct RealJob {
     pub exit: Option<i32>,
     /// Times a node handed it back (requeued it elsewhere).
     pub hand_backs: u32,
+    /// Times it paused in the queue, out of hand-backs (`hand_back_pause`).
+    pub pauses: u32,
     /// Seconds its last run waited on its node for a GPU (the plugin's
     /// time in the hook), where known.
     pub node_wait_s: Option<f64>,
@@ -217,9 +222,9 @@ pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#')) {
         let f: Vec<&str> = line.split_whitespace().collect();
         let bad = |e: String| format!("results line {}: {e}", n + 1);
-        if !(6..=7).contains(&f.len()) {
+        if !(6..=8).contains(&f.len()) {
             return Err(bad(format!(
-                "expected 6 or 7 fields (seq submit_s start_s end_s exit hand_backs [node_wait_s]), found {}",
+                "expected 6 to 8 fields (seq submit_s start_s end_s exit hand_backs [node_wait_s [pauses]]), found {}",
                 f.len()
             )));
         }
@@ -231,6 +236,7 @@ pub fn read_results(text: &str) -> Result<Vec<RealJob>, String> {
             exit: if f[4] == "-" { None } else { Some(f[4].parse().map_err(|_| bad(format!("exit '{}'", f[4])))?) },
             hand_backs: f[5].parse().map_err(|_| bad(format!("hand_backs '{}'", f[5])))?,
             node_wait_s: f.get(6).map_or(Ok(None), |s| opt(s)).map_err(bad)?,
+            pauses: f.get(7).map_or(Ok(0), |s| s.parse().map_err(|_| bad(format!("pauses '{s}'"))))?,
         });
     }
     Ok(out)
@@ -246,6 +252,7 @@ pub struct Figures {
     pub mean_jct_s: f64,
     pub failed: usize,
     pub handed_back: u32,
+    pub paused: u32,
 }
 
 pub fn real_figures(jobs: &[RealJob]) -> Figures {
@@ -260,6 +267,7 @@ pub fn real_figures(jobs: &[RealJob]) -> Figures {
         mean_jct_s: mean(&jobs.iter().filter(ok).filter_map(|j| j.end_s.map(|e| e - j.submit_s)).collect::<Vec<_>>()),
         failed: jobs.iter().filter(|j| !ok(j)).count(),
         handed_back: jobs.iter().map(|j| j.hand_backs).sum(),
+        paused: jobs.iter().map(|j| j.pauses).sum(),
     }
 }
 
@@ -305,6 +313,7 @@ fn simulated_run(a: &CompareArgs, real: &[RealJob], noise: Option<(u64, f64)>) -
             node_wait_s: a.node_wait,
             requeue_s: a.requeue_delay,
             count_interval_s: a.count_interval,
+            hand_back_pause_s: a.hand_back_pause,
             ..Assumptions::default()
         },
         admission: Admission::parse("node-memory")?,
@@ -340,6 +349,7 @@ fn simulated_run(a: &CompareArgs, real: &[RealJob], noise: Option<(u64, f64)>) -
         mean_jct_s: mean(&o.jct()),
         failed: o.jobs.iter().filter(|j| j.end_s.is_none() || j.failed_no_fit || j.rejected).count(),
         handed_back: o.handed_back,
+        paused: o.paused,
     })
 }
 
@@ -393,6 +403,7 @@ pub fn comparison(real: &Figures, sim: &Figures) -> String {
     }
     let _ = writeln!(out, "| failed | {} | {} | |", real.failed, sim.failed);
     let _ = writeln!(out, "| handed back | {} | {} | |", real.handed_back, sim.handed_back);
+    let _ = writeln!(out, "| paused (out of hand-backs) | {} | {} | |", real.paused, sim.paused);
     out
 }
 
@@ -484,10 +495,11 @@ mod tests {
 
     #[test]
     fn real_figures_count_failures_hand_backs_and_waits() {
-        let r = read_results("# header\n0 0.0 2.0 12.0 0 0\n1 1.0 5.0 20.0 0 1\n2 3.0 4.0 6.0 1 0\n3 4.0 - - - 0\n")
+        let r = read_results("# header\n0 0.0 2.0 12.0 0 0\n1 1.0 5.0 20.0 0 1\n2 3.0 4.0 6.0 1 0\n3 4.0 - - - 0\n4 0.0 9.0 10.0 0 4 0.1 2\n")
             .unwrap();
-        let f = real_figures(&r);
-        assert_eq!((f.jobs, f.failed, f.handed_back), (4, 2, 1));
+        let f = real_figures(&r[..4]);
+        assert_eq!((f.jobs, f.failed, f.handed_back, f.paused), (4, 2, 1, 0));
+        assert_eq!((real_figures(&r).handed_back, real_figures(&r).paused), (5, 2));
         // From the first submission (0.0 here) to the last end.
         assert_eq!(f.makespan_s, 20.0);
         let later = read_results("0 2.0 3.0 12.0 0 0\n").unwrap();
@@ -496,7 +508,8 @@ mod tests {
         assert_eq!(f.mean_jct_s, (12.0 + 19.0) / 2.0);
         let e = read_results("0 0.0 x 1 0 1\n").unwrap_err();
         assert!(e.contains("line 1") && e.contains("'x'"), "{e}");
-        assert!(read_results("0 0.0 1 2 0\n").unwrap_err().contains("expected 6 or 7 fields"));
+        assert!(read_results("0 0.0 1 2 0\n").unwrap_err().contains("expected 6 to 8 fields"));
+        assert!(read_results("0 0.0 1 2 0 0 - x\n").unwrap_err().contains("pauses 'x'"));
     }
 
     /// The real wait split: the node's share from the plugin's time in the
@@ -537,8 +550,15 @@ mod tests {
 
     #[test]
     fn the_comparison_gives_the_simulators_difference_from_the_real() {
-        let real =
-            Figures { jobs: 2, makespan_s: 100.0, mean_wait_s: 10.0, mean_jct_s: 50.0, failed: 0, handed_back: 1 };
+        let real = Figures {
+            jobs: 2,
+            makespan_s: 100.0,
+            mean_wait_s: 10.0,
+            mean_jct_s: 50.0,
+            failed: 0,
+            handed_back: 1,
+            paused: 0,
+        };
         let sim = Figures { makespan_s: 108.0, mean_wait_s: 5.0, ..real.clone() };
         let t = comparison(&real, &sim);
         assert!(t.contains("| makespan (s) | 100.0 | 108.0 | +8.0% |"), "{t}");
@@ -556,6 +576,7 @@ mod tests {
             mean_jct_s: m / 2.0,
             failed: 0,
             handed_back: 0,
+            paused: 0,
         };
         assert_eq!(median_makespan(&[f(280.0), f(150.0), f(200.0)]), 200.0);
         assert_eq!(median_makespan(&[]), 0.0);

@@ -89,6 +89,9 @@ pub struct SimulateArgs {
     /// Under --admission node-memory: seconds between the nodes' admission counts in slurmctld, each what the node could promise when its monitor set it (monitor.admission_interval); 0: slurmctld counts the node's GPUs under the activity cap
     #[arg(long, value_name = "S", default_value_t = Assumptions::default().count_interval_s, value_parser = num)]
     pub count_interval: f64,
+    /// Under hand-back admissions: seconds a job that found no GPU on as many nodes in a row as it may be handed back waits in the queue before it may go anywhere again (carma.yaml's hand_back_pause); 0: it fails
+    #[arg(long, value_name = "S", default_value_t = Assumptions::default().hand_back_pause_s, value_parser = num)]
+    pub hand_back_pause: f64,
     /// Idle power in watts [default: the --gpu profile's]
     #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
     pub idle_w: Option<f64>,
@@ -157,6 +160,7 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
         node_wait_s: a.node_wait,
         requeue_s: a.requeue_delay,
         count_interval_s: a.count_interval,
+        hand_back_pause_s: a.hand_back_pause,
     }
 }
 
@@ -326,6 +330,7 @@ mod tests {
             node_wait_s: 12.0,
             requeue_s: 2.0,
             count_interval_s: 0.0,
+            hand_back_pause_s: 0.0,
         };
         assert_eq!(assumptions(&a), want);
         let p = params(&a);

@@ -101,6 +101,7 @@ impl Default for Config {
             unknown_estimate: UnknownEstimate::Exclusive,
             no_fit: NoFitAction::Wait,
             max_hand_backs: 3,
+            hand_back_pause: Duration::from_secs(60),
             recovery_mode: RecoveryMode::Exclusive,
             max_recoveries: 1,
             looser_margin_mib: 2048,

@@ -136,7 +136,7 @@ fn full_file() {
     let c = parse(
         "default_policy: bf\nsm_activity_cap: 0.7\nheadroom: 1G\nmonitor_window: 30s\n\
          gpu_source: {simulated: /var/lib/carma-sim/gpus.yaml}\nstate_dir: /var/lib/carma\n\
-         unknown_estimate: 8G\nno_fit: hand_back\nmax_hand_backs: 2\nrecovery: {mode: looser, max_recoveries: 2, looser_margin: 1024}\n\
+         unknown_estimate: 8G\nno_fit: hand_back\nmax_hand_backs: 2\nhand_back_pause: 2m\nrecovery: {mode: looser, max_recoveries: 2, looser_margin: 1024}\n\
          extra_oom_patterns: [\"MyFramework OOM\"]\ntimeouts: {lock: 2s, wait: 5m, poll: 500ms}\n",
     )
     .unwrap();
@@ -150,6 +150,9 @@ fn full_file() {
     assert_eq!(c.unknown_estimate, UnknownEstimate::Mib(8192));
     assert_eq!(c.no_fit, NoFitAction::HandBack);
     assert_eq!(c.max_hand_backs, 2);
+    assert_eq!(c.hand_back_pause, Duration::from_secs(120));
+    assert_eq!(Config::default().hand_back_pause, Duration::from_secs(60));
+    assert_eq!(parse("hand_back_pause: 0s\n").unwrap().hand_back_pause, Duration::ZERO);
     assert_eq!(parse("no_fit: fail\n").unwrap().no_fit, NoFitAction::Fail);
     assert_eq!(c.recovery_mode, RecoveryMode::Looser);
     assert_eq!(c.max_recoveries, 2);
@@ -192,6 +195,8 @@ fn errors_name_the_key_on_one_line() {
         ("slurm_bin_dir: opt/slurm/bin\n", "slurm_bin_dir"),
         ("no_fit: pray\n", "no_fit"),
         ("max_hand_backs: 11\n", "max_hand_backs"),
+        ("hand_back_pause: 2h\n", "hand_back_pause"),
+        ("hand_back_pause: soon\n", "hand_back_pause"),
         ("recovery: {mode: twice}\n", "recovery.mode"),
         ("timeouts: {lock: 0s}\n", "timeouts"),
         ("oom_patterns: [\"\"]\n", "oom_patterns"),

@@ -219,7 +219,8 @@ impl Check<'_> {
     }
 
     /// What a job without an estimate is given (`unknown_estimate`), and
-    /// what a step does when no GPU fits (`no_fit`, `max_hand_backs`).
+    /// what a step does when no GPU fits (`no_fit`, `max_hand_backs`,
+    /// `hand_back_pause`).
     fn no_fit(&self, raw: &RawConfig, c: &mut Config) -> Result<(), ConfigError> {
         if let Some(v) = &raw.unknown_estimate {
             c.unknown_estimate = match v {
@@ -244,6 +245,13 @@ impl Check<'_> {
                 return Err(self.bad("max_hand_backs", format!("{n} is out of range; use 0 to 10")));
             }
             c.max_hand_backs = n;
+        }
+        if let Some(v) = &raw.hand_back_pause {
+            let d = self.duration("hand_back_pause", v)?;
+            if d > Duration::from_secs(3600) {
+                return Err(self.bad("hand_back_pause", format!("{v} is out of range; use 0s to 1h")));
+            }
+            c.hand_back_pause = d;
         }
         Ok(())
     }

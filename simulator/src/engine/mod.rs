@@ -114,6 +114,7 @@ struct Sim<'a> {
     history_raised: u32,
     learned_raised: u32,
     handed_back: u32,
+    paused: u32,
     timeline: Vec<Sample>,
     next_sample: f64,
 }
@@ -191,6 +192,7 @@ impl<'a> Sim<'a> {
             history_raised: 0,
             learned_raised: 0,
             handed_back: 0,
+            paused: 0,
             timeline: Vec::new(),
             // Samples fall every sample_s from the first submission (t0).
             next_sample: t0,
@@ -285,6 +287,7 @@ impl<'a> Sim<'a> {
             history_raised: self.history_raised,
             learned_raised: self.learned_raised,
             handed_back: self.handed_back,
+            paused: self.paused,
             timeline: self.timeline,
         }
     }

@@ -47,6 +47,8 @@ pub struct Outcome {
     pub learned_raised: u32,
     /// Times a node handed a job back to slurmctld (it could not place it).
     pub handed_back: u32,
+    /// Times a job out of hand-backs paused in the queue (`hand_back_pause_s`).
+    pub paused: u32,
     pub timeline: Vec<Sample>,
 }
 

@@ -112,7 +112,7 @@ impl Sim<'_> {
                         self.excluded[job].push(node);
                         self.handed_back += 1;
                         self.away.push((self.t + self.cfg.assumptions.requeue_s, job, from_recovery));
-                    } else {
+                    } else if !self.pause(job, from_recovery) {
                         self.fail_no_fit(job, node, step, &plan.request);
                     }
                 }
@@ -126,6 +126,21 @@ impl Sim<'_> {
     fn only_slurms_gpus(&self) -> bool {
         matches!(self.cfg.admission, Admission::MemoryShards { .. } | Admission::Informed)
             || self.cfg.gpu_owner == GpuOwner::Slurm
+    }
+
+    /// A job out of hand-backs waits `hand_back_pause_s` (after the
+    /// requeue) in the queue, then may go to any node, its count started
+    /// again (carma-epilog's pause). Returns whether it paused (with no
+    /// pause it fails).
+    fn pause(&mut self, job: usize, from_recovery: bool) -> bool {
+        let a = &self.cfg.assumptions;
+        if a.hand_back_pause_s <= 0.0 || self.cfg.admission.hand_back() == 0 {
+            return false;
+        }
+        self.excluded[job].clear();
+        self.paused += 1;
+        self.away.push((self.t + a.requeue_s + a.hand_back_pause_s, job, from_recovery));
+        true
     }
 
     /// CARMA cannot place the job where Slurm sent it: it fails. Could
@@ -151,7 +166,7 @@ impl Sim<'_> {
         let ask = Ask::new(self.cfg, w.gpus, plan.request.estimate_mib);
         match self.cfg.admission {
             Admission::Anywhere => self.anywhere(step, &plan.request, ask),
-            admission => self.where_slurm_sends(job, admission, step, &plan.request, ask),
+            admission => self.where_slurm_sends((job, from_recovery), admission, step, &plan.request, ask),
         }
     }
 
@@ -183,7 +198,7 @@ impl Sim<'_> {
     /// A job it cannot place is handed back, or fails.
     fn where_slurm_sends(
         &mut self,
-        job: usize,
+        (job, from_recovery): (usize, bool),
         admission: Admission,
         step: StepRef,
         req: &Request,
@@ -217,7 +232,9 @@ impl Sim<'_> {
                 Ok(Attempt::HandedBack)
             }
             None => {
-                self.fail_no_fit(job, node, step, req);
+                if !self.pause(job, from_recovery) {
+                    self.fail_no_fit(job, node, step, req);
+                }
                 Ok(Attempt::Dropped)
             }
         }

@@ -142,10 +142,16 @@ fn refused(cfg: &Config, plan: &Plan, job: u32, e: &PlaceError) -> String {
         return why;
     }
     match jobfiles::write_hand_back(&cfg.state_dir, job, &why) {
-        Ok(()) => format!(
-            "{why}; handed back to Slurm (no_fit: hand_back): carma-epilog requeues the job away from this node unless it was handed back {} time(s) already",
-            cfg.max_hand_backs
-        ),
+        Ok(()) => {
+            let then = match cfg.hand_back_pause.as_secs() {
+                0 => "fails".to_string(),
+                s => format!("waits {s}s in Slurm's queue (hand_back_pause), then may run on any node"),
+            };
+            format!(
+                "{why}; handed back to Slurm (no_fit: hand_back): carma-epilog requeues the job away from this node; after {} hand-back(s) in a row it {then}",
+                cfg.max_hand_backs
+            )
+        }
         Err(w) => {
             log::error(&format!("job {job}: cannot hand it back ({}: {w})", cfg.state_dir.display()));
             why
