@@ -545,7 +545,7 @@ fn a_job_handed_back_runs_on_the_other_node() {
         "carma-epilog's line: {text}"
     );
     let comment = job_field(&job, "AdminComment");
-    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
+    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} x= p=0 (")), "{comment}");
     assert_eq!(field(&job, "ExcNodeList"), host);
     println!("handed back and run on {node2} in {:.1} s", started.elapsed().as_secs_f64());
     // A job that requires the full node would pend for ever once excluded:
@@ -603,7 +603,7 @@ fn a_job_past_its_hand_backs_fails_with_the_reason_when_it_may_not_pause() {
     );
     assert_eq!(ran_on(&job), node2);
     let comment = job_field(&job, "AdminComment");
-    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} (")), "{comment}");
+    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} x= p=0 (")), "{comment}");
 }
 
 /// Every GPU of both nodes full (the admission claim of #42, on Slurm): a
