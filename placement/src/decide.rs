@@ -142,6 +142,25 @@ fn join(
         let why = |_| Some(Reject::JobHolds { job: step.job, held });
         return Err(NoFit { wanted: req.count, reasons: r.gpus.iter().map(|g| (*g, why(g))).collect() });
     }
+    // GPUs Slurm gave the job whole are its own only once no other job
+    // is placed on them: under `gpu_owner: carma` CARMA may have placed a
+    // shard job there, and Slurm (which counts that shard on another GPU)
+    // then hands the GPU whole to this job. It waits for them to end, like
+    // any step that does not fit, instead of running beside them unasked
+    // (an OOM for both; seen in a 16-node replay).
+    if r.holding == Holding::SlurmWhole {
+        let others: Vec<_> = r
+            .gpus
+            .iter()
+            .map(|g| {
+                let other = st.reservations.iter().find(|o| o.job != step.job && o.gpus.contains(g));
+                (*g, other.map(|o| Reject::NotIdleJob(o.job)))
+            })
+            .collect();
+        if others.iter().any(|(_, why)| why.is_some()) {
+            return Err(NoFit { wanted: req.count, reasons: others });
+        }
+    }
     // An exclusive holding is the job's whole GPUs: nothing to add.
     let asked = req.estimate_mib.filter(|_| !r.exclusive).unwrap_or(0);
     let base = r.reserved_mib.saturating_sub(st.step_parts.get(&step.job).map_or(0, |p| p.values().sum()));
@@ -218,6 +237,27 @@ mod tests {
         let no = step(&mut st, 100, &big, &g).unwrap_err();
         assert_eq!(no.reasons.len(), 1, "GPU 1 is not the job's: {no}");
         assert!(st.reservations.is_empty());
+    }
+
+    /// GPUs Slurm gave a job whole, on which CARMA placed another job
+    /// (`gpu_owner: carma`: Slurm counts that job's shard on another GPU):
+    /// the whole job's step waits for it to end, naming it, and runs once
+    /// it has.
+    #[test]
+    fn a_whole_gpu_job_waits_for_a_job_carma_placed_on_its_gpus() {
+        let mut st = NodeState::default();
+        let g = gpus(0);
+        st.reservations.push(Reservation { job: 5, holders: vec![50], ..Reservation::slurm_whole(5, vec![1], 1) });
+        st.reservations[0].holding = Holding::Carma;
+        st.reservations[0].exclusive = false;
+        st.reservations.push(Reservation::slurm_whole(7, vec![0, 1], 1));
+        let req = Request { count: 2, within: Some(vec![0, 1]), shares: false, ..mem(4096) };
+        let no = step(&mut st, 100, &req, &g).unwrap_err();
+        assert_eq!(no.reasons, vec![(0, None), (1, Some(Reject::NotIdleJob(5)))], "{no}");
+        assert!(st.job(7).unwrap().holders.is_empty(), "nothing recorded for the refused step");
+        st.release_job(5);
+        let d = step(&mut st, 100, &req, &g).unwrap();
+        assert!(d.reused && d.exclusive && d.gpus == vec![0, 1], "{d:?}");
     }
 
     /// A Slurm GPU that no reading has (Slurm's indices are not NVML's) is

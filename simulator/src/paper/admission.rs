@@ -33,18 +33,29 @@ const ADMISSIONS: [(Admission, GpuOwner, bool); 14] = {
     ]
 };
 
+/// carma.yaml's default `hand_back_pause`, seconds.
+const PAUSE_S: f64 = 60.0;
+
 /// Every case under every admission: what slurmctld's choice of node costs,
 /// against a cluster-wide CARMA no Slurm has.
 pub(super) fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<String, String> {
     let mut md = String::from(INTRO);
     for (label, cluster, trace, workloads) in &cases(carma, w)? {
-        for (admission, gpu_owner, least_loaded) in ADMISSIONS {
+        // Each admission as it fails a job out of hand-backs; node-memory
+        // with CARMA's choice of GPU also as carma-epilog pauses it
+        // (carma.yaml's hand_back_pause, 60 s).
+        let paused = (Admission::NodeMemory { hand_back: 3 }, GpuOwner::Carma, false);
+        let runs = ADMISSIONS.iter().flat_map(|&a| {
+            let also = (a == paused).then_some((a, PAUSE_S));
+            std::iter::once((a, 0.0)).chain(also)
+        });
+        for ((admission, gpu_owner, least_loaded), hand_back_pause_s) in runs {
             let cfg = SimConfig {
                 cluster: *cluster,
                 policy: Policy::Magm,
                 estimator: Estimator::Oracle,
                 params: Params { metric: ActivityMetric::Busy, ..Params::default() },
-                assumptions: Assumptions { sample_s: 0.0, ..Assumptions::default() },
+                assumptions: Assumptions { sample_s: 0.0, hand_back_pause_s, ..Assumptions::default() },
                 admission,
                 gpu_owner,
                 least_loaded,
@@ -102,6 +113,9 @@ fn row(
         cluster.mem_mib / 1024,
         match admission {
             Admission::Shards { per_gpu, .. } if per_gpu != 8 => format!("{} ({per_gpu} per GPU)", admission.name()),
+            _ if cfg.assumptions.hand_back_pause_s > 0.0 => {
+                format!("{}, paused {} s", admission.name(), cfg.assumptions.hand_back_pause_s)
+            }
             _ => admission.name().to_string(),
         },
         if cfg.least_loaded { "slurm, least loaded" } else { cfg.gpu_owner.name() },
