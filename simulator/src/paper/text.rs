@@ -28,8 +28,10 @@ pub(super) fn intro(d: &Assumptions) -> String {
        did not move when they came, #42): the readings' window and the plugin's count of jobs placed within it\n\
        (`--window`, carma.yaml monitor_window with published readings: means over it of what the GPUs read, as\n\
        of the monitor's last publication, `--publish`, monitor.interval), a refused job's wait on its node before it\n\
-       is handed back (`--node-wait`, timeouts.wait) and the requeue (`--requeue-delay`). With them set, the\n\
-       simulator was held against real Slurm: docs/replay.md.\n\n",
+       is handed back (`--node-wait`, timeouts.wait), the requeue (`--requeue-delay`) and the monitors' admission\n\
+       count (`--count-interval`, monitor.admission_interval). With them set, the simulator was held against real\n\
+       Slurm: docs/replay.md. carma-epilog's pause of a job out of hand-backs (`--hand-back-pause`, carma.yaml\n\
+       hand_back_pause) is 0 here but in the `paused` rows.\n\n",
         ramp = d.ramp_s,
     )
 }
