@@ -545,7 +545,7 @@ fn a_job_handed_back_runs_on_the_other_node() {
         "carma-epilog's line: {text}"
     );
     let comment = job_field(&job, "AdminComment");
-    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} x= p=0 (")), "{comment}");
+    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} c={host} p=0 (")), "{comment}");
     assert_eq!(field(&job, "ExcNodeList"), host);
     println!("handed back and run on {node2} in {:.1} s", started.elapsed().as_secs_f64());
     // A job that requires the full node would pend for ever once excluded:
@@ -557,7 +557,8 @@ fn a_job_handed_back_runs_on_the_other_node() {
         "found no GPU on {host}; it requires nodes {host} (-w): requeued to wait 5s (hand_back_pause, pause 1)"
     );
     assert!(wait_text(&out, &paused, 60), "{}", std::fs::read_to_string(&out).unwrap_or_default());
-    assert_eq!(field(&pinned, "ExcNodeList"), "(null)");
+    let comment = job_field(&pinned, "AdminComment");
+    assert!(comment.contains(&format!("carma-hand-back: n=0 from={host} c= p=1 (")), "{comment}");
     // Room on its node: it runs there.
     drop(_cancel_fillers);
     assert_eq!(wait_done(&pinned, 120), "COMPLETED");
@@ -603,7 +604,7 @@ fn a_job_past_its_hand_backs_fails_with_the_reason_when_it_may_not_pause() {
     );
     assert_eq!(ran_on(&job), node2);
     let comment = job_field(&job, "AdminComment");
-    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} x= p=0 (")), "{comment}");
+    assert!(comment.contains(&format!("carma-hand-back: n=1 from={host} c={host} p=0 (")), "{comment}");
 }
 
 /// Every GPU of both nodes full (the admission claim of #42, on Slurm): a
@@ -636,7 +637,7 @@ fn a_job_past_its_hand_backs_pauses_in_the_queue_and_runs_when_a_node_has_room()
     let (job, out) = submit(&["-p", "multi", "--carma-policy=ff", "--carma-mem=20G"], body);
     let (own, own_out) = submit(&["-p", "multi", "-x", &node2, "--carma-policy=ff", "--carma-mem=20G"], body);
     let _cancel = Cancel(vec![job.clone(), own.clone()]);
-    let paused = "node(s) in a row (max_hand_backs=1): requeued to wait 20s (hand_back_pause, pause 1)";
+    let paused = "handed back 1 time(s) since it last paused (max_hand_backs=1): requeued to wait 20s (hand_back_pause, pause 1)";
     assert!(wait_text(&out, paused, 90), "{}", std::fs::read_to_string(&out).unwrap_or_default());
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     assert!(text.contains("handed back to Slurm, requeued to run on another node (hand-back 1 of 1)"), "{text}");
@@ -645,13 +646,14 @@ fn a_job_past_its_hand_backs_pauses_in_the_queue_and_runs_when_a_node_has_room()
     assert_eq!(field(&job, "JobState"), "PENDING");
     assert_eq!(field(&job, "ExcNodeList"), "(null)");
     let comment = job_field(&job, "AdminComment");
-    assert!(comment.contains("carma-hand-back: n=0 from=") && comment.contains(" x= p=1 ("), "{comment}");
+    assert!(comment.contains("carma-hand-back: n=0 from=") && comment.contains(" c= p=1 ("), "{comment}");
     let own_paused = format!(
         "found no GPU on {host}; no node of partition(s) multi is left once {host} is excluded: requeued to wait 20s"
     );
     assert!(wait_text(&own_out, &own_paused, 60), "{}", std::fs::read_to_string(&own_out).unwrap_or_default());
     assert_eq!(field(&own, "ExcNodeList"), node2);
-    assert!(job_field(&own, "AdminComment").contains(&format!(" x={node2} p=1 (")));
+    let comment = job_field(&own, "AdminComment");
+    assert!(comment.contains(&format!("carma-hand-back: n=0 from={host} c= p=1 (")), "{comment}");
     drop(cancel_fillers);
     assert_eq!(wait_done(&job, 120), "COMPLETED");
     assert_eq!(wait_done(&own, 120), "COMPLETED");

@@ -142,23 +142,38 @@ fn join(
         let why = |_| Some(Reject::JobHolds { job: step.job, held });
         return Err(NoFit { wanted: req.count, reasons: r.gpus.iter().map(|g| (*g, why(g))).collect() });
     }
-    // GPUs Slurm gave the job whole are its own only once no other job
-    // is placed on them: under `gpu_owner: carma` CARMA may have placed a
-    // shard job there, and Slurm (which counts that shard on another GPU)
-    // then hands the GPU whole to this job. It waits for them to end, like
-    // any step that does not fit, instead of running beside them unasked
-    // (an OOM for both; seen in a 16-node replay).
-    if r.holding == Holding::SlurmWhole {
-        let others: Vec<_> = r
+    // GPUs Slurm gave the job whole may carry jobs CARMA placed (under
+    // `gpu_owner: carma` CARMA may place a shard job away from its shard's
+    // GPU, and Slurm, which counts the shard there, then hands this GPU
+    // whole; on 22.05 Slurm may do so itself). The job starts there only
+    // where its size fits beside them (of unknown size: where none is),
+    // else it waits like any step that does not fit, instead of running
+    // out of memory beside them (seen in a 16-node replay).
+    if r.holding == Holding::SlurmWhole && r.holders.is_empty() {
+        let reasons: Vec<_> = r
             .gpus
             .iter()
-            .map(|g| {
-                let other = st.reservations.iter().find(|o| o.job != step.job && o.gpus.contains(g));
-                (*g, other.map(|o| Reject::NotIdleJob(o.job)))
+            .map(|&g| {
+                let other = st
+                    .reservations
+                    .iter()
+                    .find(|o| o.holding == Holding::Carma && o.job != step.job && o.gpus.contains(&g));
+                let why = other.and_then(|o| match (req.estimate_mib, readings.iter().find(|x| x.index == g)) {
+                    (Some(est), Some(reading)) => {
+                        let free = effective_free_mib(reading, st, owners);
+                        (free < est.saturating_add(params.headroom_mib)).then_some(Reject::Memory {
+                            free_mib: free,
+                            estimate_mib: est,
+                            headroom_mib: params.headroom_mib,
+                        })
+                    }
+                    _ => Some(Reject::NotIdleJob(o.job)),
+                });
+                (g, why)
             })
             .collect();
-        if others.iter().any(|(_, why)| why.is_some()) {
-            return Err(NoFit { wanted: req.count, reasons: others });
+        if reasons.iter().any(|(_, why)| why.is_some()) {
+            return Err(NoFit { wanted: req.count, reasons });
         }
     }
     // An exclusive holding is the job's whole GPUs: nothing to add.
@@ -241,23 +256,37 @@ mod tests {
 
     /// GPUs Slurm gave a job whole, on which CARMA placed another job
     /// (`gpu_owner: carma`: Slurm counts that job's shard on another GPU):
-    /// the whole job's step waits for it to end, naming it, and runs once
-    /// it has.
+    /// the whole job's step starts where its size fits beside it, else
+    /// waits, naming why, and runs once the other has ended; of unknown
+    /// size it waits for the GPU to be free. A stale whole-GPU record of
+    /// another job does not hold it back.
     #[test]
-    fn a_whole_gpu_job_waits_for_a_job_carma_placed_on_its_gpus() {
-        let mut st = NodeState::default();
+    fn a_whole_gpu_job_waits_for_a_job_carma_placed_on_its_gpus_where_it_does_not_fit() {
+        // (Job 5 has not touched its memory yet: its promise counts.)
         let g = gpus(0);
-        st.reservations.push(Reservation { job: 5, holders: vec![50], ..Reservation::slurm_whole(5, vec![1], 1) });
-        st.reservations[0].holding = Holding::Carma;
-        st.reservations[0].exclusive = false;
-        st.reservations.push(Reservation::slurm_whole(7, vec![0, 1], 1));
-        let req = Request { count: 2, within: Some(vec![0, 1]), shares: false, ..mem(4096) };
-        let no = step(&mut st, 100, &req, &g).unwrap_err();
-        assert_eq!(no.reasons, vec![(0, None), (1, Some(Reject::NotIdleJob(5)))], "{no}");
+        let fresh = || {
+            let mut st = NodeState::default();
+            let mut other = Reservation { job: 5, holders: vec![50], ..Reservation::slurm_whole(5, vec![1], 1) };
+            (other.holding, other.exclusive, other.reserved_mib) = (Holding::Carma, false, 30720);
+            st.reservations.push(other);
+            st.reservations.push(Reservation::slurm_whole(6, vec![0], 1));
+            st.reservations.push(Reservation::slurm_whole(7, vec![0, 1], 1));
+            st
+        };
+        let req = |mib| Request { count: 2, within: Some(vec![0, 1]), shares: false, ..mem(mib) };
+        let mut st = fresh();
+        let no = step(&mut st, 100, &req(20480), &g).unwrap_err();
+        assert_eq!(no.reasons[0], (0, None), "job 6's whole record is stale: {no}");
+        assert!(matches!(no.reasons[1], (1, Some(Reject::Memory { free_mib: 10240, .. }))), "{no}");
         assert!(st.job(7).unwrap().holders.is_empty(), "nothing recorded for the refused step");
-        st.release_job(5);
-        let d = step(&mut st, 100, &req, &g).unwrap();
+        let unknown = Request { estimate_mib: None, ..req(0) };
+        assert_eq!(step(&mut st, 100, &unknown, &g).unwrap_err().reasons[1], (1, Some(Reject::NotIdleJob(5))));
+        // It fits beside it.
+        let d = step(&mut fresh(), 100, &req(4096), &g).unwrap();
         assert!(d.reused && d.exclusive && d.gpus == vec![0, 1], "{d:?}");
+        st.release_job(5);
+        let d = step(&mut st, 100, &req(20480), &g).unwrap();
+        assert!(d.reused && d.gpus == vec![0, 1], "{d:?}");
     }
 
     /// A Slurm GPU that no reading has (Slurm's indices are not NVML's) is

@@ -234,14 +234,15 @@ pub fn forget_hand_back(dir: &Path, job: u32) {
 }
 
 /// Hand-backs as an AdminComment entry, read back wherever the job reruns:
-/// its hand-backs in a row so far (this one included), the node it last
-/// left, the nodes it excluded of its own before CARMA added any (put
-/// back when it pauses) and how often it has paused.
+/// its hand-backs since it last paused (this one included), the node it
+/// last left, the nodes CARMA added to its exclusions (taken out again when
+/// it pauses; the job's own and an administrator's stay) and how often it
+/// has paused.
 pub const HAND_BACK_KEY: &str = "carma-hand-back:";
 
-pub fn hand_back_entry(count: u32, node: &str, own_excluded: &str, pauses: u32, reason: &str) -> String {
+pub fn hand_back_entry(count: u32, node: &str, carma_excluded: &[String], pauses: u32, reason: &str) -> String {
     let reason: String = reason.chars().filter(|c| !c.is_control() && *c != '|').take(120).collect();
-    format!("{HAND_BACK_KEY} n={count} from={node} x={own_excluded} p={pauses} ({reason})")
+    format!("{HAND_BACK_KEY} n={count} from={node} c={} p={pauses} ({reason})", carma_excluded.join(","))
 }
 
 /// The entry's fields, before its reason: a reason's words (a model's
@@ -253,7 +254,7 @@ fn hand_back_field<T>(comment: &[u8], key: &str, parse: impl Fn(&str) -> Option<
     fields.split_whitespace().find_map(|w| parse(w.strip_prefix(key)?))
 }
 
-/// Hand-backs the job had in a row so far, from its AdminComment (0
+/// Hand-backs the job had since it last paused, from its AdminComment (0
 /// without one).
 pub fn hand_backs_in_comment(comment: &[u8]) -> u32 {
     hand_back_field(comment, "n=", |v| v.parse().ok()).unwrap_or(0)
@@ -264,11 +265,13 @@ pub fn pauses_in_comment(comment: &[u8]) -> u32 {
     hand_back_field(comment, "p=", |v| v.parse().ok()).unwrap_or(0)
 }
 
-/// The nodes the job excluded of its own before its first hand-back, as
-/// a hostlist (empty: none); `None` without an entry, or one an older
-/// build wrote, which did not keep them.
-pub fn own_exclusions_in_comment(comment: &[u8]) -> Option<String> {
-    hand_back_field(comment, "x=", |v| Some(v.to_string()))
+/// The nodes CARMA added to the job's exclusions since it last paused;
+/// an older build's entry (no `c=`) names the node it last left only.
+pub fn carma_exclusions_in_comment(comment: &[u8]) -> Vec<String> {
+    let names = |v: &str| v.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect::<Vec<_>>();
+    hand_back_field(comment, "c=", |v| Some(names(v)))
+        .or_else(|| hand_back_field(comment, "from=", |v| Some(names(v))))
+        .unwrap_or_default()
 }
 
 /// Forgets a run's files of a job. The prolog's GPU list stays: a job
@@ -372,22 +375,23 @@ mod tests {
         assert!(kept.starts_with("no GPU fitsfake line x") && kept.chars().count() == 200, "{kept}");
         remove(&d.0, 5);
         assert_eq!(read_hand_back(&d.0, 5), None);
-        let e = hand_back_entry(2, "node1", "gpu[7-9]", 1, "model n=9 x=a p=4 | carma-hand-back: n=0");
-        assert_eq!(e, "carma-hand-back: n=2 from=node1 x=gpu[7-9] p=1 (model n=9 x=a p=4  carma-hand-back: n=0)");
+        let added = ["node1".to_string(), "node3".to_string()];
+        let e = hand_back_entry(2, "node1", &added, 1, "model n=9 c=a p=4 | carma-hand-back: n=0");
+        assert_eq!(e, "carma-hand-back: n=2 from=node1 c=node1,node3 p=1 (model n=9 c=a p=4  carma-hand-back: n=0)");
         let comment = crate::admin_comment::merge(b"site note", HAND_BACK_KEY, &e);
         assert_eq!(hand_backs_in_comment(&comment), 2);
         assert_eq!(pauses_in_comment(&comment), 1);
-        assert_eq!(own_exclusions_in_comment(&comment).as_deref(), Some("gpu[7-9]"));
-        let none = hand_back_entry(0, "node2", "", 0, "why");
+        assert_eq!(carma_exclusions_in_comment(&comment), added);
+        let none = hand_back_entry(0, "node2", &[], 1, "why");
         let comment = crate::admin_comment::merge(b"", HAND_BACK_KEY, &none);
-        assert_eq!(own_exclusions_in_comment(&comment).as_deref(), Some(""));
-        assert_eq!((hand_backs_in_comment(&comment), pauses_in_comment(&comment)), (0, 0));
+        assert!(carma_exclusions_in_comment(&comment).is_empty());
+        assert_eq!((hand_backs_in_comment(&comment), pauses_in_comment(&comment)), (0, 1));
         assert_eq!(hand_backs_in_comment(b"site note | carma@n1: policy=ff"), 0);
-        // An older build's entry: counted, its own exclusions unknown; its
+        // An older build's entry: counted, the node it left CARMA's; its
         // reason's words are not fields.
-        let old = b"carma-hand-back: n=1 from=node1 (x=evil p=9)";
+        let old = b"carma-hand-back: n=1 from=node1 (c=evil p=9)";
         assert_eq!((hand_backs_in_comment(old), pauses_in_comment(old)), (1, 0));
-        assert_eq!(own_exclusions_in_comment(old), None);
+        assert_eq!(carma_exclusions_in_comment(old), vec!["node1".to_string()]);
     }
 
     /// The verdict travels in AdminComment to the run it is for, and to no

@@ -105,7 +105,7 @@ const HAND_BACK_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Requeues a job slurmstepd handed back (no GPU fitted here) to run on
 /// another node: this node joins its excluded nodes, counted in its
-/// AdminComment, wherever it runs next. Past `max_hand_backs` in a row, or
+/// AdminComment, wherever it runs next. Past `max_hand_backs` since it last paused, or
 /// with no other node to go to, it pauses instead: requeued to start no
 /// sooner than `hand_back_pause` from now, on any node its own exclusions
 /// allow (CARMA's are lifted), its count started again; with a pause of 0
@@ -157,19 +157,22 @@ pub fn hand_back(
     };
     let (count, max) = (jobfiles::hand_backs_in_comment(&asked.comment), cfg.max_hand_backs);
     let pauses = jobfiles::pauses_in_comment(&asked.comment);
-    // The job's own exclusions, kept from before its first hand-back (an
-    // older build's entry did not keep them: those it has now).
-    let own = jobfiles::own_exclusions_in_comment(&asked.comment).unwrap_or_else(|| asked.place.excluded.clone());
+    // The nodes CARMA excluded since the job last paused; the rest of its
+    // exclusions are its own (or an administrator's) and stay.
+    let carmas = jobfiles::carma_exclusions_in_comment(&asked.comment);
     let stay = if count >= max {
-        Some(format!("no GPU on {} node(s) in a row (max_hand_backs={max})", count + 1))
+        Some(format!("handed back {count} time(s) since it last paused (max_hand_backs={max})"))
     } else {
         asked.place.refusal(&node, &asked.partition_nodes, &asked.excluded)
     };
+    // Each pause of the same job twice the last, up to an hour: a job no
+    // node has room for for long costs slurmctld a requeue less often.
     let pause = cfg.hand_back_pause.as_secs();
+    let this_pause = (pause << pauses.min(6)).min(3600);
     let next = match &stay {
         None => Next {
             excluded: asked.place.excluding(&node),
-            entry: jobfiles::hand_back_entry(count + 1, &node, &own, pauses, reason),
+            entry: jobfiles::hand_back_entry(count + 1, &node, &[carmas, vec![node.clone()]].concat(), pauses, reason),
             follow_up: FollowUp::Prompt,
         },
         Some(why) if pause == 0 => {
@@ -182,9 +185,15 @@ pub fn hand_back(
             };
         }
         Some(_) => Next {
-            excluded: own.clone(),
-            entry: jobfiles::hand_back_entry(0, &node, &own, pauses + 1, reason),
-            follow_up: FollowUp::Pause(pause),
+            excluded: asked
+                .excluded
+                .iter()
+                .filter(|n| **n != node && !carmas.contains(n))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(","),
+            entry: jobfiles::hand_back_entry(0, &node, &[], pauses + 1, reason),
+            follow_up: FollowUp::Pause(this_pause),
         },
     };
     // The requeue has its own bound: one cut short may still be applied.
@@ -198,13 +207,23 @@ pub fn hand_back(
             ));
         }
     }
-    if let Err(e) = this.record(&asked, &next, log).and_then(|()| scontrol(bin, &["release", sel])) {
+    // A pause is set before the job is released: the follow-up sets its
+    // start, then releases it (or, not started, it is released here and
+    // starts after Slurm's requeue delay).
+    let pausing = matches!(next.follow_up, FollowUp::Pause(_));
+    let release = || scontrol(bin, &["release", sel]);
+    if let Err(e) = this.record(&asked, &next, log).and_then(|()| if pausing { Ok(()) } else { release() }) {
         return tell(&format!(
-            "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again, without excluding {node}"
+            "carma: job {job} was requeued held, but its hand-back could not be recorded in Slurm ({e}); an administrator's `scontrol release {sel}` runs it again"
         ));
     }
     if let Err(e) = prompt_later(bin, sel, next.follow_up) {
         log(&format!("job {job}: {e}; it starts after Slurm's requeue delay"));
+        if pausing && let Err(e) = release() {
+            return tell(&format!(
+                "carma: job {job} was requeued held to pause, but was not released ({e}); an administrator's `scontrol release {sel}` runs it again"
+            ));
+        }
     }
     tell(&match stay {
         None => format!(
@@ -212,7 +231,7 @@ pub fn hand_back(
             count + 1
         ),
         Some(why) => format!(
-            "carma: job {job} found no GPU on {node}; {why}: requeued to wait {pause}s (hand_back_pause, pause {}), then to run again on any node it may use: {reason}",
+            "carma: job {job} found no GPU on {node}; {why}: requeued to wait {this_pause}s (hand_back_pause, pause {}), then to run again on any node it may use: {reason}",
             pauses + 1
         ),
     });

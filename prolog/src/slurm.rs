@@ -39,8 +39,9 @@ pub enum FollowUp {
     /// Turns the job's shards into a whole GPU (the rerun is to have a GPU
     /// of its own; only a pending job takes that update), then lifts the delay.
     WholePrompt,
-    /// Sets the job's start time this many seconds from now (a job that
-    /// found no GPU on node after node waits before it tries again).
+    /// Sets the job's start time this many seconds from now, then
+    /// releases it (a job that found no GPU on node after node, requeued
+    /// held, waits before it tries again).
     Pause(u64),
 }
 
@@ -95,7 +96,8 @@ fn logged(job: &str, what: &str, r: Result<(), String>) {
 /// most a minute) until the requeued job is PENDING; with `whole`, turns
 /// its shards into a whole GPU (Slurm 24.11 and later apply it; 22.05
 /// refuses the update); then sets its start time to 3 s from now (with
-/// `pause=S`, S s from now, at least 3).
+/// `pause=S`, S s from now, at least 3, then releases the held job, also
+/// when its start could not be set).
 pub fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -122,13 +124,21 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
             // second ("Job credential revoked").
             let after = next.strip_prefix("pause=").and_then(|s| s.parse::<u64>().ok()).unwrap_or(0).max(3);
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("StartTime=now+{after}")]);
-            let failed = update.is_err();
+            let mut failed = update.is_err();
             logged(job, "its requeue delay was not lifted", update);
+            if next.starts_with("pause=") {
+                let release = scontrol(bin_dir, &["release", job]);
+                failed |= release.is_err();
+                logged(job, "it was not released after its pause was set", release);
+            }
             return i32::from(failed);
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     logged(job, "it was not pending within a minute, so its requeue delay was not lifted", Err("gave up".into()));
+    if args.get(2).and_then(|w| w.to_str()).is_some_and(|w| w.starts_with("pause=")) {
+        logged(job, "it was released without its pause", scontrol(bin_dir, &["release", job]));
+    }
     1
 }
 

@@ -82,7 +82,7 @@ pub struct Assumptions {
     /// allocated there. 0: slurmctld counts the node's GPUs under the cap,
     /// less what it allocated.
     pub count_interval_s: f64,
-    /// Seconds a job that found no GPU on as many nodes in a row as the
+    /// Seconds a job that found no GPU on as many nodes since it last paused as the
     /// admission hands back waits in the queue (carma.yaml's
     /// `hand_back_pause`) before slurmctld may send it anywhere again, its
     /// exclusions lifted and its count started again. 0: it fails.

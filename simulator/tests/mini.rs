@@ -263,7 +263,8 @@ fn a_node_whose_free_memory_is_split_hands_the_job_back() {
 /// A job out of hand-backs pauses (`hand_back_pause_s`) instead of
 /// failing: both nodes' GPUs hold a 25 GiB job each until t=100, so a
 /// 20 GiB job at t=10 finds no GPU on either; it waits 50 s, finds none
-/// again at t=60, waits again and runs at t=110, when both nodes are free.
+/// again at t=60, waits twice as long and runs at t=160 (both nodes free
+/// since t=100).
 /// Without a pause it fails at t=10, though a node would have room later.
 #[test]
 fn a_job_out_of_hand_backs_pauses_and_runs_when_a_node_has_room() {
@@ -285,7 +286,7 @@ fn a_job_out_of_hand_backs_pauses_and_runs_when_a_node_has_room() {
     assert!(failed.jobs[4].failed_no_fit && failed.paused == 0, "{:?}", failed.jobs[4]);
     let o = run(50.0);
     assert!(!o.jobs[4].failed_no_fit, "{:?}", o.jobs[4]);
-    assert_eq!(o.jobs[4].end_s, Some(210.0), "{:?}", o.jobs[4]);
+    assert_eq!(o.jobs[4].end_s, Some(260.0), "{:?}", o.jobs[4]);
     assert_eq!((o.paused, o.handed_back), (2, 2));
 }
 

@@ -89,7 +89,7 @@ pub struct SimulateArgs {
     /// Under --admission node-memory: seconds between the nodes' admission counts in slurmctld, each what the node could promise when its monitor set it (monitor.admission_interval); 0: slurmctld counts the node's GPUs under the activity cap
     #[arg(long, value_name = "S", default_value_t = Assumptions::default().count_interval_s, value_parser = num)]
     pub count_interval: f64,
-    /// Under hand-back admissions: seconds a job that found no GPU on as many nodes in a row as it may be handed back waits in the queue before it may go anywhere again (carma.yaml's hand_back_pause); 0: it fails
+    /// Under hand-back admissions: seconds a job that was handed back as often as it may be since it last paused waits in the queue before it may go anywhere again (carma.yaml's hand_back_pause); 0: it fails
     #[arg(long, value_name = "S", default_value_t = Assumptions::default().hand_back_pause_s, value_parser = num)]
     pub hand_back_pause: f64,
     /// Idle power in watts [default: the --gpu profile's]

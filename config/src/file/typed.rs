@@ -30,7 +30,7 @@ pub enum NoFitAction {
     Fail,
     /// Re-check like `Wait`; then a batch step is handed back to Slurm:
     /// it fails, and carma-epilog requeues its job with this node
-    /// excluded (at most `max_hand_backs` times in a row; then it waits
+    /// excluded (at most `max_hand_backs` times between pauses; then it waits
     /// `hand_back_pause` and may run on any node). Other steps fail.
     HandBack,
 }
@@ -235,10 +235,10 @@ pub struct Config {
     pub slurm_bin_dir: Option<PathBuf>,
     pub unknown_estimate: UnknownEstimate,
     pub no_fit: NoFitAction,
-    /// How often one job is handed back (`no_fit: hand_back`) in a row
+    /// How often one job is handed back (`no_fit: hand_back`) between pauses
     /// before its next refusal pauses it (or fails it: `hand_back_pause` 0).
     pub max_hand_backs: u32,
-    /// How long a job that found no GPU `max_hand_backs` times in a row (or
+    /// How long a job that was handed back `max_hand_backs` times since it last paused (or
     /// has no other node to go to) is requeued to wait before it may run
     /// again, on any node of its own choosing; 0: it fails instead.
     pub hand_back_pause: Duration,

@@ -84,6 +84,8 @@ struct Sim<'a> {
     last_end: f64,
     /// The nodes that handed each job back.
     excluded: Vec<Vec<usize>>,
+    /// Each job's pauses out of hand-backs so far (each twice the last).
+    pauses: Vec<u32>,
     runs: Vec<Run>,
     /// Indices into `runs` of each node's runs.
     by_node: Vec<Vec<usize>>,
@@ -171,6 +173,7 @@ impl<'a> Sim<'a> {
             counts: vec![(f64::NEG_INFINITY, 0); cl.nodes as usize],
             last_end: f64::NEG_INFINITY,
             excluded: vec![Vec::new(); trace.len()],
+            pauses: vec![0; trace.len()],
             runs: Vec::new(),
             by_node: vec![Vec::new(); cl.nodes as usize],
             queue: VecDeque::new(),

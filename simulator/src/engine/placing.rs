@@ -128,18 +128,21 @@ impl Sim<'_> {
             || self.cfg.gpu_owner == GpuOwner::Slurm
     }
 
-    /// A job out of hand-backs waits `hand_back_pause_s` (after the
-    /// requeue) in the queue, then may go to any node, its count started
-    /// again (carma-epilog's pause). Returns whether it paused (with no
-    /// pause it fails).
+    /// A job out of hand-backs waits `hand_back_pause_s` in the queue
+    /// (twice the last for each pause of the job, up to an hour; the
+    /// pause replaces the requeue's delay), then may go to any node, its
+    /// count started again (carma-epilog's pause). Returns whether it
+    /// paused (with no pause it fails).
     fn pause(&mut self, job: usize, from_recovery: bool) -> bool {
         let a = &self.cfg.assumptions;
         if a.hand_back_pause_s <= 0.0 || self.cfg.admission.hand_back() == 0 {
             return false;
         }
+        let pause = (a.hand_back_pause_s * f64::from(1u32 << self.pauses[job].min(6))).min(3600.0);
         self.excluded[job].clear();
+        self.pauses[job] += 1;
         self.paused += 1;
-        self.away.push((self.t + a.requeue_s + a.hand_back_pause_s, job, from_recovery));
+        self.away.push((self.t + pause.max(a.requeue_s), job, from_recovery));
         true
     }
 

@@ -144,11 +144,11 @@ fn refused(cfg: &Config, plan: &Plan, job: u32, e: &PlaceError) -> String {
     match jobfiles::write_hand_back(&cfg.state_dir, job, &why) {
         Ok(()) => {
             let then = match cfg.hand_back_pause.as_secs() {
-                0 => "fails".to_string(),
-                s => format!("waits {s}s in Slurm's queue (hand_back_pause), then may run on any node"),
+                0 => "it fails".to_string(),
+                s => format!("it waits {s}s or more in Slurm's queue (hand_back_pause), then may run on any node"),
             };
             format!(
-                "{why}; handed back to Slurm (no_fit: hand_back): carma-epilog requeues the job away from this node; after {} hand-back(s) in a row it {then}",
+                "{why}; handed back to Slurm (no_fit: hand_back): carma-epilog requeues the job to another node, at most {} time(s); past them, or with no other node, {then}",
                 cfg.max_hand_backs
             )
         }
