@@ -185,13 +185,7 @@ pub fn hand_back(
             };
         }
         Some(_) => Next {
-            excluded: asked
-                .excluded
-                .iter()
-                .filter(|n| **n != node && !carmas.contains(n))
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(","),
+            excluded: asked.without(&node, &carmas),
             entry: jobfiles::hand_back_entry(0, &node, &[], pauses + 1, reason),
             follow_up: FollowUp::Pause(this_pause),
         },
@@ -263,6 +257,16 @@ struct Asked {
     place: JobPlace,
     partition_nodes: Vec<String>,
     excluded: Vec<String>,
+}
+
+impl Asked {
+    /// Its exclusions less `node` and the nodes CARMA excluded (`carmas`),
+    /// as `ExcNodeList=` takes them (empty: none).
+    fn without(&self, node: &str, carmas: &[String]) -> String {
+        let own: Vec<&str> =
+            self.excluded.iter().filter(|n| *n != node && !carmas.contains(n)).map(String::as_str).collect();
+        own.join(",")
+    }
 }
 
 impl HandBack<'_> {
