@@ -170,11 +170,11 @@ const FINDINGS: &str = "\nWhat this says (these runs are the first measurement o
      does, to what the node could promise then, and slurmctld takes what it has allocated there off that\n\
      (docs/admission.md, docs/replay.md).\n\n\
      A job out of hand-backs pauses since #42 (`node-memory, paused 60 s`: carma-epilog requeues it to start 60 s\n\
-     later on any node, its count started again; `hand_back_pause: 0` fails it as in the `node-memory` rows): no\n\
-     job fails. The jobs the plain rows fail (239, 207 and 0) run instead, at a cost: makespans 7.60, 9.74 and\n\
-     2.41 h against `anywhere`'s 6.39, 8.41 and 2.45, mean waits 111, 95 and 0 minutes, and 2206, 1307 and 0\n\
-     hand-backs, each a failed step and a requeue (a refused job is tried again at once here; on a real node after\n\
-     `timeouts.wait`).\n\n\
+     later, twice that at each further pause, on any node, its count started again; `hand_back_pause: 0` fails it\n\
+     as in the `node-memory` rows): no job fails. The jobs the plain rows fail (239, 207 and 0) run instead, at a\n\
+     cost: makespans 7.65, 9.74 and 2.41 h against `anywhere`'s 6.39, 8.41 and 2.45, mean waits 113, 95 and 0\n\
+     minutes, and 1739, 1399 and 0 hand-backs, each a failed step and a requeue (a refused job is tried again at\n\
+     once here; on a real node after `timeouts.wait`).\n\n\
      Whose choice of GPU stands (#37, rows `slurm` and `least loaded` added 2026-11-26 beside the earlier\n\
      rows, none of which moved). Under\n\
      `gpu_owner: slurm`, the plugin's default, slurmctld takes a job's shard from the first GPU with one free,\n\
