@@ -523,7 +523,7 @@ fn a_job_handed_back_runs_on_the_other_node() {
     let _conf = hand_back_on(NODE1_CONF, "hand_back_pause: 5s\n");
     let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
     let fillers = fill_node("debug", &host, NODE1_CONF);
-    let _cancel_fillers = Cancel(fillers);
+    let cancel_fillers = Cancel(fillers);
     wait_reservations(4);
     // slurmctld sends a job that fits anywhere to the first node.
     let started = Instant::now();
@@ -560,10 +560,32 @@ fn a_job_handed_back_runs_on_the_other_node() {
     let comment = job_field(&pinned, "AdminComment");
     assert!(comment.contains(&format!("carma-hand-back: n=0 from={host} c= p=1 (")), "{comment}");
     // Room on its node: it runs there.
-    drop(_cancel_fillers);
+    drop(cancel_fillers);
     assert_eq!(wait_done(&pinned, 120), "COMPLETED");
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     assert!(text.contains("RAN") && !text.contains("not handed back"), "{text}");
+}
+
+/// Every GPU of both nodes taken by a 30G job ([`fill_node`]), all
+/// running and placed; returns the two nodes' names and the fillers
+/// (cancelled when dropped).
+fn fill_both_nodes() -> (String, String, Cancel) {
+    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
+    let node2 = node2();
+    let mut fillers = fill_node("debug", &host, NODE1_CONF);
+    fillers.extend(fill_node("multi", &node2, NODE2_CONF));
+    let cancel = Cancel(fillers.clone());
+    for f in &fillers {
+        let start = Instant::now();
+        while field(f, "JobState") != "RUNNING" {
+            assert!(start.elapsed() < Duration::from_secs(60), "filler {f} did not start");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    wait_reservations(4);
+    // The second node's fillers are placed (its monitor publishes them).
+    std::thread::sleep(Duration::from_secs(3));
+    (host, node2, cancel)
 }
 
 /// With `hand_back_pause: 0`, past `max_hand_backs` the job fails with
@@ -575,21 +597,7 @@ fn a_job_past_its_hand_backs_fails_with_the_reason_when_it_may_not_pause() {
     require_cluster();
     let _conf = hand_back_on(NODE1_CONF, "max_hand_backs: 1\nhand_back_pause: 0s\n");
     let _conf2 = hand_back_on(NODE2_CONF, "max_hand_backs: 1\nhand_back_pause: 0s\n");
-    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
-    let node2 = node2();
-    let mut fillers = fill_node("debug", &host, NODE1_CONF);
-    fillers.extend(fill_node("multi", &node2, NODE2_CONF));
-    let _cancel_fillers = Cancel(fillers.clone());
-    for f in &fillers {
-        let start = Instant::now();
-        while field(f, "JobState") != "RUNNING" {
-            assert!(start.elapsed() < Duration::from_secs(60), "filler {f} did not start");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-    wait_reservations(4);
-    // The second node's fillers are placed (its monitor publishes them).
-    std::thread::sleep(Duration::from_secs(3));
+    let (host, node2, _cancel_fillers) = fill_both_nodes();
     let (job, out) = submit(&["-p", "multi", "--carma-policy=ff", "--carma-mem=20G"], "echo RAN");
     let _cancel = Cancel(vec![job.clone()]);
     assert_eq!(wait_done(&job, 120), "FAILED");
@@ -619,20 +627,7 @@ fn a_job_past_its_hand_backs_pauses_in_the_queue_and_runs_when_a_node_has_room()
     require_cluster();
     let _conf = hand_back_on(NODE1_CONF, "max_hand_backs: 1\nhand_back_pause: 20s\n");
     let _conf2 = hand_back_on(NODE2_CONF, "max_hand_backs: 1\nhand_back_pause: 20s\n");
-    let host = root(&["hostname", "-s"], 10).ok().stdout.trim().to_string();
-    let node2 = node2();
-    let mut fillers = fill_node("debug", &host, NODE1_CONF);
-    fillers.extend(fill_node("multi", &node2, NODE2_CONF));
-    let cancel_fillers = Cancel(fillers.clone());
-    for f in &fillers {
-        let start = Instant::now();
-        while field(f, "JobState") != "RUNNING" {
-            assert!(start.elapsed() < Duration::from_secs(60), "filler {f} did not start");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-    wait_reservations(4);
-    std::thread::sleep(Duration::from_secs(3));
+    let (host, node2, cancel_fillers) = fill_both_nodes();
     let body = "echo \"RAN on $SLURMD_NODENAME\"";
     let (job, out) = submit(&["-p", "multi", "--carma-policy=ff", "--carma-mem=20G"], body);
     let (own, own_out) = submit(&["-p", "multi", "-x", &node2, "--carma-policy=ff", "--carma-mem=20G"], body);
