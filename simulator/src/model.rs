@@ -87,6 +87,11 @@ pub struct Assumptions {
     /// `hand_back_pause`) before slurmctld may send it anywhere again, its
     /// exclusions lifted and its count started again. 0: it fails.
     pub hand_back_pause_s: f64,
+    /// Slurm's backfill as it works where jobs have no time limit (the test
+    /// clusters' `MaxTime=INFINITE`): the queue head's reservation lies past
+    /// every running job's end, so any later job that fits starts while the
+    /// head waits. Off: strictly in order (the head blocks the queue).
+    pub backfill: bool,
 }
 
 impl Default for Assumptions {
@@ -106,6 +111,7 @@ impl Default for Assumptions {
             requeue_s: 0.0,
             count_interval_s: 0.0,
             hand_back_pause_s: 0.0,
+            backfill: false,
         }
     }
 }

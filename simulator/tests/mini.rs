@@ -54,6 +54,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             requeue_s: 0.0,
             count_interval_s: 0.0,
             hand_back_pause_s: 0.0,
+            backfill: false,
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
@@ -288,6 +289,32 @@ fn a_job_out_of_hand_backs_pauses_and_runs_when_a_node_has_room() {
     assert!(!o.jobs[4].failed_no_fit, "{:?}", o.jobs[4]);
     assert_eq!(o.jobs[4].end_s, Some(260.0), "{:?}", o.jobs[4]);
     assert_eq!((o.paused, o.handed_back), (2, 2));
+}
+
+/// Slurm's backfill (no time limits): a two-GPU job that finds no node
+/// with two GPUs' worth of count free waits at the queue head; strictly in
+/// order, the one-GPU job behind it waits too, under backfill it starts.
+#[test]
+fn under_backfill_a_job_behind_a_waiting_head_starts_if_it_fits() {
+    let w: HashMap<_, _> = [
+        ("mid".to_string(), wl("mid", 25, 100.0, 0.2, None)),
+        ("pair".to_string(), Workload { gpus: 2, ..wl("pair", 30, 100.0, 0.2, None) }),
+        ("small".to_string(), wl("small", 4, 100.0, 0.2, None)),
+    ]
+    .into();
+    let trace = [job(0, 0.0, "mid"), job(1, 1.0, "pair"), job(2, 2.0, "small")];
+    let one = Cluster { nodes: 1, gpus_per_node: 2, mem_mib: 40 * 1024 };
+    let run = |backfill: bool| {
+        let base = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+        let assumptions = Assumptions { backfill, ..base.assumptions };
+        let c = SimConfig { cluster: one, admission: Admission::NodeMemory { hand_back: 0 }, assumptions, ..base };
+        simulate(&trace, &w, &c).unwrap()
+    };
+    let fifo = run(false);
+    assert_eq!(fifo.jobs[2].start_s, Some(100.0), "{:?}", fifo.jobs);
+    let bf = run(true);
+    assert_eq!(bf.jobs[2].start_s, Some(2.0), "{:?}", bf.jobs);
+    assert_eq!(bf.jobs[1].start_s, fifo.jobs[1].start_s, "the head starts as before: {:?}", bf.jobs);
 }
 
 /// Under `gpu_owner: slurm` CARMA keeps to the GPU of the job's shard,

@@ -215,7 +215,8 @@ impl<'a> Sim<'a> {
             self.dirty = true;
         }
         while self.next_arrival < self.trace.len() && self.trace[self.next_arrival].submit_s <= self.t + EPS {
-            self.dirty |= self.queue.is_empty() && self.recovery.is_empty();
+            // (Under backfill a new job may start behind a blocked head.)
+            self.dirty |= self.queue.is_empty() && self.recovery.is_empty() || self.cfg.assumptions.backfill;
             self.queue.push_back(self.next_arrival);
             self.next_arrival += 1;
         }

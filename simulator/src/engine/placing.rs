@@ -36,33 +36,37 @@ enum Attempt {
 }
 
 impl Sim<'_> {
-    /// Places queue heads while they fit (the recovery queue first).
+    /// Places queue heads while they fit (the recovery queue first); under
+    /// backfill, also the jobs behind a head that waits.
     pub(super) fn place_queue_heads(&mut self) -> Result<(), String> {
+        // Queued jobs passed over (backfill), from the recovery queue's
+        // head on: they stay queued.
+        let mut at = 0;
         while self.dirty {
-            let from_recovery = !self.recovery.is_empty();
-            let Some(&job) = self.recovery.front().or(self.queue.front()) else {
+            let Some((job, from_recovery)) = self.queued(at) else {
                 self.dirty = false;
                 break;
             };
             match self.attempt(job, from_recovery)? {
                 Attempt::Placed { node, choice, slurm_gpus, ask } => {
-                    self.pop_head(from_recovery);
+                    self.unqueue(at);
                     self.start(job, node, choice, slurm_gpus, &ask);
                 }
                 // Away for the step's wait and the requeue, if they take time.
                 Attempt::HandedBack if self.cfg.assumptions.requeue_s > 0.0 => {
-                    self.pop_head(from_recovery);
+                    self.unqueue(at);
                     self.away.push((self.t + self.cfg.assumptions.requeue_s, job, from_recovery));
                 }
                 Attempt::HandedBack => {}
                 Attempt::WaitsOnNode { node, slurm_gpus, ask } => {
-                    self.pop_head(from_recovery);
+                    self.unqueue(at);
                     let gib = ask.node_gib(self.cfg, self.wl[job].gpus);
                     self.slurm.hold(node, &slurm_gpus, ask.shards, gib);
                     let deadline = self.t + self.cfg.assumptions.node_wait_s;
                     self.on_node.push(OnNode { job, node, deadline, slurm_gpus, ask, from_recovery });
                 }
-                Attempt::Dropped => self.pop_head(from_recovery),
+                Attempt::Dropped => self.unqueue(at),
+                Attempt::Waits if self.cfg.assumptions.backfill => at += 1,
                 Attempt::Waits => {
                     self.dirty = false;
                     break;
@@ -72,14 +76,22 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// Takes the queue head that was tried (the recovery queue's, if it came
-    /// from there).
-    fn pop_head(&mut self, from_recovery: bool) {
-        if from_recovery {
-            self.recovery.pop_front()
+    /// The `at`-th queued job, the recovery queue's first, and whether it
+    /// is from there.
+    fn queued(&self, at: usize) -> Option<(usize, bool)> {
+        match self.recovery.get(at) {
+            Some(&job) => Some((job, true)),
+            None => self.queue.get(at - self.recovery.len()).map(|&job| (job, false)),
+        }
+    }
+
+    /// Takes the `at`-th queued job (see [`Sim::queued`]) out of its queue.
+    fn unqueue(&mut self, at: usize) {
+        if at < self.recovery.len() {
+            self.recovery.remove(at);
         } else {
-            self.queue.pop_front()
-        };
+            self.queue.remove(at - self.recovery.len());
+        }
     }
 
     /// Jobs waiting on their node: placed there once a GPU fits, handed
