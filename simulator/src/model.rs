@@ -90,7 +90,9 @@ pub struct Assumptions {
     /// Slurm's backfill as it works where jobs have no time limit (the test
     /// clusters' `MaxTime=INFINITE`): the queue head's reservation lies past
     /// every running job's end, so any later job that fits starts while the
-    /// head waits. Off: strictly in order (the head blocks the queue).
+    /// head waits (a stream of small jobs may then pass a large head for
+    /// ever, as in Slurm without a reservation). Off: strictly in order
+    /// (the head blocks the queue).
     pub backfill: bool,
 }
 

@@ -104,7 +104,8 @@ struct Sim<'a> {
     t: f64,
     /// Whether the queue head may fit now. Between events, effective free
     /// memory only shrinks (ramps) and SM activity is constant, so a blocked
-    /// head is retried only after something ends or a new head arrives.
+    /// head is retried only after something ends or a new head arrives
+    /// (under backfill, also when any job arrives: it may fit behind it).
     dirty: bool,
     /// Integrals over time, per GPU (node-major), and energy.
     sm_int: Vec<f64>,
@@ -216,7 +217,7 @@ impl<'a> Sim<'a> {
         }
         while self.next_arrival < self.trace.len() && self.trace[self.next_arrival].submit_s <= self.t + EPS {
             // (Under backfill a new job may start behind a blocked head.)
-            self.dirty |= self.queue.is_empty() && self.recovery.is_empty() || self.cfg.assumptions.backfill;
+            self.dirty |= (self.queue.is_empty() && self.recovery.is_empty()) || self.cfg.assumptions.backfill;
             self.queue.push_back(self.next_arrival);
             self.next_arrival += 1;
         }

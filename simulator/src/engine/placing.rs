@@ -31,7 +31,8 @@ enum Attempt {
     WaitsOnNode { node: usize, slurm_gpus: Vec<u32>, ask: Ask },
     /// It leaves the queue unplaced: rejected or failed.
     Dropped,
-    /// Nothing fits now: it waits, and so does the queue behind it.
+    /// Nothing fits now: it waits, and so does the queue behind it (under
+    /// backfill the jobs behind it are tried).
     Waits,
 }
 

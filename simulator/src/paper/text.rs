@@ -31,7 +31,8 @@ pub(super) fn intro(d: &Assumptions) -> String {
        is handed back (`--node-wait`, timeouts.wait), the requeue (`--requeue-delay`) and the monitors' admission\n\
        count (`--count-interval`, monitor.admission_interval). With them set, the simulator was held against real\n\
        Slurm: docs/replay.md. carma-epilog's pause of a job out of hand-backs (`--hand-back-pause`, carma.yaml\n\
-       hand_back_pause) is 0 here but in the `paused` rows.\n\n",
+       hand_back_pause) is 0 here but in the `paused` rows. The queue is strictly in order (`--backfill`, Slurm's\n\
+       backfill where jobs have no time limit, is off).\n\n",
         ramp = d.ramp_s,
     )
 }
