@@ -109,24 +109,26 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
         return 2;
     };
     let bin_dir = args.get(1).map(Path::new).filter(|d| !d.as_os_str().is_empty());
+    // What follows the requeue, read once: `whole`, a pause's seconds, or keep.
+    let next = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
+    let pause = next.strip_prefix("pause=").map(|s| s.parse::<u64>().unwrap_or(0));
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
         if state.is_ok_and(|s| s.trim() == "PENDING") {
-            let next = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
             if next == "whole" {
                 ask_for_a_whole_gpu(bin_dir, job);
             }
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked").
-            let after = next.strip_prefix("pause=").and_then(|s| s.parse::<u64>().ok()).unwrap_or(0).max(3);
+            let after = pause.unwrap_or(0).max(3);
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("StartTime=now+{after}")]);
             let mut failed = update.is_err();
             logged(job, "its requeue delay was not lifted", update);
-            if next.starts_with("pause=") {
+            if pause.is_some() {
                 let release = scontrol(bin_dir, &["release", job]);
                 failed |= release.is_err();
                 logged(job, "it was not released after its pause was set", release);
@@ -136,7 +138,7 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
         std::thread::sleep(Duration::from_millis(200));
     }
     logged(job, "it was not pending within a minute, so its requeue delay was not lifted", Err("gave up".into()));
-    if args.get(2).and_then(|w| w.to_str()).is_some_and(|w| w.starts_with("pause=")) {
+    if pause.is_some() {
         logged(job, "it was released without its pause", scontrol(bin_dir, &["release", job]));
     }
     1
