@@ -26,6 +26,16 @@ fn field(job: &str, key: &str) -> String {
     r.stdout.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))).unwrap_or_default().to_string()
 }
 
+/// Seconds from now until a time scontrol printed (local time).
+fn seconds_until(stamp: &str) -> i64 {
+    let at = root(&["date", "-d", stamp, "+%s"], 10).ok().stdout.trim().parse::<i64>();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64);
+    match (at, now) {
+        (Ok(at), Ok(now)) => at - now,
+        _ => panic!("not a time: {stamp}"),
+    }
+}
+
 /// Waits for a terminal state that stays put: between a run's end and its
 /// epilog's requeue, Slurm briefly reports FAILED for a job that restarts.
 fn wait_done(job: &str, secs: u64) -> String {
@@ -606,7 +616,7 @@ fn a_job_past_its_hand_backs_fails_with_the_reason_when_it_may_not_pause() {
     assert!(text.contains(&format!("found no GPU on {host}; handed back to Slurm")), "{text}");
     assert!(
         text.contains(&format!(
-            "found no GPU on {node2} after 1 hand-back(s); not handed back again (max_hand_backs=1, hand_back_pause=0): policy ff, estimate 20480M"
+            "found no GPU on {node2}; handed back 1 time(s) since it last paused (max_hand_backs=1); not handed back again: hand_back_pause=0: policy ff, estimate 20480M"
         )),
         "{text}"
     );
@@ -639,6 +649,16 @@ fn a_job_past_its_hand_backs_pauses_in_the_queue_and_runs_when_a_node_has_room()
     assert!(!text.contains("not handed back"), "{text}");
     // Pending on its pause, nothing of CARMA's excluded, counted afresh.
     assert_eq!(field(&job, "JobState"), "PENDING");
+    // Released, it waits for its begin time, the pause from its requeue:
+    // Slurm's release keeps the start the follow-up set before it.
+    let t = Instant::now();
+    while field(&job, "Reason") != "BeginTime" && t.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (reason, eligible) = (field(&job, "Reason"), field(&job, "EligibleTime"));
+    assert_eq!(reason, "BeginTime", "EligibleTime={eligible}");
+    let until = seconds_until(&eligible);
+    assert!((5..=21).contains(&until), "eligible in {until} s ({eligible}), not about the 20 s pause");
     assert_eq!(field(&job, "ExcNodeList"), "(null)");
     let comment = job_field(&job, "AdminComment");
     assert!(comment.contains("carma-hand-back: n=0 from=") && comment.contains(" c= p=1 ("), "{comment}");

@@ -224,6 +224,26 @@ served() {
         die "scale: root sent more than $max RPCs per job"
 }
 
+# Which of slurmctld's schedulers started the jobs since `sdiag -r` (the
+# main one, run at each submission and end, stops at the partition's first
+# job that does not fit; backfill passes, bf_interval apart, try the jobs
+# behind it), and how far apart the backfill passes were over $1 s: what
+# the simulator's --backfill-interval models (docs/replay.md).
+sched_split() {
+    sdiag | awk -v span="$1" '
+        /^Main schedule statistics/ {sec = "main"} /^Backfilling stats/ {sec = "bf"}
+        /^[ \t]*Jobs started:/ {started = $3}
+        sec == "bf" && /Total backfilled jobs \(since last stats cycle start\)/ {bf = $NF}
+        sec == "bf" && /^[ \t]*Total cycles:/ {cycles = $3}
+        sec == "bf" && /^[ \t]*Mean cycle:/ {mean = $3}
+        sec == "bf" && /^[ \t]*Depth Mean:/ {depth = $3}
+        END {
+            if (started == "" || bf == "" || cycles == "") { print "sdiag: no scheduler figures"; exit 1 }
+            printf "slurmctld started %d jobs (runs), %d of them by backfill; %d backfill passes, one per %.2f s, a mean of %.1f ms over a mean depth of %s jobs\n",
+                started, bf, cycles, (cycles ? span / cycles : 0), mean / 1000, depth }' ||
+        die "scale: sdiag printed no scheduler figures"
+}
+
 # Seconds since $1 (date +%s.%N), to the millisecond.
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.3f", b - a}'; }
 
@@ -315,30 +335,40 @@ replay() {
     echo "== scale replay: $n nodes, $trace, policy $policy, time / $compress: $jobs jobs, all left the queue after $span s"
     # The admission claim (#42): no job fails for want of a GPU; one the
     # cluster has no room for pauses in the queue (hand_back_pause) and
-    # runs when a node has room.
-    local nofit=0 seq rc
-    # Each job that did not end with status 0 and whose output says it
-    # found no GPU and was not handed back (grep: 0 found, 1 not, 2
-    # unreadable: the check fails).
+    # runs when a node has room. Every job must end with status 0: each
+    # that did not is counted by what its output says (grep: 0 found, 1
+    # not, 2 unreadable: the check fails), one that never ran too.
+    local nofit=0 other=0 never=0 seq rc
     while read -r seq rc; do
-        runuser -u "$TEST_USER" -- test -f "$r/out/$seq.out" || continue
-        runuser -u "$TEST_USER" -- grep -q "found no GPU on .*; not handed back" "$r/out/$seq.out" && rc=0 || rc=$?
-        case $rc in 0) nofit=$((nofit + 1)) ;; 1) ;; *) die "scale: cannot read $r/out/$seq.out" ;; esac
+        if [ "$rc" = - ]; then
+            never=$((never + 1))
+            continue
+        fi
+        runuser -u "$TEST_USER" -- grep -qE "found no GPU on |policy [a-z]+, estimate [^ ]+ \([a-z]+\): " "$r/out/$seq.out" && rc=0 || rc=$?
+        case $rc in 0) nofit=$((nofit + 1)) ;; 1) other=$((other + 1)) ;; *) die "scale: cannot read $r/out/$seq.out" ;; esac
     done < <(awk '$5 != "0" {print $1, $5}' "$r/results")
-    echo "failed for no GPU: $nofit of $jobs jobs; paused out of hand-backs: $(awk '{p += $8} END {print p + 0}' "$r/results") times"
+    echo "failed for no GPU: $nofit, for another reason: $other, never ran: $never (of $jobs jobs); paused out of hand-backs: $(awk '{p += $8} END {print p + 0}' "$r/results") times"
     [ "$nofit" -eq 0 ] || die "scale: $nofit job(s) failed for want of a GPU (hand_back_pause is on): see $r/out"
+    [ $((other + never)) -eq 0 ] || die "scale: $other job(s) failed and $never never ran: see $r/out and $r/results"
+    sched_split "$span"
     echo "slurmctld: $(awk -v a="$cpu0" -v b="$(cpu_s "$ctld")" 'BEGIN {printf "%.1f", b - a}') CPU s during the replay, RSS $(rss_mib "$ctld") MiB"
     # The stand-in answers GPM as an H100 does (its default profile), so
     # the nodes cap SM activity (carma.yaml's default activity_metric).
     local ll=()
     [ "$(slurmctld -V | awk '{split($2, v, "."); print v[1]}')" -lt 23 ] || ll=(--least-loaded)
+    # priority/basic (22.05's default) gives a job released from its
+    # requeue hold a new priority, the lowest so far; others keep its place.
+    scontrol show config | grep -qE '^PriorityType += priority/basic' && ll+=(--requeue-to-back)
     # A makespan is made by the last few long jobs: the simulator runs 8
     # more times, each submission up to a second later (Slurm's own start,
     # a median of half a second a job), and the real one is held against
-    # their median (docs/replay.md).
+    # their median (docs/replay.md). slurmctld as measured: backfill passes
+    # bf_interval (1 s, cluster.sh) apart, its main scheduler in order
+    # between them; a job handed back eligible 3 s after its requeue (the
+    # follow-up sets its start so).
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
         --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" --count-interval 10 --hand-back-pause "$pause" \
-        --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the simulated median makespan is off the real by more than ${SCALE_FAIL_ABOVE:-50} %)"
+        --backfill --backfill-interval 1 --requeue-delay 3 --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the simulated median makespan is off the real by more than ${SCALE_FAIL_ABOVE:-50} %)"
     # Each hand-back is a failed step, a requeue and a record more: 10.6
     # to 20.4 per job measured (docs/replay.md).
     served "$jobs" "$n" 30

@@ -119,12 +119,13 @@ pub fn hand_back(
     cfg: &Config,
     job: &str,
     job_no: u32,
-    reason: &str,
+    mark: &jobfiles::HandBackMark,
     status: i32,
     restart: Option<u32>,
     log: &dyn Fn(&str),
 ) {
     let bin = cfg.slurm_bin_dir.as_deref();
+    let reason = mark.reason.as_str();
     let node = env("SLURMD_NODENAME");
     let tell = |msg: &str| {
         log(msg);
@@ -175,20 +176,18 @@ pub fn hand_back(
             entry: jobfiles::hand_back_entry(count + 1, &node, &[carmas, vec![node.clone()]].concat(), pauses, reason),
             follow_up: FollowUp::Prompt,
         },
-        Some(why) if pause == 0 => {
-            return if count >= max {
-                tell(&format!(
-                    "carma: job {job} found no GPU on {node} after {count} hand-back(s); not handed back again (max_hand_backs={max}, hand_back_pause=0): {reason}"
-                ))
-            } else {
-                no(why)
-            };
+        Some(why) => {
+            if let Some(fails) = may_not_pause(cfg, mark, pauses) {
+                return tell(&format!(
+                    "carma: job {job} found no GPU on {node}; {why}; not handed back again: {fails}: {reason}"
+                ));
+            }
+            Next {
+                excluded: asked.without(&node, &carmas),
+                entry: jobfiles::hand_back_entry(0, &node, &[], pauses + 1, reason),
+                follow_up: FollowUp::Pause(this_pause),
+            }
         }
-        Some(_) => Next {
-            excluded: asked.without(&node, &carmas),
-            entry: jobfiles::hand_back_entry(0, &node, &[], pauses + 1, reason),
-            follow_up: FollowUp::Pause(this_pause),
-        },
     };
     // The requeue has its own bound: one cut short may still be applied.
     if let Err(e) = scontrol(bin, &["requeuehold", sel]) {
@@ -229,6 +228,18 @@ pub fn hand_back(
             pauses + 1
         ),
     });
+}
+
+/// Why a job that is to pause fails instead, if it does: pauses are off,
+/// no wait cures its refusal, or it has paused `max_pauses` times.
+fn may_not_pause(cfg: &Config, mark: &jobfiles::HandBackMark, pauses: u32) -> Option<String> {
+    if cfg.hand_back_pause.is_zero() {
+        Some("hand_back_pause=0".to_string())
+    } else if !mark.may_pause {
+        Some("no wait gives it what it asks of a node like this one".to_string())
+    } else {
+        (pauses >= cfg.max_pauses).then(|| format!("it paused {pauses} time(s) (max_pauses={})", cfg.max_pauses))
+    }
 }
 
 /// What the requeued job is to be: its exclusions, its AdminComment entry
@@ -342,6 +353,21 @@ mod tests {
         assert!(JobPlace::parse("a;b;c\nd;e;f\n").unwrap_err().contains("heterogeneous"));
         assert!(JobPlace::parse("").is_err() && JobPlace::parse("a;b").is_err());
         assert_eq!(JobPlace::parse(";;(null)").unwrap_err(), "squeue named no partition");
+    }
+
+    /// A job to pause fails instead with pauses off, where no wait cures
+    /// its refusal, and at its max_pauses+1-th pause.
+    #[test]
+    fn a_job_to_pause_fails_where_a_pause_cannot_help_or_is_over_its_bound() {
+        let cfg = Config { max_pauses: 2, ..Config::default() };
+        let curable = jobfiles::HandBackMark { reason: "full".into(), may_pause: true };
+        assert_eq!(may_not_pause(&cfg, &curable, 0), None);
+        assert_eq!(may_not_pause(&cfg, &curable, 1), None);
+        assert_eq!(may_not_pause(&cfg, &curable, 2).unwrap(), "it paused 2 time(s) (max_pauses=2)");
+        let short = jobfiles::HandBackMark { reason: "1 of 1 GPUs qualify, 2 needed".into(), may_pause: false };
+        assert!(may_not_pause(&cfg, &short, 0).unwrap().contains("no wait gives it"));
+        let off = Config { hand_back_pause: std::time::Duration::ZERO, ..cfg };
+        assert_eq!(may_not_pause(&off, &curable, 0).unwrap(), "hand_back_pause=0");
     }
 
     #[test]

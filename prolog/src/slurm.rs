@@ -92,12 +92,14 @@ fn logged(job: &str, what: &str, r: Result<(), String>) {
     }
 }
 
-/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|pause=S]]`: waits (at
-/// most a minute) until the requeued job is PENDING; with `whole`, turns
+/// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|pause=S]]`: waits
+/// until the requeued job is PENDING (at most a minute; with a pause, at
+/// most the pause or a minute, whichever is longer); with `whole`, turns
 /// its shards into a whole GPU (Slurm 24.11 and later apply it; 22.05
 /// refuses the update); then sets its start time to 3 s from now (with
-/// `pause=S`, S s from now, at least 3, then releases the held job, also
-/// when its start could not be set).
+/// `pause=S`, S s from the requeue, at least 3 s from now), then releases
+/// the held job, also when its start could not be set or it never showed
+/// PENDING (held for ever would be worse than a short pause).
 pub fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -111,9 +113,10 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
     let bin_dir = args.get(1).map(Path::new).filter(|d| !d.as_os_str().is_empty());
     // What follows the requeue, read once: `whole`, a pause's seconds, or keep.
     let next = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
-    let pause = next.strip_prefix("pause=").map(|s| s.parse::<u64>().unwrap_or(0));
+    let pause = next.strip_prefix("pause=").map(|s| Duration::from_secs(s.parse::<u64>().unwrap_or(0)));
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(60) {
+    let mut failed = true;
+    while start.elapsed() < pause.unwrap_or_default().max(Duration::from_secs(60)) {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
@@ -124,24 +127,32 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
             // Not "now": slurmd revokes the previous run's credential with
             // one-second granularity and kills a run that starts within that
             // second ("Job credential revoked").
-            let after = pause.unwrap_or(0).max(3);
+            let after = pause.map_or(0, |p| p.saturating_sub(start.elapsed()).as_secs()).max(3);
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("StartTime=now+{after}")]);
-            let mut failed = update.is_err();
+            failed = update.is_err();
             logged(job, "its requeue delay was not lifted", update);
-            if pause.is_some() {
-                let release = scontrol(bin_dir, &["release", job]);
-                failed |= release.is_err();
-                logged(job, "it was not released after its pause was set", release);
-            }
-            return i32::from(failed);
+            break;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    logged(job, "it was not pending within a minute, so its requeue delay was not lifted", Err("gave up".into()));
-    if pause.is_some() {
-        logged(job, "it was released without its pause", scontrol(bin_dir, &["release", job]));
+    if failed && start.elapsed() >= Duration::from_secs(60) {
+        logged(job, "it was not pending in time, so its start was not set", Err("gave up".into()));
     }
-    1
+    if pause.is_some() {
+        // A held job runs only once released: a refused release is tried
+        // again before it is left to an administrator (syslog).
+        let mut release = scontrol(bin_dir, &["release", job]);
+        for _ in 0..3 {
+            if release.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(2));
+            release = scontrol(bin_dir, &["release", job]);
+        }
+        failed |= release.is_err();
+        logged(job, "it was not released after its pause was set (`scontrol release` runs it)", release);
+    }
+    i32::from(failed)
 }
 
 /// Turns the pending job's shards into one whole GPU of the same type.

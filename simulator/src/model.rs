@@ -94,6 +94,16 @@ pub struct Assumptions {
     /// ever, as in Slurm without a reservation). Off: strictly in order
     /// (the head blocks the queue).
     pub backfill: bool,
+    /// Under `backfill`, seconds between backfill passes: slurmctld's
+    /// backfill runs `bf_interval` after its last cycle ended, and between
+    /// its passes the main scheduler, run at each submission and end, stops
+    /// at the first job that does not fit. 0: a pass at every event.
+    pub backfill_interval_s: f64,
+    /// A job handed back (or paused) goes to the back of the queue, as in
+    /// Slurm under priority/basic, where a job requeued held is given a
+    /// new priority, below every job's so far, when it is released. Off:
+    /// it keeps its place (its submission's).
+    pub requeue_to_back: bool,
 }
 
 impl Default for Assumptions {
@@ -114,6 +124,8 @@ impl Default for Assumptions {
             count_interval_s: 0.0,
             hand_back_pause_s: 0.0,
             backfill: false,
+            backfill_interval_s: 0.0,
+            requeue_to_back: false,
         }
     }
 }

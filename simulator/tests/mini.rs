@@ -55,6 +55,8 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             count_interval_s: 0.0,
             hand_back_pause_s: 0.0,
             backfill: false,
+            backfill_interval_s: 0.0,
+            requeue_to_back: false,
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
@@ -304,17 +306,22 @@ fn under_backfill_a_job_behind_a_waiting_head_starts_if_it_fits() {
     .into();
     let trace = [job(0, 0.0, "mid"), job(1, 1.0, "pair"), job(2, 2.0, "small")];
     let one = Cluster { nodes: 1, gpus_per_node: 2, mem_mib: 40 * 1024 };
-    let run = |backfill: bool| {
+    let run = |backfill: bool, backfill_interval_s: f64| {
         let base = cfg(Policy::Magm, Estimator::Oracle, 0.0);
-        let assumptions = Assumptions { backfill, ..base.assumptions };
+        let assumptions = Assumptions { backfill, backfill_interval_s, ..base.assumptions };
         let c = SimConfig { cluster: one, admission: Admission::NodeMemory { hand_back: 0 }, assumptions, ..base };
         simulate(&trace, &w, &c).unwrap()
     };
-    let fifo = run(false);
+    let fifo = run(false, 0.0);
     assert_eq!(fifo.jobs[2].start_s, Some(100.0), "{:?}", fifo.jobs);
-    let bf = run(true);
+    let bf = run(true, 0.0);
     assert_eq!(bf.jobs[2].start_s, Some(2.0), "{:?}", bf.jobs);
     assert_eq!((fifo.jobs[1].start_s, bf.jobs[1].start_s), (Some(100.0), Some(100.0)), "the head: {:?}", bf.jobs);
+    // Passes every 7 s from the first submission: the job behind the head
+    // waits for the one at 7 s; the head still starts when the first ends.
+    let periodic = run(true, 7.0);
+    assert_eq!(periodic.jobs[2].start_s, Some(7.0), "{:?}", periodic.jobs);
+    assert!(periodic.jobs[1].start_s.is_some_and(|s| (s - 100.0).abs() < 1e-6), "the head: {:?}", periodic.jobs);
 }
 
 /// Under `gpu_owner: slurm` CARMA keeps to the GPU of the job's shard,

@@ -12,4 +12,5 @@ pub mod monitor;
 pub mod mps_standin;
 pub mod replay;
 pub mod simulate;
+pub mod slurm_model;
 pub mod status;

@@ -76,9 +76,8 @@ pub struct CompareArgs {
     /// Seconds a job out of hand-backs waits in the queue before it may go anywhere again (the nodes' hand_back_pause); 0: it fails
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub hand_back_pause: f64,
-    /// Slurm's backfill where jobs have no time limit (the test cluster's partitions): a job behind a queue head that waits starts if it fits
-    #[arg(long)]
-    pub backfill: bool,
+    #[command(flatten)]
+    pub slurm: crate::slurm_model::SlurmModel,
     /// Fail (exit 1) when the simulated makespan (with --noise-runs, the median of the runs') differs from the real by more than PCT per cent: a broken model or harness, not a benchmark's verdict
     #[arg(long, value_name = "PCT", value_parser = seconds)]
     pub fail_above: Option<f64>,
@@ -309,7 +308,7 @@ fn simulated_run(a: &CompareArgs, real: &[RealJob], noise: Option<(u64, f64)>) -
         policy: a.policy,
         estimator: Estimator::Oracle,
         params: Params { metric: a.cap_metric, ..Params::default() },
-        assumptions: Assumptions {
+        assumptions: a.slurm.apply(Assumptions {
             ramp_s: ramp_s(compress),
             window_s: a.window,
             publish_s: a.publish,
@@ -317,9 +316,8 @@ fn simulated_run(a: &CompareArgs, real: &[RealJob], noise: Option<(u64, f64)>) -
             requeue_s: a.requeue_delay,
             count_interval_s: a.count_interval,
             hand_back_pause_s: a.hand_back_pause,
-            backfill: a.backfill,
             ..Assumptions::default()
-        },
+        }),
         admission: Admission::parse("node-memory")?,
         gpu_owner: a.gpu_owner,
         least_loaded: a.least_loaded,

@@ -92,9 +92,8 @@ pub struct SimulateArgs {
     /// Under hand-back admissions: seconds a job that was handed back as often as it may be since it last paused waits in the queue before it may go anywhere again (carma.yaml's hand_back_pause); 0: it fails
     #[arg(long, value_name = "S", default_value_t = Assumptions::default().hand_back_pause_s, value_parser = num)]
     pub hand_back_pause: f64,
-    /// Slurm's backfill where jobs have no time limit: a job behind a queue head that waits starts if it fits; without it the head blocks the queue
-    #[arg(long)]
-    pub backfill: bool,
+    #[command(flatten)]
+    pub slurm: crate::slurm_model::SlurmModel,
     /// Idle power in watts [default: the --gpu profile's]
     #[arg(long, allow_negative_numbers = true, value_name = "W", value_parser = num)]
     pub idle_w: Option<f64>,
@@ -164,7 +163,9 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
         requeue_s: a.requeue_delay,
         count_interval_s: a.count_interval,
         hand_back_pause_s: a.hand_back_pause,
-        backfill: a.backfill,
+        backfill: a.slurm.backfill,
+        backfill_interval_s: a.slurm.backfill_interval,
+        requeue_to_back: a.slurm.requeue_to_back,
     }
 }
 
@@ -336,6 +337,8 @@ mod tests {
             count_interval_s: 0.0,
             hand_back_pause_s: 0.0,
             backfill: false,
+            backfill_interval_s: 0.0,
+            requeue_to_back: false,
         };
         assert_eq!(assumptions(&a), want);
         let p = params(&a);

@@ -102,6 +102,8 @@ impl Default for Config {
             no_fit: NoFitAction::Wait,
             max_hand_backs: 3,
             hand_back_pause: Duration::from_secs(60),
+            // 60 s doubling to an hour: about 19 h in the queue in all.
+            max_pauses: 24,
             recovery_mode: RecoveryMode::Exclusive,
             max_recoveries: 1,
             looser_margin_mib: 2048,

@@ -109,6 +109,7 @@ pub(super) struct RawConfig {
     pub(super) no_fit: Option<String>,
     pub(super) max_hand_backs: Option<u32>,
     pub(super) hand_back_pause: Option<Scalar>,
+    pub(super) max_pauses: Option<u32>,
     pub(super) recovery: Option<RawRecovery>,
     pub(super) oom_patterns: Option<Vec<String>>,
     pub(super) extra_oom_patterns: Option<Vec<String>>,

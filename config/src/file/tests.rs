@@ -153,6 +153,7 @@ fn full_file() {
     assert_eq!(c.hand_back_pause, Duration::from_secs(120));
     assert_eq!(Config::default().hand_back_pause, Duration::from_secs(60));
     assert_eq!(parse("hand_back_pause: 0s\n").unwrap().hand_back_pause, Duration::ZERO);
+    assert_eq!((Config::default().max_pauses, parse("max_pauses: 3\n").unwrap().max_pauses), (24, 3));
     assert_eq!(parse("no_fit: fail\n").unwrap().no_fit, NoFitAction::Fail);
     assert_eq!(c.recovery_mode, RecoveryMode::Looser);
     assert_eq!(c.max_recoveries, 2);
@@ -197,6 +198,8 @@ fn errors_name_the_key_on_one_line() {
         ("max_hand_backs: 11\n", "max_hand_backs"),
         ("hand_back_pause: 2h\n", "hand_back_pause"),
         ("hand_back_pause: soon\n", "hand_back_pause"),
+        ("max_pauses: 0\n", "max_pauses"),
+        ("max_pauses: 1001\n", "max_pauses"),
         ("recovery: {mode: twice}\n", "recovery.mode"),
         ("timeouts: {lock: 0s}\n", "timeouts"),
         ("oom_patterns: [\"\"]\n", "oom_patterns"),

@@ -242,6 +242,9 @@ pub struct Config {
     /// has no other node to go to) is requeued to wait before it may run
     /// again, on any node of its own choosing; 0: it fails instead.
     pub hand_back_pause: Duration,
+    /// How many pauses one job may take; at the next, it fails with why
+    /// (a job no node has had room for in all of them).
+    pub max_pauses: u32,
     pub recovery_mode: RecoveryMode,
     pub max_recoveries: u32,
     pub looser_margin_mib: u64,

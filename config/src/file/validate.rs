@@ -253,6 +253,17 @@ impl Check<'_> {
             }
             c.hand_back_pause = d;
         }
+        if let Some(n) = raw.max_pauses {
+            if !(1..=1000).contains(&n) {
+                return Err(self.bad(
+                    "max_pauses",
+                    format!(
+                        "{n} is out of range; use 1 to 1000 (hand_back_pause: 0s fails the job instead of pausing it)"
+                    ),
+                ));
+            }
+            c.max_pauses = n;
+        }
         Ok(())
     }
 

@@ -75,6 +75,11 @@ impl Sim<'_> {
                 }
             }
         }
+        if let Some(pass) = self.next_backfill()
+            && (self.queue.len() + self.recovery.len()) > 1
+        {
+            t_next = t_next.min(pass);
+        }
         for (r, &k) in self.runs.iter().zip(&pace.rate) {
             t_next = t_next.min(t + (1.0 - r.progress) / k);
             if r.start + a.ramp_s > t + EPS {

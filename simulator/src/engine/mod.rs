@@ -41,6 +41,8 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         sim.dirty |= cfg.assumptions.window_s > 0.0;
         // A monitor that sets its node's count may let the head in.
         sim.dirty |= sim.set_counts();
+        // A backfill pass tries every job behind a head that waits.
+        sim.dirty |= sim.backfill_now() && sim.cfg.assumptions.backfill_interval_s > 0.0;
         sim.place_queue_heads()?;
         // Who runs where changed now, not at the next event.
         sim.record_readings();
@@ -204,23 +206,46 @@ impl<'a> Sim<'a> {
     }
 
     /// Queues the jobs submitted by now, and those handed back whose time
-    /// away is over (in submit order: a requeued job keeps its priority).
+    /// away is over (in submit order: a requeued job keeps its priority;
+    /// or last, `requeue_to_back`).
     fn arrivals(&mut self) {
         let t = self.t;
         let back: Vec<(usize, bool)> = self.away.iter().filter(|a| a.0 <= t + EPS).map(|a| (a.1, a.2)).collect();
         self.away.retain(|a| a.0 > t + EPS);
         for (job, recovering) in back {
+            let last = self.cfg.assumptions.requeue_to_back && !recovering;
             let q = if recovering { &mut self.recovery } else { &mut self.queue };
-            let at = q.iter().position(|&o| o > job).unwrap_or(q.len());
+            let at = if last { q.len() } else { q.iter().position(|&o| o > job).unwrap_or(q.len()) };
             q.insert(at, job);
             self.dirty = true;
         }
         while self.next_arrival < self.trace.len() && self.trace[self.next_arrival].submit_s <= self.t + EPS {
             // (Under backfill a new job may start behind a blocked head.)
-            self.dirty |= (self.queue.is_empty() && self.recovery.is_empty()) || self.cfg.assumptions.backfill;
+            self.dirty |= (self.queue.is_empty() && self.recovery.is_empty()) || self.backfill_now();
             self.queue.push_back(self.next_arrival);
             self.next_arrival += 1;
         }
+    }
+
+    /// Whether jobs behind a queue head that waits may be tried now: under
+    /// backfill, at every event, or at its passes (every
+    /// `backfill_interval_s` from the first submission).
+    fn backfill_now(&self) -> bool {
+        let a = &self.cfg.assumptions;
+        if !a.backfill || a.backfill_interval_s <= 0.0 {
+            return a.backfill;
+        }
+        let k = ((self.t - self.t0) / a.backfill_interval_s).round();
+        (self.t - self.t0 - k * a.backfill_interval_s).abs() < EPS
+    }
+
+    /// The next backfill pass after now, where passes are periodic.
+    fn next_backfill(&self) -> Option<f64> {
+        let a = &self.cfg.assumptions;
+        (a.backfill && a.backfill_interval_s > 0.0).then(|| {
+            let k = ((self.t - self.t0) / a.backfill_interval_s + EPS).floor() + 1.0;
+            self.t0 + k * a.backfill_interval_s
+        })
     }
 
     /// Each GPU's instantaneous readings from now on, for the window means.
@@ -295,5 +320,54 @@ impl<'a> Sim<'a> {
             paused: self.paused,
             timeline: self.timeline,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carma_config::{GpuOwner, Policy};
+    use carma_placement::Params;
+
+    /// A job back from a requeue keeps its submission's place in the
+    /// queue, or (priority/basic's release) goes behind every job queued.
+    #[test]
+    fn a_job_back_from_a_requeue_keeps_its_place_or_goes_last() {
+        let w = Workload {
+            name: "w".into(),
+            gpus: 1,
+            solo_s: 10.0,
+            peak_mib: 1024,
+            estimates: HashMap::new(),
+            sm: 0.1,
+            busy: 0.1,
+            model_file: None,
+            batch_size: None,
+            seq_len: None,
+        };
+        let workloads: HashMap<String, Workload> = [("w".to_string(), w)].into();
+        let trace: Vec<TraceJob> =
+            (0..3).map(|seq| TraceJob { seq, submit_s: f64::from(seq), workload: "w".into() }).collect();
+        let order = |requeue_to_back: bool| {
+            let cfg = SimConfig {
+                cluster: Cluster { nodes: 1, gpus_per_node: 1, mem_mib: 40 * 1024 },
+                policy: Policy::Magm,
+                estimator: Estimator::Oracle,
+                params: Params::default(),
+                assumptions: Assumptions { requeue_to_back, ..Assumptions::default() },
+                admission: Admission::Anywhere,
+                gpu_owner: GpuOwner::Carma,
+                least_loaded: false,
+            };
+            let mut sim = Sim::new(&trace, &workloads, &cfg).unwrap();
+            sim.t = 2.0;
+            sim.away.push((2.0, 0, false));
+            sim.queue.extend([1, 2]);
+            sim.next_arrival = 3;
+            sim.arrivals();
+            sim.queue.iter().copied().collect::<Vec<_>>()
+        };
+        assert_eq!(order(false), [0, 1, 2]);
+        assert_eq!(order(true), [1, 2, 0]);
     }
 }

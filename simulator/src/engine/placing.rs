@@ -67,7 +67,7 @@ impl Sim<'_> {
                     self.on_node.push(OnNode { job, node, deadline, slurm_gpus, ask, from_recovery });
                 }
                 Attempt::Dropped => self.unqueue(at),
-                Attempt::Waits if self.cfg.assumptions.backfill => at += 1,
+                Attempt::Waits if self.backfill_now() => at += 1,
                 Attempt::Waits => {
                     self.dirty = false;
                     break;

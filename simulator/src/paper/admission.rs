@@ -36,26 +36,38 @@ const ADMISSIONS: [(Admission, GpuOwner, bool); 14] = {
 /// carma.yaml's default `hand_back_pause`, seconds.
 const PAUSE_S: f64 = 60.0;
 
+/// slurm.conf's default `bf_interval`, seconds.
+const BF_INTERVAL_S: f64 = 30.0;
+
 /// Every case under every admission: what slurmctld's choice of node costs,
 /// against a cluster-wide CARMA no Slurm has.
 pub(super) fn admission_section(carma: &Path, w: &HashMap<String, Workload>) -> Result<String, String> {
     let mut md = String::from(INTRO);
     for (label, cluster, trace, workloads) in &cases(carma, w)? {
-        // Each admission as it fails a job out of hand-backs; node-memory
-        // with CARMA's choice of GPU also as carma-epilog pauses it
-        // (carma.yaml's hand_back_pause, 60 s).
+        // Each admission as it fails a job out of hand-backs, the queue in
+        // order; node-memory with CARMA's choice of GPU also as carma-epilog
+        // pauses it (carma.yaml's hand_back_pause, 60 s), and so again with
+        // Slurm's backfill (these jobs have no time limit) at its default
+        // interval.
         let paused = (Admission::NodeMemory { hand_back: 3 }, GpuOwner::Carma, false);
         let runs = ADMISSIONS.iter().flat_map(|&a| {
-            let also = (a == paused).then_some((a, PAUSE_S));
-            std::iter::once((a, 0.0)).chain(also)
+            let also = (a == paused).then_some([(a, PAUSE_S, false), (a, PAUSE_S, true)]);
+            std::iter::once((a, 0.0, false)).chain(also.into_iter().flatten())
         });
-        for ((admission, gpu_owner, least_loaded), hand_back_pause_s) in runs {
+        for ((admission, gpu_owner, least_loaded), hand_back_pause_s, backfill) in runs {
+            let assumptions = Assumptions {
+                sample_s: 0.0,
+                hand_back_pause_s,
+                backfill,
+                backfill_interval_s: BF_INTERVAL_S,
+                ..Assumptions::default()
+            };
             let cfg = SimConfig {
                 cluster: *cluster,
                 policy: Policy::Magm,
                 estimator: Estimator::Oracle,
                 params: Params { metric: ActivityMetric::Busy, ..Params::default() },
-                assumptions: Assumptions { sample_s: 0.0, hand_back_pause_s, ..Assumptions::default() },
+                assumptions,
                 admission,
                 gpu_owner,
                 least_loaded,
@@ -113,9 +125,16 @@ fn row(
         cluster.mem_mib / 1024,
         match admission {
             Admission::Shards { per_gpu, .. } if per_gpu != 8 => format!("{} ({per_gpu} per GPU)", admission.name()),
-            _ if cfg.assumptions.hand_back_pause_s > 0.0 => {
-                format!("{}, paused {} s", admission.name(), cfg.assumptions.hand_back_pause_s)
-            }
+            _ if cfg.assumptions.hand_back_pause_s > 0.0 => format!(
+                "{}, paused {} s{}",
+                admission.name(),
+                cfg.assumptions.hand_back_pause_s,
+                if cfg.assumptions.backfill {
+                    format!(", backfill {} s", cfg.assumptions.backfill_interval_s)
+                } else {
+                    String::new()
+                }
+            ),
             _ => admission.name().to_string(),
         },
         if cfg.least_loaded { "slurm, least loaded" } else { cfg.gpu_owner.name() },
@@ -174,7 +193,11 @@ const FINDINGS: &str = "\nWhat this says (these runs are the first measurement o
      as in the `node-memory` rows): no job fails. The jobs the plain rows fail (239, 207 and 0) run instead, at a\n\
      cost: makespans 7.65, 9.74 and 2.41 h against `anywhere`'s 6.39, 8.41 and 2.45, mean waits 113, 95 and 0\n\
      minutes, and 1739, 1399 and 0 hand-backs, each a failed step and a requeue (a refused job is tried again at\n\
-     once here; on a real node after `timeouts.wait`).\n\n\
+     once here; on a real node after `timeouts.wait`). With Slurm's backfill as a replay measured it (`backfill 30\n\
+     s`: a pass every `bf_interval`, slurm.conf's default 30 s, starts any queued job that fits behind a head that\n\
+     waits, as these jobs have no time limit; docs/replay.md) the mean waits fall to 87 and 86 minutes and the\n\
+     makespans to 7.44 and 9.71 h; trace_t1's hand-backs rise to 2289 (more jobs tried while nodes are full), trace_t2's\n\
+     fall to 963. No other row moved (added 2026-11-27).\n\n\
      Whose choice of GPU stands (#37, rows `slurm` and `least loaded` added 2026-11-26 beside the earlier\n\
      rows, none of which moved). Under\n\
      `gpu_owner: slurm`, the plugin's default, slurmctld takes a job's shard from the first GPU with one free,\n\

@@ -32,7 +32,7 @@ pub(super) fn intro(d: &Assumptions) -> String {
        count (`--count-interval`, monitor.admission_interval). With them set, the simulator was held against real\n\
        Slurm: docs/replay.md. carma-epilog's pause of a job out of hand-backs (`--hand-back-pause`, carma.yaml\n\
        hand_back_pause) is 0 here but in the `paused` rows. The queue is strictly in order (`--backfill`, Slurm's\n\
-       backfill where jobs have no time limit, is off).\n\n",
+       backfill where jobs have no time limit, is off but in the `backfill` rows).\n\n",
         ramp = d.ramp_s,
     )
 }
