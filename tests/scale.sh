@@ -336,20 +336,21 @@ replay() {
     # The admission claim (#42): no job fails for want of a GPU; one the
     # cluster has no room for pauses in the queue (hand_back_pause) and
     # runs when a node has room. Every job must end with status 0: each
-    # that did not is counted by what its output says (grep: 0 found, 1
-    # not, 2 unreadable: the check fails), one that never ran too.
+    # that did not is counted by what its output says (carma-epilog's
+    # refusal to hand it back again; grep: 0 found, 1 not, 2 unreadable:
+    # the check fails), one with no run that started and ended too.
     local nofit=0 other=0 never=0 seq rc
     while read -r seq rc; do
         if [ "$rc" = - ]; then
             never=$((never + 1))
             continue
         fi
-        runuser -u "$TEST_USER" -- grep -qE "found no GPU on |policy [a-z]+, estimate [^ ]+ \([a-z]+\): " "$r/out/$seq.out" && rc=0 || rc=$?
+        runuser -u "$TEST_USER" -- grep -qE "found no GPU on [^;]*;.*not handed back" "$r/out/$seq.out" && rc=0 || rc=$?
         case $rc in 0) nofit=$((nofit + 1)) ;; 1) other=$((other + 1)) ;; *) die "scale: cannot read $r/out/$seq.out" ;; esac
     done < <(awk '$5 != "0" {print $1, $5}' "$r/results")
-    echo "failed for no GPU: $nofit, for another reason: $other, never ran: $never (of $jobs jobs); paused out of hand-backs: $(awk '{p += $8} END {print p + 0}' "$r/results") times"
+    echo "failed for no GPU: $nofit, for another reason: $other, no run started and ended: $never (of $jobs jobs); paused out of hand-backs: $(awk '{p += $8} END {print p + 0}' "$r/results") times"
     [ "$nofit" -eq 0 ] || die "scale: $nofit job(s) failed for want of a GPU (hand_back_pause is on): see $r/out"
-    [ $((other + never)) -eq 0 ] || die "scale: $other job(s) failed and $never never ran: see $r/out and $r/results"
+    [ $((other + never)) -eq 0 ] || die "scale: $other job(s) failed and $never had no run that started and ended: see $r/out and $r/results"
     sched_split "$span"
     echo "slurmctld: $(awk -v a="$cpu0" -v b="$(cpu_s "$ctld")" 'BEGIN {printf "%.1f", b - a}') CPU s during the replay, RSS $(rss_mib "$ctld") MiB"
     # The stand-in answers GPM as an H100 does (its default profile), so
@@ -358,14 +359,15 @@ replay() {
     [ "$(slurmctld -V | awk '{split($2, v, "."); print v[1]}')" -lt 23 ] || ll=(--least-loaded)
     # priority/basic (22.05's default) gives a job released from its
     # requeue hold a new priority, the lowest so far; others keep its place.
-    scontrol show config | grep -qE '^PriorityType += priority/basic' && ll+=(--requeue-to-back)
+    # (grep reads it all: -q would end scontrol early, failing the pipe.)
+    if scontrol show config | grep -E '^PriorityType += priority/basic' >/dev/null; then ll+=(--requeue-to-back); fi
     # A makespan is made by the last few long jobs: the simulator runs 8
     # more times, each submission up to a second later (Slurm's own start,
     # a median of half a second a job), and the real one is held against
     # their median (docs/replay.md). slurmctld as measured: backfill passes
     # bf_interval (1 s, cluster.sh) apart, its main scheduler in order
-    # between them; a job handed back eligible 3 s after its requeue (the
-    # follow-up sets its start so).
+    # between them; a job handed back eligible 3 s after it is pending
+    # again (the follow-up sets its start so).
     /usr/bin/carma replay-compare --plan "$r/plan" --results "$r/results" --cluster "${n}x4x40G" --policy "$policy" \
         --gpu-owner carma --cap-metric sm --window "$window" --publish "$publish" --node-wait "$wait" --count-interval 10 --hand-back-pause "$pause" \
         --backfill --backfill-interval 1 --requeue-delay 3 --noise-runs 8 --noise 1 --fail-above "${SCALE_FAIL_ABOVE:-50}" "${ll[@]}" || die "scale: carma replay-compare failed (or the simulated median makespan is off the real by more than ${SCALE_FAIL_ABOVE:-50} %)"

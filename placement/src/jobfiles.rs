@@ -217,33 +217,16 @@ const HAND_BACK_REASON: usize = 200;
 
 /// slurmstepd found no GPU for the job's batch step here (`no_fit:
 /// hand_back`) and failed it: carma-epilog is to requeue the job away
-/// from this node. `reason`: why, as the step's error said it (cut short);
-/// `may_pause`: whether a wait may cure it (else, with no other node left,
-/// the job fails rather than pause: it asks what no wait gives it).
-pub fn write_hand_back(dir: &Path, job: u32, reason: &str, may_pause: bool) -> std::io::Result<()> {
+/// from this node. `reason`: why, as the step's error said it (cut short).
+pub fn write_hand_back(dir: &Path, job: u32, reason: &str) -> std::io::Result<()> {
     let line: String = reason.chars().filter(|c| !c.is_control()).take(HAND_BACK_REASON).collect();
-    let no_pause = if may_pause { "" } else { NO_PAUSE };
-    write_atomic(&hand_back_path(dir, job), &format!("{line}\n{no_pause}"))
-}
-
-/// The hand-back file's second line where a wait cannot cure the refusal.
-const NO_PAUSE: &str = "no-pause\n";
-
-/// Why slurmstepd handed a job back here.
-#[derive(Debug, PartialEq)]
-pub struct HandBackMark {
-    pub reason: String,
-    /// Whether a wait may cure it (see [`write_hand_back`]).
-    pub may_pause: bool,
+    write_atomic(&hand_back_path(dir, job), &format!("{line}\n"))
 }
 
 /// The reason slurmstepd handed the job back here, if it did.
-pub fn read_hand_back(dir: &Path, job: u32) -> Option<HandBackMark> {
+pub fn read_hand_back(dir: &Path, job: u32) -> Option<String> {
     let text = String::from_utf8(crate::fsutil::read_bounded(&hand_back_path(dir, job), 1024).ok()??).ok()?;
-    let mut lines = text.lines();
-    let reason = lines.next().unwrap_or_default().trim().to_string();
-    let may_pause = !lines.any(|l| l == NO_PAUSE.trim_end());
-    Some(HandBackMark { reason, may_pause })
+    Some(text.trim().to_string())
 }
 
 pub fn forget_hand_back(dir: &Path, job: u32) {
@@ -387,20 +370,9 @@ mod tests {
     fn a_hand_back_is_kept_here_and_counted_in_admin_comment() {
         let d = TempDir::new();
         assert_eq!(read_hand_back(&d.0, 5), None);
-        write_hand_back(&d.0, 5, &format!("no GPU fits\nno-pause\nfake line {}", "x".repeat(400)), true).unwrap();
+        write_hand_back(&d.0, 5, &format!("no GPU fits\nfake line {}", "x".repeat(400))).unwrap();
         let kept = read_hand_back(&d.0, 5).unwrap();
-        // The reason's own words never say that a wait cannot cure it.
-        assert!(
-            kept.reason.starts_with("no GPU fitsno-pausefake line x") && kept.reason.chars().count() == 200,
-            "{kept:?}"
-        );
-        assert!(kept.may_pause);
-        write_hand_back(&d.0, 5, "1 of 1 GPUs qualify, 2 needed", false).unwrap();
-        let m = read_hand_back(&d.0, 5).unwrap();
-        assert_eq!((m.reason.as_str(), m.may_pause), ("1 of 1 GPUs qualify, 2 needed", false));
-        // An older build's file: the reason alone.
-        std::fs::write(hand_back_path(&d.0, 5), "why\n").unwrap();
-        assert_eq!(read_hand_back(&d.0, 5), Some(HandBackMark { reason: "why".into(), may_pause: true }));
+        assert!(kept.starts_with("no GPU fitsfake line x") && kept.chars().count() == 200, "{kept}");
         remove(&d.0, 5);
         assert_eq!(read_hand_back(&d.0, 5), None);
         let added = ["node1".to_string(), "node3".to_string()];

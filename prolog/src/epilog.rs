@@ -43,10 +43,10 @@ pub fn run(cfg: &Config, log: &dyn Fn(&str)) -> Result<(), String> {
     let restart: Option<u32> = env("SLURM_JOB_RESTART_COUNT").parse().ok();
     // slurmstepd found no GPU here for the batch step and failed it
     // (no_fit: hand_back): the job never ran, so there is no OOM to look for.
-    if let Some(mark) = jobfiles::read_hand_back(&cfg.state_dir, job_no).filter(|_| status != 0) {
+    if let Some(reason) = jobfiles::read_hand_back(&cfg.state_dir, job_no).filter(|_| status != 0) {
         let ends = scan_output(cfg, &job, &earlier, 0).ends;
         end_run(cfg, job_no, &ends, log);
-        hand_back(cfg, &job, job_no, &mark, status, restart, log);
+        hand_back(cfg, &job, job_no, &reason, status, restart, log);
         sweep_stale_jobfiles(cfg, log);
         return Ok(());
     }

@@ -119,13 +119,12 @@ pub fn hand_back(
     cfg: &Config,
     job: &str,
     job_no: u32,
-    mark: &jobfiles::HandBackMark,
+    reason: &str,
     status: i32,
     restart: Option<u32>,
     log: &dyn Fn(&str),
 ) {
     let bin = cfg.slurm_bin_dir.as_deref();
-    let reason = mark.reason.as_str();
     let node = env("SLURMD_NODENAME");
     let tell = |msg: &str| {
         log(msg);
@@ -177,7 +176,7 @@ pub fn hand_back(
             follow_up: FollowUp::Prompt,
         },
         Some(why) => {
-            if let Some(fails) = may_not_pause(cfg, mark, pauses) {
+            if let Some(fails) = may_not_pause(cfg, pauses) {
                 return tell(&format!(
                     "carma: job {job} found no GPU on {node}; {why}; not handed back again: {fails}: {reason}"
                 ));
@@ -231,12 +230,12 @@ pub fn hand_back(
 }
 
 /// Why a job that is to pause fails instead, if it does: pauses are off,
-/// no wait cures its refusal, or it has paused `max_pauses` times.
-fn may_not_pause(cfg: &Config, mark: &jobfiles::HandBackMark, pauses: u32) -> Option<String> {
+/// or it has paused `max_pauses` times (a job no node had room for in all
+/// of them, or one refused for what no wait changes: a node's GPU its
+/// driver lost, gres.conf's GPUs out of the readings' order).
+fn may_not_pause(cfg: &Config, pauses: u32) -> Option<String> {
     if cfg.hand_back_pause.is_zero() {
         Some("hand_back_pause=0".to_string())
-    } else if !mark.may_pause {
-        Some("no wait gives it what it asks of a node like this one".to_string())
     } else {
         (pauses >= cfg.max_pauses).then(|| format!("it paused {pauses} time(s) (max_pauses={})", cfg.max_pauses))
     }
@@ -355,19 +354,16 @@ mod tests {
         assert_eq!(JobPlace::parse(";;(null)").unwrap_err(), "squeue named no partition");
     }
 
-    /// A job to pause fails instead with pauses off, where no wait cures
-    /// its refusal, and at its max_pauses+1-th pause.
+    /// A job to pause fails instead with pauses off, and at its
+    /// max_pauses+1-th pause.
     #[test]
-    fn a_job_to_pause_fails_where_a_pause_cannot_help_or_is_over_its_bound() {
+    fn a_job_to_pause_fails_with_pauses_off_or_over_their_bound() {
         let cfg = Config { max_pauses: 2, ..Config::default() };
-        let curable = jobfiles::HandBackMark { reason: "full".into(), may_pause: true };
-        assert_eq!(may_not_pause(&cfg, &curable, 0), None);
-        assert_eq!(may_not_pause(&cfg, &curable, 1), None);
-        assert_eq!(may_not_pause(&cfg, &curable, 2).unwrap(), "it paused 2 time(s) (max_pauses=2)");
-        let short = jobfiles::HandBackMark { reason: "1 of 1 GPUs qualify, 2 needed".into(), may_pause: false };
-        assert!(may_not_pause(&cfg, &short, 0).unwrap().contains("no wait gives it"));
+        assert_eq!(may_not_pause(&cfg, 0), None);
+        assert_eq!(may_not_pause(&cfg, 1), None);
+        assert_eq!(may_not_pause(&cfg, 2).unwrap(), "it paused 2 time(s) (max_pauses=2)");
         let off = Config { hand_back_pause: std::time::Duration::ZERO, ..cfg };
-        assert_eq!(may_not_pause(&off, &curable, 0).unwrap(), "hand_back_pause=0");
+        assert_eq!(may_not_pause(&off, 0).unwrap(), "hand_back_pause=0");
     }
 
     #[test]

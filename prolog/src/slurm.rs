@@ -92,14 +92,20 @@ fn logged(job: &str, what: &str, r: Result<(), String>) {
     }
 }
 
+/// The state after which a requeued job will not run again. Only a cancel:
+/// Slurm may show a requeued job FAILED for a moment (tests/recovery.rs),
+/// and one left held for that would never run.
+const ENDED: [&str; 1] = ["CANCELLED"];
+
 /// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|pause=S]]`: waits
 /// until the requeued job is PENDING (at most a minute; with a pause, at
 /// most the pause or a minute, whichever is longer); with `whole`, turns
 /// its shards into a whole GPU (Slurm 24.11 and later apply it; 22.05
 /// refuses the update); then sets its start time to 3 s from now (with
-/// `pause=S`, S s from the requeue, at least 3 s from now), then releases
-/// the held job, also when its start could not be set or it never showed
-/// PENDING (held for ever would be worse than a short pause).
+/// `pause=S`, S s from this follow-up's start, at least 3 s from now), then
+/// releases the held job, also when its start could not be set or it never
+/// showed PENDING (held for ever would be worse than a short pause); a job
+/// that ended meanwhile is left alone.
 pub fn prompt_restart(args: &[OsString]) -> i32 {
     // A job id, or an array task's `ARRAY_TASK`.
     let id = |j: &str| {
@@ -120,6 +126,11 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
+        // Ended meanwhile (cancelled; squeue no longer lists it): nothing
+        // is left to start or release.
+        if state.as_deref().is_ok_and(|s| s.trim().is_empty() || ENDED.contains(&s.trim())) {
+            return 0;
+        }
         if state.is_ok_and(|s| s.trim() == "PENDING") {
             if next == "whole" {
                 ask_for_a_whole_gpu(bin_dir, job);
@@ -133,7 +144,9 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
             logged(job, "its requeue delay was not lifted", update);
             break;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // Five times a second for the first minute, then every 2 s.
+        let slow = start.elapsed() >= Duration::from_secs(60);
+        std::thread::sleep(Duration::from_millis(if slow { 2000 } else { 200 }));
     }
     if failed && start.elapsed() >= Duration::from_secs(60) {
         logged(job, "it was not pending in time, so its start was not set", Err("gave up".into()));

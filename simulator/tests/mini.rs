@@ -518,3 +518,12 @@ fn slurmctld_sees_the_count_its_node_last_set() {
     assert!(!counted.jobs[2].rejected, "{:?}", counted.jobs[2]);
     assert!(close(counted.jobs[2].start_s.unwrap(), 1010.0), "{:?}", counted.jobs[2]);
 }
+
+/// A job larger than any GPU crashes alone on its exclusive GPU: it is
+/// rejected, not recovered for ever.
+#[test]
+fn a_job_that_runs_out_of_memory_alone_is_rejected_not_recovered_for_ever() {
+    let w: HashMap<_, _> = [("huge".to_string(), wl("huge", 50, 100.0, 0.2, None))].into();
+    let o = simulate(&[job(0, 0.0, "huge")], &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
+    assert!(o.jobs[0].rejected && o.jobs[0].ooms == 1 && o.jobs[0].end_s.is_none(), "{:?}", o.jobs[0]);
+}

@@ -34,17 +34,6 @@ impl PlaceError {
     pub fn is_no_fit(&self) -> bool {
         matches!(self, PlaceError::NoFit(_) | PlaceError::TimedOut { .. })
     }
-
-    /// No GPU fitted, and no wait on this node can change that: it has
-    /// fewer GPUs than the step asks (of the job's Slurm GPUs, where CARMA
-    /// keeps to them), or Slurm gave the job a GPU no reading has. Another
-    /// node may differ; a pause in the queue for this one would not.
-    pub fn waiting_cannot_cure(&self) -> bool {
-        match self {
-            PlaceError::NoFit(n) | PlaceError::TimedOut { last: n, .. } => n.class() == "gpu_count",
-            _ => false,
-        }
-    }
 }
 
 impl fmt::Display for PlaceError {
@@ -80,28 +69,5 @@ impl From<StateError> for PlaceError {
 impl From<SourceError> for PlaceError {
     fn from(e: SourceError) -> Self {
         PlaceError::Source(e)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::nofit::{NoFit, Reject};
-
-    /// Fewer GPUs than asked (or one no reading has) is not cured by a
-    /// wait; a full GPU may be.
-    #[test]
-    fn only_a_refusal_a_wait_may_cure_may_pause() {
-        let short = NoFit { wanted: 2, reasons: vec![(0, None)] };
-        let unread = NoFit { wanted: 1, reasons: vec![(0, Some(Reject::NotRead))] };
-        let full = NoFit {
-            wanted: 1,
-            reasons: vec![(0, Some(Reject::Memory { free_mib: 1, estimate_mib: 2, headroom_mib: 0 }))],
-        };
-        assert!(PlaceError::NoFit(short.clone()).waiting_cannot_cure());
-        assert!(PlaceError::TimedOut { waited: Duration::from_secs(5), last: unread }.waiting_cannot_cure());
-        assert!(!PlaceError::NoFit(full.clone()).waiting_cannot_cure());
-        assert!(!PlaceError::TimedOut { waited: Duration::from_secs(5), last: full }.waiting_cannot_cure());
-        assert!(!PlaceError::Ended { waited: Duration::ZERO }.waiting_cannot_cure());
     }
 }

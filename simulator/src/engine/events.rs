@@ -130,7 +130,8 @@ impl Sim<'_> {
     }
 
     /// An OOM: the job that allocated last on that GPU crashes, and goes to
-    /// the recovery queue.
+    /// the recovery queue; one that crashed alone on its GPUs never fits
+    /// one and is rejected (recovered, it would crash for ever).
     pub(super) fn crash(&mut self, victim: usize) {
         let r = self.runs.remove(victim);
         self.slurm.give_back(&r);
@@ -138,6 +139,11 @@ impl Sim<'_> {
         self.results[r.job].ooms += 1;
         self.dirty = true;
         self.ooms += 1;
+        let alone = !self.runs.iter().any(|o| o.node == r.node && o.gpus.iter().any(|g| r.gpus.contains(g)));
+        if alone {
+            self.results[r.job].rejected = true;
+            return;
+        }
         self.recoveries += 1;
         self.recovery.push_back(r.job);
     }

@@ -51,6 +51,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
             && sim.away.is_empty()
             && sim.on_node.is_empty()
             && (sim.queue.is_empty() && sim.recovery.is_empty() || sim.readings_settled())
+            && !sim.backfill_pass_ahead()
         {
             sim.reject_waiting();
             break;
@@ -239,11 +240,17 @@ impl<'a> Sim<'a> {
         (self.t - self.t0 - k * a.backfill_interval_s).abs() < EPS
     }
 
+    /// Whether a periodic backfill pass is still to come for jobs behind
+    /// the queue head (none tried them since the last run ended).
+    fn backfill_pass_ahead(&self) -> bool {
+        self.next_backfill().is_some() && !self.backfill_now() && self.queue.len() + self.recovery.len() > 1
+    }
+
     /// The next backfill pass after now, where passes are periodic.
     fn next_backfill(&self) -> Option<f64> {
         let a = &self.cfg.assumptions;
         (a.backfill && a.backfill_interval_s > 0.0).then(|| {
-            let k = ((self.t - self.t0) / a.backfill_interval_s + EPS).floor() + 1.0;
+            let k = ((self.t - self.t0 + EPS) / a.backfill_interval_s).floor() + 1.0;
             self.t0 + k * a.backfill_interval_s
         })
     }

@@ -58,6 +58,12 @@ impl Sim<'_> {
                     self.unqueue(at);
                     self.away.push((self.t + self.cfg.assumptions.requeue_s, job, from_recovery));
                 }
+                // Back at once: at the queue's end where a requeued job is
+                // given the lowest priority, else in its place.
+                Attempt::HandedBack if self.cfg.assumptions.requeue_to_back && !from_recovery => {
+                    self.unqueue(at);
+                    self.queue.push_back(job);
+                }
                 Attempt::HandedBack => {}
                 Attempt::WaitsOnNode { node, slurm_gpus, ask } => {
                     self.unqueue(at);

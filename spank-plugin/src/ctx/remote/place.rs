@@ -141,11 +141,9 @@ fn refused(cfg: &Config, plan: &Plan, job: u32, e: &PlaceError) -> String {
     if !(plan.hand_back && e.is_no_fit()) {
         return why;
     }
-    let may_pause = !e.waiting_cannot_cure();
-    match jobfiles::write_hand_back(&cfg.state_dir, job, &why, may_pause) {
+    match jobfiles::write_hand_back(&cfg.state_dir, job, &why) {
         Ok(()) => {
             let then = match cfg.hand_back_pause.as_secs() {
-                _ if !may_pause => "it fails (no wait gives it what it asks of this node)".to_string(),
                 0 => "it fails".to_string(),
                 s => format!("it waits {s}s or more in Slurm's queue (hand_back_pause), then may run on any node"),
             };
