@@ -126,9 +126,8 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
-        // Ended meanwhile (cancelled; squeue no longer lists it): nothing
-        // is left to start or release.
-        if state.as_deref().is_ok_and(|s| s.trim().is_empty() || ENDED.contains(&s.trim())) {
+        // Cancelled meanwhile: nothing is left to start or release.
+        if state.as_deref().is_ok_and(|s| ENDED.contains(&s.trim())) {
             return 0;
         }
         if state.is_ok_and(|s| s.trim() == "PENDING") {
