@@ -92,11 +92,6 @@ fn logged(job: &str, what: &str, r: Result<(), String>) {
     }
 }
 
-/// The state after which a requeued job will not run again. Only a cancel:
-/// Slurm may show a requeued job FAILED for a moment (tests/recovery.rs),
-/// and one left held for that would never run.
-const ENDED: [&str; 1] = ["CANCELLED"];
-
 /// `--prompt-restart JOB [SLURM_BIN_DIR [keep|whole|pause=S]]`: waits
 /// until the requeued job is PENDING (at most a minute; with a pause, at
 /// most the pause or a minute, whichever is longer); with `whole`, turns
@@ -121,13 +116,16 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
     let next = args.get(2).and_then(|w| w.to_str()).unwrap_or("keep");
     let pause = next.strip_prefix("pause=").map(|s| Duration::from_secs(s.parse::<u64>().unwrap_or(0)));
     let start = Instant::now();
-    let mut failed = true;
+    // Whether the job showed PENDING, and whether its start could be set.
+    let (mut seen, mut failed) = (false, true);
     while start.elapsed() < pause.unwrap_or_default().max(Duration::from_secs(60)) {
         // The state field alone (squeue %T), never `scontrol show job`'s
         // text, where the job's name or command may say anything.
         let state = slurm_output(bin_dir, "squeue", &[SQUEUE_LOCAL, "-h", "-t", "all", "-o", "%T", "-j", job]);
-        // Cancelled meanwhile: nothing is left to start or release.
-        if state.as_deref().is_ok_and(|s| ENDED.contains(&s.trim())) {
+        // Cancelled meanwhile: nothing is left to start or release. (Not
+        // FAILED: Slurm may show a requeued job so for a moment
+        // (tests/recovery.rs), and one left held for it would never run.)
+        if state.as_deref().is_ok_and(|s| s.trim() == "CANCELLED") {
             return 0;
         }
         if state.is_ok_and(|s| s.trim() == "PENDING") {
@@ -139,7 +137,7 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
             // second ("Job credential revoked").
             let after = pause.map_or(0, |p| p.saturating_sub(start.elapsed()).as_secs()).max(3);
             let update = scontrol(bin_dir, &["update", &format!("JobId={job}"), &format!("StartTime=now+{after}")]);
-            failed = update.is_err();
+            (seen, failed) = (true, update.is_err());
             logged(job, "its requeue delay was not lifted", update);
             break;
         }
@@ -147,7 +145,7 @@ pub fn prompt_restart(args: &[OsString]) -> i32 {
         let slow = start.elapsed() >= Duration::from_secs(60);
         std::thread::sleep(Duration::from_millis(if slow { 2000 } else { 200 }));
     }
-    if failed && start.elapsed() >= Duration::from_secs(60) {
+    if !seen {
         logged(job, "it was not pending in time, so its start was not set", Err("gave up".into()));
     }
     if pause.is_some() {

@@ -76,7 +76,7 @@ impl Sim<'_> {
             }
         }
         if let Some(pass) = self.next_backfill()
-            && (self.queue.len() + self.recovery.len()) > 1
+            && self.jobs_behind_head()
         {
             t_next = t_next.min(pass);
         }

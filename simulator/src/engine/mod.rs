@@ -42,7 +42,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         // A monitor that sets its node's count may let the head in.
         sim.dirty |= sim.set_counts();
         // A backfill pass tries every job behind a head that waits.
-        sim.dirty |= sim.backfill_now() && sim.cfg.assumptions.backfill_interval_s > 0.0;
+        sim.dirty |= sim.next_backfill().is_some() && sim.backfill_now();
         sim.place_queue_heads()?;
         // Who runs where changed now, not at the next event.
         sim.record_readings();
@@ -243,7 +243,13 @@ impl<'a> Sim<'a> {
     /// Whether a periodic backfill pass is still to come for jobs behind
     /// the queue head (none tried them since the last run ended).
     fn backfill_pass_ahead(&self) -> bool {
-        self.next_backfill().is_some() && !self.backfill_now() && self.queue.len() + self.recovery.len() > 1
+        self.next_backfill().is_some() && !self.backfill_now() && self.jobs_behind_head()
+    }
+
+    /// Whether a job waits behind the queue head (the recovery queue's
+    /// first).
+    fn jobs_behind_head(&self) -> bool {
+        self.queue.len() + self.recovery.len() > 1
     }
 
     /// The next backfill pass after now, where passes are periodic.
