@@ -34,6 +34,7 @@ pub mod request;
 pub mod resolve;
 #[allow(unsafe_code)] // the shared-memory queue: mapping and atomics (its module doc)
 pub mod slots;
+pub mod slowdown;
 pub mod source;
 pub mod state;
 #[cfg(test)]
