@@ -32,25 +32,43 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>, String> {
     Ok(Some(buf))
 }
 
+/// The mode of every file CARMA's root parts create in the state directory:
+/// its owner's only. A user who can open a file there can hold its flock
+/// (flock needs only a read descriptor) and stall every placement and
+/// release on the node (issue 58); nothing running as a user reads them.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
 /// Opens a file of the state directory for reading and writing, creating
-/// it with mode 0644 (readable by users, writable by its root owner only),
-/// never through a symlink. `truncate`: start empty.
+/// it with mode 0600 ([`PRIVATE_FILE_MODE`]), never through a symlink.
+/// `truncate`: start empty.
 pub fn open_for_write(path: &Path, truncate: bool) -> std::io::Result<File> {
     OpenOptions::new()
         .create(true)
         .truncate(truncate)
         .read(true)
         .write(true)
-        .mode(0o644)
+        .mode(PRIVATE_FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
 }
 
-/// Replaces `path` with `bytes` (mode 0644), atomically: a new temp file
-/// beside it (exclusive create, so never through a symlink or into a FIFO
-/// someone planted), fsync, rename over `path`, fsync of the directory.
-/// Every file CARMA's root parts write whole goes through here.
+/// Replaces `path` with `bytes` (mode 0644: for files other users read,
+/// such as the scopes file slurmctld's SlurmUser reads); see
+/// [`write_atomic_mode`].
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_mode(path, bytes, 0o644)
+}
+
+/// [`write_atomic`] for a file of the state directory: mode 0600.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_mode(path, bytes, PRIVATE_FILE_MODE)
+}
+
+/// Replaces `path` with `bytes` (created with `mode`), atomically: a new
+/// temp file beside it (exclusive create, so never through a symlink or
+/// into a FIFO someone planted), fsync, rename over `path`, fsync of the
+/// directory. Every file CARMA's root parts write whole goes through here.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     let name = path.file_name().ok_or_else(|| std::io::Error::other(format!("{}: no file name", path.display())))?;
     let mut tmp_name = name.to_os_string();
@@ -60,7 +78,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&tmp)
     };
@@ -110,5 +128,16 @@ pub fn open_existing_rw(path: &Path) -> std::io::Result<File> {
 pub fn stamp_due(stamp: &Path, every: std::time::Duration) -> bool {
     let recent =
         std::fs::metadata(stamp).and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|e| e < every));
-    !recent && std::fs::write(stamp, b"").is_ok()
+    // Stamps live in the state directory: private, and never through a
+    // link or into a FIFO.
+    let touch = || {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(PRIVATE_FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(stamp)
+    };
+    !recent && touch().is_ok()
 }

@@ -66,10 +66,10 @@ pub fn jobs_changed_at(dir: &Path) -> Option<std::time::SystemTime> {
     std::fs::symlink_metadata(jobs_changed_path(dir)).ok()?.modified().ok()
 }
 
-/// Root writes these in a directory users cannot write; still, no planted
-/// link or FIFO is ever followed (see fsutil::write_atomic).
+/// Root writes these, mode 0600, in a directory users cannot enter; still,
+/// no planted link or FIFO is ever followed (see fsutil::write_atomic_mode).
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    crate::fsutil::write_atomic(path, text.as_bytes())
+    crate::fsutil::write_private(path, text.as_bytes())
 }
 
 fn read_small(path: &Path) -> Option<String> {

@@ -150,8 +150,10 @@ pub struct Taken {
 
 impl Slots {
     /// Maps the slots file, creating it at full size first if needed.
-    /// `None` if it cannot be made or mapped, or has another size (callers
-    /// then wait for the lock without queueing).
+    /// `None` if it cannot be made or mapped, has another size, or is not
+    /// ours alone to write (another owner, group or other write bits: its
+    /// answers would be someone else's word; callers then wait for the lock
+    /// without queueing).
     pub fn open(dir: &Path) -> Option<Slots> {
         let path = dir.join(SLOTS_FILE);
         let file = match crate::fsutil::open_existing_rw(&path) {
@@ -163,6 +165,9 @@ impl Slots {
         // Fully written, not sparse: a mapped page that tmpfs cannot back
         // would raise SIGBUS when touched.
         if !meta.is_file() || meta.len() != FILE_BYTES as u64 || meta.blocks() < (FILE_BYTES / 512) as u64 {
+            return None;
+        }
+        if !owned_by_us(&meta) {
             return None;
         }
         // SAFETY: a shared mapping of a regular file of exactly FILE_BYTES,
@@ -435,6 +440,13 @@ impl Drop for Slots {
 /// Free space the state directory must keep beside a new queue file: the
 /// state file and its temporary copy must always fit.
 const KEEP_FREE: u64 = 1 << 20;
+
+/// The file is the effective user's and nobody else may write it.
+fn owned_by_us(meta: &std::fs::Metadata) -> bool {
+    // SAFETY: geteuid touches no memory and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    meta.uid() == euid && meta.mode() & 0o022 == 0
+}
 
 fn create(dir: &Path) -> Option<File> {
     // Writing the file on a disk without room for it would fill the disk

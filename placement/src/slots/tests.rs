@@ -143,3 +143,24 @@ fn a_file_of_another_size_is_not_mapped() {
     std::fs::write(d.0.join(SLOTS_FILE), [0u8; 4096]).unwrap();
     assert!(Slots::open(&d.0).is_none());
 }
+
+/// A queue another user could write (or that another owns) carries that
+/// user's word for requests and answers: not mapped (issue 58). Ours,
+/// created here, is its owner's only.
+#[test]
+fn a_queue_file_others_may_write_or_own_is_not_mapped() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = TempDir::new();
+    drop(Slots::open(&d.0).expect("created and mapped"));
+    let path = d.0.join(SLOTS_FILE);
+    assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+    for mode in [0o646, 0o620] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        assert!(Slots::open(&d.0).is_none(), "mapped at mode {mode:o}");
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+    assert!(Slots::open(&d.0).is_none(), "mapped a file another user owns");
+    std::os::unix::fs::chown(&path, Some(0), None).unwrap();
+    assert!(Slots::open(&d.0).is_some());
+}

@@ -55,7 +55,8 @@ pub fn path(state_dir: &Path) -> PathBuf {
     state_dir.join(READINGS_FILE)
 }
 
-/// Writes atomically: a temp file (0644, root's), fsync, rename.
+/// Writes atomically: a temp file (0600, root's: the state directory's
+/// files are its owner's only), fsync, rename.
 pub fn publish(state_dir: &Path, p: &Published) -> std::io::Result<()> {
     let target = path(state_dir);
     let tmp = state_dir.join(format!("{READINGS_FILE}.tmp"));
@@ -64,7 +65,7 @@ pub fn publish(state_dir: &Path, p: &Published) -> std::io::Result<()> {
         .create(true)
         .truncate(true)
         .write(true)
-        .mode(0o644)
+        .mode(crate::fsutil::PRIVATE_FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)?;
     f.write_all(&text)?;

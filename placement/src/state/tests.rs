@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 fn store() -> (TempDir, StateStore, Arc<Mutex<Vec<String>>>) {
     let d = TempDir::new();
+    // As CARMA makes it: a looser one is tightened with a log line, which
+    // the tests of other log lines would see.
+    fs::set_permissions(&d.0, fs::Permissions::from_mode(0o700)).unwrap();
     let lines = Arc::new(Mutex::new(Vec::new()));
     let l2 = lines.clone();
     let s =
@@ -300,4 +303,68 @@ fn a_user_with_many_signatures_evicts_only_their_own_history() {
     st.remember_peak("9:new", 1);
     assert!(st.history.contains_key("9:000000000000000a"));
     assert!(!st.history.contains_key("9:000000000000000b"));
+}
+
+/// Issue 58: any user who could open `state.lock` could hold its flock (a
+/// read descriptor suffices) and stall every placement and release. The
+/// directory and everything CARMA makes in it are its owner's only.
+#[test]
+fn the_state_directory_and_its_files_are_the_owners_only() {
+    use std::os::unix::fs::MetadataExt;
+    let d = TempDir::new();
+    let dir = d.0.join("state");
+    let s = StateStore::open(&dir, Duration::from_secs(1), Box::new(|_| {})).unwrap();
+    s.update(|st| st.reservations.push(res(7, 1))).unwrap();
+    crate::jobfiles::write_gpus(&dir, 7, &[0]).unwrap();
+    crate::fsutil::stamp_due(&dir.join("stamp"), Duration::from_secs(1));
+    assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700, "state_dir");
+    for name in ["state.json", LOCK_FILE, crate::slots::SLOTS_FILE, "gpus-7", "stamp"] {
+        let m = fs::metadata(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(m.mode() & 0o7777, 0o600, "{name}");
+    }
+    // What a user's `flock -s state.lock sleep infinity` would do: the
+    // lock cannot be opened at all.
+    let lock = dir.join(LOCK_FILE);
+    let r = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "flock", "-n", "-s"])
+        .arg(&lock)
+        .arg("true")
+        .output()
+        .unwrap();
+    assert!(!r.status.success(), "a user took the state lock");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("Permission denied"), "{r:?}");
+}
+
+/// A node upgraded from a build that made the directory 0755 and its files
+/// 0644: the first open tightens them, and says so once.
+#[test]
+fn an_older_builds_open_state_directory_is_tightened_with_a_log_line() {
+    use std::os::unix::fs::MetadataExt;
+    let d = TempDir::new();
+    for name in ["state.json", LOCK_FILE, "recovery-3"] {
+        fs::write(d.0.join(name), b"{}").unwrap();
+        fs::set_permissions(d.0.join(name), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    // A link is left alone (not followed to its target).
+    let target = TempDir::new();
+    fs::write(target.0.join("elsewhere"), b"").unwrap();
+    fs::set_permissions(target.0.join("elsewhere"), fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(target.0.join("elsewhere"), d.0.join("link")).unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let l2 = lines.clone();
+    let open = || {
+        let l2 = l2.clone();
+        StateStore::open(&d.0, Duration::from_secs(1), Box::new(move |m| l2.lock().unwrap().push(m.to_string())))
+            .unwrap()
+    };
+    drop(open());
+    assert_eq!(fs::metadata(&d.0).unwrap().mode() & 0o7777, 0o700);
+    for name in ["state.json", LOCK_FILE, "recovery-3"] {
+        assert_eq!(fs::metadata(d.0.join(name)).unwrap().mode() & 0o7777, 0o600, "{name}");
+    }
+    assert_eq!(fs::metadata(target.0.join("elsewhere")).unwrap().mode() & 0o7777, 0o644, "followed a link");
+    let said = lines.lock().unwrap().clone();
+    assert!(said.len() == 1 && said[0].contains("was mode 755") && said[0].contains("made it 700"), "{said:?}");
+    drop(open());
+    assert_eq!(lines.lock().unwrap().len(), 1, "logged again once tight");
 }

@@ -162,7 +162,7 @@ fn refused(cfg: &Config, plan: &Plan, job: u32, e: &PlaceError) -> String {
 /// Why root cannot write a byte in `dir` now (a full disk), if it cannot.
 fn unwritable(dir: &std::path::Path) -> Option<String> {
     let probe = dir.join(format!(".write-probe.{}", std::process::id()));
-    let r = carma_placement::fsutil::write_atomic(&probe, b"x");
+    let r = carma_placement::fsutil::write_private(&probe, b"x");
     let _ = std::fs::remove_file(&probe);
     r.err().map(|e| format!("{}: {e}", dir.display()))
 }
