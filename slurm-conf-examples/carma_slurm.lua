@@ -278,8 +278,9 @@ local function rewrite(job_desc, job, part_list, batch)
 			return nil
 		end
 	end
-	-- gpu_owner: slurm: a job runs on the GPU its shards are on, and Slurm
-	-- takes a job's shards from one GPU, so a job of more GPUs keeps them.
+	-- Slurm takes a job's shards from one GPU, and a step uses at most the
+	-- GPUs Slurm allocated its job (whoever owns them: issue 58), so a job
+	-- of more GPUs keeps them whole (the scopes file says max_gpus=1).
 	local max = tonumber(scope.max_gpus or "")
 	if max ~= nil and math.max(node_n or 0, job_n or 0) > max then
 		log_info("job from uid %s keeps whole GPUs: more than %d per node, and one GPU holds a job's shards",
@@ -402,6 +403,50 @@ local function unaccounted(job_desc)
 	return "carma: a --carma-* job must hold a GPU that Slurm accounts for: add --gres=shard:1 to share a GPU, or --gres=gpu:N for whole GPUs"
 end
 
+-- The GPUs or shards a GRES or TRES string asks for (items like
+-- "gres/gpu:2", "gres:shard:4", "gpu:a100:2", "gpu"), summed.
+local function gpu_units(v)
+	local n = 0
+	for item in string.gmatch(v, "[^,]+") do
+		local spec = string.gsub(item, "^gres[/:]", "")
+		local name = string.match(spec, "^([^:=]+)")
+		if name == "gpu" or name == "shard" then
+			n = n + (tonumber(string.match(spec, "[:=](%d+)$") or "1") or 0)
+		end
+	end
+	return n
+end
+
+-- A step uses at most as many GPUs as Slurm allocated its job on a node
+-- (one shard is at most one GPU's worth; slurmstepd refuses the rest, issue
+-- 58). A job whose --carma-gpus exceeds every GPU or shard count it asks
+-- Slurm for can never run: refused here with the one line the user is
+-- told, or nil. Per-task and per-socket counts multiply: left to slurmstepd.
+local function more_gpus_than_asked(job_desc)
+	local want = tonumber(spank_env(job_desc, "CARMA_GPUS") or "") or 1
+	if want <= 1 then
+		return nil
+	end
+	for _, field in ipairs({ "tres_per_task", "tres_per_socket" }) do
+		local v = job_desc[field]
+		if type(v) == "string" and gpu_units(v) > 0 then
+			return nil
+		end
+	end
+	local most = 0
+	for _, field in ipairs({ "tres_per_node", "tres_per_job", "gres" }) do
+		local v = job_desc[field]
+		if type(v) == "string" then
+			most = math.max(most, gpu_units(v))
+		end
+	end
+	if most >= want then
+		return nil
+	end
+	return string.format("carma: --carma-gpus=%d asks for %d GPUs but the job asks Slurm for %d GPU(s) or shard(s) per node, and a shard is at most one GPU's worth: ask --gres=gpu:%d for %d GPUs",
+		want, want, most, want, want)
+end
+
 local function record(job_desc, note, old_comment)
 	local comment = old_comment
 	if comment ~= nil and comment ~= "" then
@@ -442,6 +487,12 @@ function carma.job_submit(job_desc, part_list, submit_uid)
 		if refused ~= nil then
 			slurm.log_user("%s", refused)
 			log_info("job from uid %s refused: no gpu or shard GRES", tostring(submit_uid))
+			return slurm.ERROR
+		end
+		refused = more_gpus_than_asked(job_desc)
+		if refused ~= nil then
+			slurm.log_user("%s", refused)
+			log_info("job from uid %s refused: more --carma-gpus than GPUs asked of Slurm", tostring(submit_uid))
 			return slurm.ERROR
 		end
 		requeueable(job_desc)

@@ -107,10 +107,10 @@ fn an_insecure_state_directory_is_refused_with_the_fix() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions("/run/carma", std::fs::Permissions::from_mode(0o777)).unwrap();
     let r = user(&["srun", "--carma-mem=1G", "true"], 60);
-    std::fs::set_permissions("/run/carma", std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions("/run/carma", std::fs::Permissions::from_mode(0o700)).unwrap();
     assert_ne!(r.code, 0);
     assert!(
-        r.stderr.contains("must be owned by uid 0 and writable only by it") && r.stderr.contains("chmod 755"),
+        r.stderr.contains("must be owned by uid 0 and writable only by it") && r.stderr.contains("chmod 700"),
         "{}",
         r.stderr
     );

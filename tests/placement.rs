@@ -233,15 +233,77 @@ fn every_decision_is_logged_with_its_reason() {
 #[test]
 fn an_unplaceable_job_fails_with_its_reason_and_never_drains_the_node() {
     require_cluster();
-    let (r, out) = sbatch_wait(&["--carma-gpus=5", "--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
-    assert_ne!(r.code, 0, "a job needing 5 of 4 GPUs succeeded");
+    // Five shards (all from one GPU) for five GPUs: slurmctld lets it
+    // through (five shards could be five GPUs), slurmstepd refuses it at
+    // once with what to ask for.
+    let (r, out) = sbatch_wait(&["--gres=shard:5", "--carma-gpus=5", "--carma-mem=1G"], &[], "echo SHOULD-NOT-RUN", 60);
+    assert_ne!(r.code, 0, "a job needing 5 GPUs on 5 shards succeeded");
     assert!(!out.contains("SHOULD-NOT-RUN"), "{out}");
-    assert!(out.contains("carma: this step was not started") && out.contains("4 of 4 GPUs qualify, 5 needed"), "{out}");
-    let r = user(&["srun", "--carma-gpus=5", "--carma-mem=1G", "true"], 60);
+    assert!(
+        out.contains("carma: this step was not started")
+            && out.contains("asks for 5 GPUs but Slurm charged the job")
+            && out.contains("--gres=gpu:5"),
+        "{out}"
+    );
+    let r = user(&["srun", "--gres=shard:5", "--carma-gpus=5", "--carma-mem=1G", "true"], 60);
     assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("5 needed"), "{}", r.stderr);
+    assert!(r.stderr.contains("--gres=gpu:5"), "{}", r.stderr);
     let state = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
     assert!(!state.contains("drain"), "node drained: {state}");
+}
+
+/// Issue 58: under gpu_owner: carma (this cluster), `--gres=shard:1
+/// --carma-gpus=4 --carma-policy=exclusive` ran with four whole GPUs while
+/// Slurm charged one shard and counted the other three GPUs free. A step
+/// uses at most the GPUs Slurm allocated its job: N GPUs need gpu:N.
+#[test]
+fn one_shard_opens_one_gpus_worth_and_n_gpus_need_n_from_slurm() {
+    require_cluster();
+    // Refused before submission (job_submit.lua), in one line.
+    let s = script(&unique("four"), "echo SHOULD-NOT-RUN");
+    for cmd in [vec!["sbatch", s.as_str()], vec!["srun", "true"]] {
+        let mut args = vec![cmd[0], "--gres=shard:1", "--carma-gpus=4", "--carma-policy=exclusive", "--carma-mem=1G"];
+        args.extend_from_slice(&cmd[1..]);
+        let r = user_env_as_given(&[], &args, 60);
+        assert_ne!(r.code, 0, "{args:?} was accepted");
+        assert!(r.stderr.contains("carma: --carma-gpus=4 asks for 4 GPUs") && r.stderr.contains("--gres=gpu:4"), "{}", r.stderr);
+    }
+    // Past the client (CARMA_GPUS set in a step of a one-shard job, which
+    // no job_submit sees): slurmstepd refuses the step, the job goes on.
+    let body = "CARMA_GPUS=4 CARMA_POLICY=exclusive srun printenv CUDA_VISIBLE_DEVICES; echo AFTER";
+    let (r, out) = sbatch_wait(&["--gres=shard:1", "--carma-mem=1G"], &[], body, 90);
+    assert_eq!(r.code, 0, "{out}");
+    assert!(
+        out.contains("carma: this step was not started: ")
+            && out.contains("--carma-gpus=4: the step asks for 4 GPUs but Slurm charged the job 1")
+            && out.contains("--gres=gpu:4")
+            && out.contains("AFTER"),
+        "{out}"
+    );
+    // One shard, exclusive: one GPU, as before.
+    let (r, out) = sbatch_wait(
+        &["--gres=shard:1", "--carma-policy=exclusive", "--carma-mem=1G"],
+        &[],
+        "echo CVD=$CUDA_VISIBLE_DEVICES",
+        60,
+    );
+    assert_eq!(r.code, 0, "{out}");
+    let cvd = out.lines().find_map(|l| l.strip_prefix("CVD=")).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(cvd.split(',').count(), 1, "one shard opened {cvd}");
+    // Four GPUs from Slurm: four.
+    let (r, out) = sbatch_wait(
+        &["--gres=gpu:4", "--carma-gpus=4", "--carma-policy=exclusive", "--carma-mem=1G"],
+        &[],
+        "echo CVD=$CUDA_VISIBLE_DEVICES",
+        60,
+    );
+    assert_eq!(r.code, 0, "{out}");
+    let cvd = out.lines().find_map(|l| l.strip_prefix("CVD=")).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(cvd.split(',').count(), 4, "{out}");
+    let state = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
+    assert!(!state.contains("drain"), "node drained: {state}");
+    wait_released();
+    report("privilege", "one shard opens one GPU's worth under gpu_owner: carma: --carma-gpus=N above the GPUs or shards a job asks Slurm for is refused at sbatch/srun, and a step asking more GPUs than Slurm allocated its job (CARMA_GPUS in the step) is refused by slurmstepd with the gres to ask; gpu:N gives N");
 }
 
 #[test]

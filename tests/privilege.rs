@@ -42,6 +42,60 @@ fn state_and_log_files_are_root_owned_and_not_user_writable() {
     );
 }
 
+/// Issue 58: the state files were 0644 in a 0755 directory, and flock(2)
+/// needs only a read descriptor: a user's `flock -s state.lock sleep
+/// infinity` failed every CARMA step on the node after `timeouts.lock`.
+/// Now the directory is root's only (0700, its files 0600), and a node
+/// upgraded from a build that made it 0755 is tightened at the next step.
+#[test]
+fn a_users_flock_on_the_state_lock_cannot_stall_placement() {
+    require_cluster();
+    const LOCK: &str = "/run/carma/state.lock";
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    // As an older build left it: tightened by the next step, with a log line.
+    root(&["chmod", "755", "/run/carma"], 10).ok();
+    root(&["chmod", "644", LOCK, "/run/carma/state.json", "/run/carma/queue.slots"], 10).ok();
+    user(&["srun", "--carma-mem=1G", "true"], 60).ok();
+    let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap();
+    assert!(log.contains("state_dir /run/carma was mode 755") && log.contains("made it 700"), "no tightening logged");
+    let mode = |p: &str| std::fs::metadata(p).unwrap_or_else(|e| panic!("{p}: {e}")).mode() & 0o7777;
+    assert_eq!(mode("/run/carma"), 0o700);
+    for f in [LOCK, "/run/carma/state.json", "/run/carma/queue.slots"] {
+        assert_eq!(mode(f), 0o600, "{f}");
+    }
+    // The user cannot open the lock (nor read the state or the queue).
+    let r = user(&["flock", "-n", "-s", LOCK, "true"], 10);
+    assert_ne!(r.code, 0, "the job user took the state lock");
+    assert!(r.stderr.contains("Permission denied"), "{}", r.stderr);
+    for f in ["/run/carma/state.json", "/run/carma/queue.slots"] {
+        let r = user(&["cat", f], 10);
+        assert!(r.code != 0 && r.stderr.contains("Permission denied"), "{f}: {}", r.stderr);
+    }
+    // The attack as reported, held for longer than timeouts.lock (5 s):
+    // its flock cannot open the file; a CARMA job on the node still runs.
+    let mut holder = std::process::Command::new("runuser")
+        .args(["-u", USER, "--", "flock", "-s", LOCK, "sleep", "35"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let (r, out) = sbatch_wait(&["--gres=shard:1", "--carma-mem=1G"], &[], "echo \"DECISION $CARMA_DECISION\"", 60);
+    let took = start.elapsed();
+    let _ = holder.kill();
+    let held = holder.wait_with_output().unwrap();
+    assert_eq!(r.code, 0, "the CARMA job failed while the user tried to hold the lock: {out}");
+    assert!(out.contains("DECISION policy="), "{out}");
+    assert!(String::from_utf8_lossy(&held.stderr).contains("Permission denied"), "{held:?}");
+    report(
+        "privilege",
+        &format!(
+            "a user's `flock -s /run/carma/state.lock sleep 35` (issue 58): cannot open the lock (state directory 0700, its files 0600; a 0755 one from an older build is tightened by the next step, with a log line); a CARMA job on the node places meanwhile ({:.1} s)",
+            took.as_secs_f64()
+        ),
+    );
+}
+
 #[test]
 fn the_epilog_reads_job_output_with_the_users_rights() {
     require_cluster();

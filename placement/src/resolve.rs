@@ -176,13 +176,12 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         // did not opt in to sharing.
         within: (cfg.gpu_owner == GpuOwner::Slurm).then(|| node.slurm_gpus.clone()),
     };
-    // Asking for more GPUs than Slurm allocated cannot be met by waiting.
-    if let Some(within) = request.within.as_ref().filter(|w| request.count as usize > w.len()) {
-        return Err(format!(
-            "the step asks for {0} GPUs but Slurm allocated the job {1} on this node (a job's shards come from one GPU; gpu_owner: slurm): ask --gres=gpu:{0} for {0} GPUs",
-            request.count,
-            within.len()
-        ));
+    // One owner per GPU's worth: a step uses at most as many GPUs as Slurm
+    // charged its job here (the GPUs its gpu or shard GRES came from),
+    // whoever picks them. Else one shard would buy N GPUs that Slurm counts
+    // free (issue 58). Waiting cannot meet it: refused at once.
+    if request.count as usize > node.slurm_gpus.len() {
+        return Err(more_than_charged(request.count, node.slurm_gpus.len(), f.shards_on_node));
     }
     let transparent_mark = transparent.map(|(s, _)| jobfiles::Transparent { scope: s.selectors(), signature });
     let scope = transparent.map_or_else(String::new, |(s, _)| format!(" transparent={}", s.selectors()));
@@ -197,6 +196,18 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         recovery,
         scope,
     })))
+}
+
+/// Why a step asks for more GPUs than Slurm charged its job on this node,
+/// and what to ask Slurm for instead.
+pub fn more_than_charged(count: u32, charged: usize, shards: Option<u32>) -> String {
+    let held = match shards {
+        Some(n) => format!("its {n} shard(s) come from {charged} GPU(s), and a shard is at most one GPU's worth"),
+        None => format!("it holds {charged} GPU(s)"),
+    };
+    format!(
+        "--carma-gpus={count}: the step asks for {count} GPUs but Slurm charged the job {charged} on this node ({held}): ask --gres=gpu:{count} for {count} GPUs"
+    )
 }
 
 /// What a recovering rerun changes: a looser estimate (what the OOM showed

@@ -53,17 +53,20 @@ pub fn root(args: &[&str], secs: u32) -> Run {
 }
 
 /// Runs a command as the unprivileged test user, with extra env. A CARMA
-/// job submitted without GPU GRES is given `--gres=shard:N` (N from
-/// `--carma-gpus`, else 1), as a user must (slurm-conf-examples/README.md,
-/// "Who owns a GPU"); [`user_env_as_given`] submits exactly what it is given.
+/// job submitted without GPU GRES is given `--gres=shard:1`, or
+/// `--gres=gpu:N` for `--carma-gpus=N` above 1, as a user must
+/// (slurm-conf-examples/README.md, "Who owns a GPU": a step uses at most
+/// the GPUs Slurm allocated its job, and a job's shards come from one GPU);
+/// [`user_env_as_given`] submits exactly what it is given.
 pub fn user_env(env: &[(&str, &str)], args: &[&str], secs: u32) -> Run {
     let args = with_shard(env, args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     user_env_as_given(env, &args, secs)
 }
 
-/// `args` with `--gres=shard:N` after the command where it submits a CARMA
-/// job (a `--carma-*` option or `CARMA_*` in `env`) that names no GPUs.
+/// `args` with `--gres=shard:1` (or `gpu:N`, see [`user_env`]) after the
+/// command where it submits a CARMA job (a `--carma-*` option or `CARMA_*`
+/// in `env`) that names no GPUs.
 pub fn with_shard(env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let submits = args.first().is_some_and(|c| ["sbatch", "srun", "salloc"].contains(c));
@@ -77,7 +80,7 @@ pub fn with_shard(env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
             .and_then(|n| n.parse::<u32>().ok())
             .filter(|n| (1..=8).contains(n))
             .unwrap_or(1);
-        out.insert(1, format!("--gres=shard:{n}"));
+        out.insert(1, if n == 1 { "--gres=shard:1".to_string() } else { format!("--gres=gpu:{n}") });
     }
     out
 }

@@ -165,10 +165,54 @@ fn a_step_is_placed_among_the_gpus_slurm_gave_its_job() {
     // Where carma.yaml hands the node's GPUs to CARMA: any of them.
     assert_eq!(plan(resolve(&f, &node, &config("gpu_owner: carma\n")).unwrap()).request.within, None);
     // More GPUs than Slurm allocated: refused at once, saying what to ask.
-    let two = facts(&[(OptionName::Mem, "4G"), (OptionName::Gpus, "3")]);
-    let e = resolve(&two, &node, &config("")).unwrap_err();
-    assert!(e.contains("asks for 3 GPUs but Slurm allocated the job 2") && e.contains("--gres=gpu:3"), "{e}");
-    assert!(resolve(&two, &node, &config("gpu_owner: carma\n")).is_ok());
+    let three = facts(&[(OptionName::Mem, "4G"), (OptionName::Gpus, "3")]);
+    let e = resolve(&three, &node, &config("")).unwrap_err();
+    assert!(e.contains("asks for 3 GPUs but Slurm charged the job 2") && e.contains("--gres=gpu:3"), "{e}");
+}
+
+/// Issue 58: under gpu_owner: carma, `--gres=shard:1 --carma-gpus=8
+/// --carma-policy=exclusive` was granted 8 whole GPUs while Slurm charged
+/// one shard and counted 7 GPUs free. A step uses at most the GPUs Slurm
+/// charged its job here, whoever picks them; set by option or by
+/// `CARMA_GPUS` in the step's environment alike (the request is merged).
+#[test]
+fn a_step_never_uses_more_gpus_than_slurm_charged_its_job_whoever_owns_them() {
+    for owner in ["gpu_owner: carma\n", "gpu_owner: slurm\n"] {
+        let cfg = config(owner);
+        let one_shard = NodeFacts { slurm_gpus: vec![1], ..NodeFacts::default() };
+        let eight = StepFacts {
+            shards_on_node: Some(1),
+            ..facts(&[(OptionName::Gpus, "8"), (OptionName::Policy, "exclusive")])
+        };
+        let e = resolve(&eight, &one_shard, &cfg).unwrap_err();
+        assert!(
+            e.starts_with("--carma-gpus=8:")
+                && e.contains("Slurm charged the job 1")
+                && e.contains("shard")
+                && e.contains("--gres=gpu:8"),
+            "{owner}: {e}"
+        );
+        // Four shards from one GPU (Slurm takes a job's shards from the
+        // first GPU with room) are still one GPU in Slurm's books.
+        let four = StepFacts { shards_on_node: Some(4), ..facts(&[(OptionName::Gpus, "4"), (OptionName::Mem, "1G")]) };
+        assert!(resolve(&four, &one_shard, &cfg).is_err(), "{owner}");
+        // Spread over four GPUs (LL_SHARED_GRES), or four whole GPUs: four.
+        let spread = NodeFacts { slurm_gpus: vec![0, 1, 2, 3], ..NodeFacts::default() };
+        assert_eq!(plan(resolve(&four, &spread, &cfg).unwrap()).request.count, 4, "{owner}");
+        let whole = StepFacts { shards_on_node: None, ..four.clone() };
+        assert_eq!(plan(resolve(&whole, &spread, &cfg).unwrap()).request.count, 4, "{owner}");
+        // One whole GPU buys one: --gres=gpu:1 --carma-gpus=2 is refused too.
+        let two = facts(&[(OptionName::Gpus, "2"), (OptionName::Mem, "1G")]);
+        let e = resolve(&two, &one_shard, &cfg).unwrap_err();
+        assert!(e.contains("holds 1 GPU") && e.contains("--gres=gpu:2"), "{owner}: {e}");
+        // One shard, exclusive: one GPU's worth, as before.
+        let one = StepFacts { shards_on_node: Some(1), ..facts(&[(OptionName::Policy, "exclusive")]) };
+        assert_eq!(plan(resolve(&one, &one_shard, &cfg).unwrap()).request.count, 1, "{owner}");
+        // A transparent shard job's count is its shards: bounded alike.
+        let scoped = config(&format!("{owner}transparent:\n  - {{partition: shared}}\n"));
+        let t = StepFacts { shards_on_node: Some(4), partition: Some("shared".into()), ..facts(&[]) };
+        assert!(resolve(&t, &one_shard, &scoped).is_err(), "{owner}");
+    }
 }
 
 #[test]

@@ -147,9 +147,11 @@ fn cmd_scopes(a: &ScopesArgs) -> Result<(), String> {
     use std::fmt::Write;
     let cfg = a.config.load()?;
     let mut text = String::from("carma-transparent-scopes 1\n");
-    // gpu_owner: slurm runs a job on its shards' GPU, and Slurm takes a
-    // job's shards from one GPU: requests of more GPUs stay whole.
-    let max = if cfg.gpu_owner == carma_config::GpuOwner::Slurm { " max_gpus=1" } else { "" };
+    // Slurm takes a job's shards from one GPU, and a step uses at most the
+    // GPUs Slurm allocated its job, under either gpu_owner (issue 58: under
+    // `carma`, gpu:4 rewritten to shard:4 was one GPU in Slurm's books and
+    // four in CARMA's): requests of more GPUs stay whole.
+    let max = " max_gpus=1";
     for s in &cfg.transparent {
         // default_mib: what admission asks for a rewritten job without an estimate.
         match s.default_mib {
@@ -201,11 +203,12 @@ fn cmd_place(a: &PlaceArgs) -> Result<(), String> {
         // A job of one GPU that named nothing else.
         request.gpus = Some(1);
     }
+    // As for a job that holds as many GPUs as it asks from Slurm, with no
+    // GPUs of Slurm's to keep to: every GPU is a candidate (the plugin
+    // keeps a job to its own under gpu_owner: slurm, and to as many as
+    // Slurm charged it under either owner).
+    let node = NodeFacts { slurm_gpus: (0..request.gpu_count()).collect(), ..NodeFacts::default() };
     let facts = StepFacts { request, ..StepFacts::default() };
-    // As for a job that holds its GPU or shard from Slurm, with no GPUs of
-    // Slurm's to keep to: every GPU is a candidate (the plugin keeps a job
-    // to its own under gpu_owner: slurm).
-    let node = NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() };
     let any_gpu = Config { gpu_owner: carma_config::GpuOwner::Carma, ..cfg.clone() };
     let plan = match resolve::resolve(&facts, &node, &any_gpu)? {
         Resolution::Place(plan) => plan,
