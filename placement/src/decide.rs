@@ -34,8 +34,9 @@ pub fn decide(
     if st.job(step.job).is_some() {
         return join(st, step, req, readings, owners, params);
     }
+    let profile = req.profile_key.as_ref().and_then(|k| st.profiles.get(k)).copied();
     let mut demand =
-        Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib, mps_uid: req.mps_uid };
+        Demand { policy: req.policy, count: req.count, estimate_mib: req.estimate_mib, mps_uid: req.mps_uid, profile };
     // The model's part, and the node's own fixed part where it learned
     // a larger one than the estimate carries.
     let model_mib = req.runtime_mib.zip(req.estimate_mib).map(|(r, e)| e.saturating_sub(r));
@@ -87,6 +88,8 @@ pub fn decide(
         mps_uid: req.mps_uid.filter(|_| !choice.exclusive),
         model_mib,
         uid: req.uid,
+        profile,
+        profile_key: req.profile_key.clone(),
     });
     if req.batch_step {
         st.batch_steps.insert(step.job, step.holder);
@@ -100,6 +103,7 @@ pub fn decide(
         free_mib: choice.free_mib,
         metric: params.metric,
         activity: choice.activity,
+        slowdown: choice.slowdown,
         learned_runtime_mib: learned.map(|(l, _)| l),
         learned_from: learned.map(|(_, w)| w),
     })
@@ -131,6 +135,7 @@ fn join(
         free_mib: vec![],
         metric: params.metric,
         activity: vec![],
+        slowdown: vec![],
         learned_runtime_mib: None,
         learned_from: None,
     };
@@ -363,5 +368,42 @@ mod tests {
         let e = step(&mut st, 102, &two, &gpus(0)).unwrap_err();
         assert_eq!(e.class(), "gpu_count", "{e}");
         assert!(e.to_string().contains("--carma-gpus"), "{e}");
+    }
+
+    #[test]
+    fn a_later_run_of_a_profiled_job_is_placed_with_its_profile() {
+        // decide takes the key's profile: the same heavy pair is refused
+        // where the key is known, and the newcomer is refused where not.
+        use crate::slowdown::Profile;
+        let mobilenet = Profile { busy: 0.541, sm: 0.312 };
+        let mut st = NodeState::default();
+        st.profiles.insert("7:light".into(), Profile { busy: 0.2, sm: 0.1 });
+        st.reservations
+            .push(Reservation { profile: Some(mobilenet), ..crate::test_support::carma(1, vec![0], 4096, 1001) });
+        let g = [GpuReading {
+            sm_activity: 0.31,
+            busy: 0.54,
+            used_mib: 4096,
+            processes: vec![crate::gpu::GpuProcess { pid: 101, used_mib: 4096 }],
+            ..GpuReading::idle(0, "GPU-0", 81920)
+        }];
+        let req = |key: &str| Request { profile_key: Some(key.into()), ..Request::declared(Policy::Magm, 4096) };
+        let run = |st: &mut NodeState, key: &str, job: u32| {
+            decide(
+                st,
+                StepRef { job, holder: 1000 + job },
+                &req(key),
+                &g,
+                &HashMap::from([(101, 1001)]),
+                &Params { now_secs: 1000, ..Params::default() },
+                &carma_config::LearnRuntime::default(),
+                1000,
+                &mut |_| false,
+            )
+        };
+        assert!(run(&mut st.clone(), "7:unknown", 5).is_err());
+        let d = run(&mut st, "7:light", 6).unwrap();
+        assert!(d.to_string().contains("predicted_slowdown=1.00"), "{d}");
+        assert_eq!(st.job(6).and_then(|r| r.profile), Some(Profile { busy: 0.2, sm: 0.1 }));
     }
 }

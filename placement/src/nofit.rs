@@ -40,6 +40,16 @@ pub enum Reject {
     /// One of the job's Slurm GPUs (`gpu_owner: slurm`) that no reading
     /// has: Slurm's GPU indices and the readings' differ.
     NotRead,
+    /// With the job, some job of the GPU would run more than the bound
+    /// slower than alone (the slowdown model over the jobs' profiles).
+    Slowdown {
+        predicted: f64,
+        bound: f64,
+        /// Jobs on the GPU with the newcomer.
+        jobs: usize,
+        /// Of them, jobs with no profile yet (counted as filling the GPU).
+        unknown: usize,
+    },
 }
 
 impl fmt::Display for Reject {
@@ -68,6 +78,13 @@ impl fmt::Display for Reject {
                 f,
                 "held by job {job}, whose steps share the {held} GPU(s) its first step was given here (ask for more GPUs in the job's own options, sbatch/salloc --carma-gpus)"
             ),
+            Reject::Slowdown { predicted, bound, jobs, unknown } => {
+                write!(f, "predicted slowdown {predicted:.2}x > bound {bound:.2}x with {jobs} jobs")?;
+                match unknown {
+                    0 => Ok(()),
+                    n => write!(f, " ({n} not yet profiled, counted as filling the GPU)"),
+                }
+            }
             Reject::NotRead => write!(
                 f,
                 "Slurm gave the job this GPU, but no GPU with this index was read (gres.conf's order or carma.yaml gpu_indices differ from NVML's: docs/isolation.md)"
@@ -86,12 +103,13 @@ pub struct NoFit {
 impl NoFit {
     /// The reason most GPUs were passed over, as a metric label: `gpu_count`
     /// (the node has fewer GPUs than asked), `memory`, `activity`, `held`
-    /// (whole, exclusive or not idle for an exclusive job) or `mps_user`.
+    /// (whole, exclusive or not idle for an exclusive job), `mps_user` or
+    /// `slowdown` (the guard's bound).
     pub fn class(&self) -> &'static str {
         if (self.reasons.len() as u32) < self.wanted || self.reasons.iter().any(|(_, w)| *w == Some(Reject::NotRead)) {
             return "gpu_count";
         }
-        let mut counts = [0usize; 4];
+        let mut counts = [0usize; 5];
         for why in self.reasons.iter().filter_map(|(_, w)| w.as_ref()) {
             let i = match why {
                 Reject::Memory { .. } => 0,
@@ -103,11 +121,12 @@ impl NoFit {
                 | Reject::NotIdleJob(_)
                 | Reject::NotIdleProcesses { .. } => 2,
                 Reject::NotRead => 0,
+                Reject::Slowdown { .. } => 4,
             };
             counts[i] += 1;
         }
-        let most = (0..4).max_by_key(|&i| (counts[i], 3 - i)).unwrap_or(0);
-        ["memory", "activity", "held", "mps_user"][most]
+        let most = (0..5).max_by_key(|&i| (counts[i], 4 - i)).unwrap_or(0);
+        ["memory", "activity", "held", "mps_user", "slowdown"][most]
     }
 }
 

@@ -12,7 +12,7 @@ use queue::{Waited, answer_or_lock};
 
 use crate::clock::{now_ms, now_secs};
 use crate::gpu::GpuReading;
-use crate::policy::{Params, observe};
+use crate::policy::{Params, learn_profiles, observe};
 use crate::request::{Decision, Request, StepRef};
 use crate::source::{GpuSource, SourceError, open_source};
 use crate::state::{Holding, Logger, NodeState, Reservation, StateStore};
@@ -101,6 +101,9 @@ impl Placer {
             window_secs: if cfg.monitor.published { cfg.monitor_window.as_secs().max(1) } else { 0 },
             now_secs: 0,
             readings_ms: None,
+            sharing: cfg.sharing,
+            max_slowdown: cfg.max_slowdown,
+            idle_first: cfg.idle_first,
         };
         Ok(Placer {
             store,
@@ -337,19 +340,23 @@ impl Placer {
     }
 
     /// Raises placed jobs' observed peaks to what their processes use in
-    /// `readings` (carma-monitor, every interval), so that a job's history
-    /// does not depend on other jobs being placed while it runs. Takes the
-    /// exclusive lock and writes only when some peak rose; returns how many.
+    /// `readings` (carma-monitor, every interval), and the profiles of jobs
+    /// running alone to what their GPUs read (`learn_profiles`), so that
+    /// neither depends on other jobs being placed while it runs. Takes the
+    /// exclusive lock and writes only when something rose; returns how
+    /// many jobs' peaks or profiles did.
     pub fn observe_peaks(&self, readings: &[GpuReading]) -> Result<usize, PlaceError> {
+        let params = self.params();
         let rises = |st: &NodeState| -> (usize, NodeState) {
             let owners = self.processes.owners_on(readings, st);
             let mut after = st.clone();
             observe(&mut after, readings, &owners);
+            learn_profiles(&mut after, readings, &owners, &params);
             let n = st
                 .reservations
                 .iter()
                 .zip(&after.reservations)
-                .filter(|(a, b)| b.observed_mib > a.observed_mib)
+                .filter(|(a, b)| b.observed_mib > a.observed_mib || b.profile != a.profile)
                 .count();
             (n, after)
         };

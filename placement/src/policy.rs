@@ -4,8 +4,9 @@
 
 use crate::gpu::GpuReading;
 pub use crate::nofit::{NoFit, Reject};
+use crate::slowdown::{Model, Profile};
 use crate::state::{Holding, NodeState, Reservation};
-use carma_config::{ActivityMetric, Policy};
+use carma_config::{ActivityMetric, Policy, Sharing};
 use std::collections::HashMap;
 
 /// Thresholds from carma.yaml.
@@ -28,6 +29,14 @@ pub struct Params {
     /// much of it the readings have seen, which lags its age now by the
     /// publication's age. `None`: readings are as of now.
     pub readings_ms: Option<u64>,
+    /// How jobs on one GPU share it: which slowdown model applies.
+    pub sharing: Sharing,
+    /// The slowdown guard: no job of a GPU may be predicted to run more
+    /// than this many times slower than alone. Infinite: no guard.
+    pub max_slowdown: f64,
+    /// Collocating policies take an idle GPU (no job, no process) before
+    /// any busy one, as CARMA's reference server does.
+    pub idle_first: bool,
 }
 
 impl Default for Params {
@@ -41,6 +50,9 @@ impl Default for Params {
             window_secs: 0,
             now_secs: 0,
             readings_ms: None,
+            sharing: Sharing::Timeslice,
+            max_slowdown: 1.6,
+            idle_first: true,
         }
     }
 }
@@ -62,6 +74,41 @@ impl Params {
     pub fn placed_activity(&self) -> f64 {
         self.cap() / 2.0
     }
+
+    /// The slowdown model of this sharing mode.
+    pub fn model(&self) -> Model {
+        Model::of(self.sharing)
+    }
+}
+
+/// The profiles of the jobs sharing a GPU (CARMA's shared reservations
+/// naming it; an unknown one counts as filling the GPU), and how many of
+/// them are unknown.
+fn profiles_on(on: &[&Reservation]) -> (Vec<Profile>, usize) {
+    let sharing = on.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive);
+    let profiles: Vec<Profile> = sharing.map(|r| r.profile.unwrap_or(Profile::UNKNOWN)).collect();
+    let unknown = on.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive && r.profile.is_none()).count();
+    (profiles, unknown)
+}
+
+/// The worst predicted slowdown of a GPU's jobs with `newcomer` among
+/// them, and how many of them are unknown.
+fn predicted_with(on: &[&Reservation], newcomer: Option<Profile>, p: &Params) -> (f64, usize, usize) {
+    let (mut jobs, mut unknown) = profiles_on(on);
+    match newcomer {
+        Some(n) => jobs.push(n),
+        None => {
+            jobs.push(Profile::UNKNOWN);
+            unknown += 1;
+        }
+    }
+    (p.model().worst(&jobs), jobs.len(), unknown)
+}
+
+/// The worst predicted slowdown of the jobs on `gpu` if a job of profile
+/// `newcomer` (unknown: `None`) joined them (`carma place --dry-run`).
+pub fn predicted_slowdown(gpu: &GpuReading, state: &NodeState, newcomer: Option<Profile>, p: &Params) -> f64 {
+    predicted_with(&on_gpu(gpu, state), newcomer, p).0
 }
 
 /// The GPU's activity as the precondition sees it: the reading, plus what
@@ -147,6 +194,9 @@ pub struct Demand {
     /// The job's user, when it will share a GPU as an MPS client: a GPU
     /// whose MPS server serves another user cannot take it.
     pub mps_uid: Option<u32>,
+    /// What the job does to a GPU alone, as learned (`None`: unknown, so
+    /// counted as filling it).
+    pub profile: Option<Profile>,
 }
 
 /// A placement: GPUs in the order the policy ranked them.
@@ -161,6 +211,9 @@ pub struct Choice {
     pub free_mib: Vec<u64>,
     /// The capped reading of each chosen GPU at decision time.
     pub activity: Vec<f64>,
+    /// The worst predicted slowdown of each chosen GPU's jobs, the job
+    /// with them (1 where it is alone).
+    pub slowdown: Vec<f64>,
 }
 
 /// Memory promised on `gpu` to placed jobs that have not allocated it yet:
@@ -201,6 +254,51 @@ pub fn observe(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32,
             r.observed_mib = r.observed_mib.max(used);
         }
     }
+}
+
+/// Learns what jobs do to a GPU alone: each job (a CARMA reservation) that
+/// is the only one on its GPUs, with processes of its own there and none
+/// of anyone else's, and placed at least a window ago (the readings then
+/// see it alone, not its neighbour before), raises its profile, and its
+/// key's, to the GPUs' readings. Profiles only rise: a window of its
+/// start-up reads low, and a later one corrects it. Returns how many
+/// reservations' profiles changed.
+pub fn learn_profiles(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32, u32>, p: &Params) -> usize {
+    let on = by_gpu(gpus, state);
+    let window_ms = p.window_secs.saturating_mul(1000);
+    let mut seen: Vec<(usize, Profile)> = Vec::new();
+    for (i, r) in state.reservations.iter().enumerate() {
+        if r.holding != Holding::Carma || r.holders.is_empty() || seen_ms(r.since, p) < window_ms {
+            continue;
+        }
+        let mut reading: Option<Profile> = None;
+        for (g, on) in gpus.iter().zip(&on).filter(|(g, _)| r.gpus.contains(&g.index)) {
+            let mine = |pid: &u32| owners.get(pid).is_some_and(|h| r.holders.contains(h));
+            let alone = on.len() == 1 && !g.processes.is_empty() && g.processes.iter().all(|q| mine(&q.pid));
+            if !alone {
+                reading = None;
+                break;
+            }
+            let here = Profile { busy: g.busy, sm: g.sm_activity }.clamped();
+            reading = Some(reading.map_or(here, |r| r.max(here)));
+        }
+        if let Some(now) = reading {
+            seen.push((i, now));
+        }
+    }
+    let mut changed = 0;
+    for (i, now) in seen {
+        let r = &mut state.reservations[i];
+        let raised = r.profile.map_or(now, |p| p.max(now));
+        if r.profile != Some(raised) {
+            r.profile = Some(raised);
+            changed += 1;
+        }
+        if let Some(key) = r.profile_key.clone() {
+            state.remember_profile(&key, raised);
+        }
+    }
+    changed
 }
 
 /// The estimate a job's history asks for: its highest observed peak plus
@@ -254,9 +352,10 @@ fn reject(
     owners: &HashMap<u32, u32>,
     need_whole: bool,
     est: u64,
-    mps_uid: Option<u32>,
+    demand: &Demand,
     p: &Params,
 ) -> Option<Reject> {
+    let mps_uid = demand.mps_uid;
     let mut first = None;
     for r in on {
         if r.holding == Holding::SlurmWhole {
@@ -291,6 +390,10 @@ fn reject(
     if free < est.saturating_add(p.headroom_mib) {
         return Some(Reject::Memory { free_mib: free, estimate_mib: est, headroom_mib: p.headroom_mib });
     }
+    let (predicted, jobs, unknown) = predicted_with(on, demand.profile, p);
+    if predicted > p.max_slowdown {
+        return Some(Reject::Slowdown { predicted, bound: p.max_slowdown, jobs, unknown });
+    }
     None
 }
 
@@ -305,33 +408,49 @@ pub fn choose(
 ) -> Result<Choice, NoFit> {
     let on = by_gpu(gpus, state);
     let (need_whole, est, reasons) = assess_on(gpus, &on, demand, params, owners);
-    // Each eligible GPU, its effective free memory and expected activity.
-    let mut ok: Vec<(&GpuReading, u64, f64)> = gpus
+    // Each eligible GPU: its effective free memory, expected activity,
+    // the worst predicted slowdown with the job, and whether it is idle.
+    let mut ok: Vec<Eligible> = gpus
         .iter()
         .zip(&on)
         .zip(&reasons)
         .filter(|(_, (_, why))| why.is_none())
-        .map(|((g, on), _)| (g, effective_free_on(g, on, owners), expected_activity_on(g, on, params).0))
+        .map(|((g, on), _)| Eligible {
+            gpu: g,
+            free: effective_free_on(g, on, owners),
+            activity: expected_activity_on(g, on, params).0,
+            slowdown: if need_whole { 1.0 } else { predicted_with(on, demand.profile, params).0 },
+            idle: on.is_empty() && g.processes.is_empty(),
+        })
         .collect();
     let want = demand.count as usize;
     if ok.len() < want || want == 0 {
         return Err(NoFit { wanted: demand.count, reasons });
     }
     // Stable sorts keep ties in GPU-index order, so decisions are repeatable.
-    ok.sort_by_key(|(g, _, _)| g.index);
+    ok.sort_by_key(|e| e.gpu.index);
     match if need_whole { Policy::FirstFit } else { demand.policy } {
         Policy::Exclusive | Policy::FirstFit => {}
-        Policy::Magm => ok.sort_by_key(|a| std::cmp::Reverse(a.1)),
-        Policy::BestFit => ok.sort_by_key(|a| a.1),
-        Policy::LeastUtilized => ok.sort_by(|a, b| a.2.total_cmp(&b.2).then(b.1.cmp(&a.1))),
+        Policy::Magm => ok.sort_by_key(|e| std::cmp::Reverse(e.free)),
+        Policy::BestFit => ok.sort_by_key(|e| e.free),
+        // The least loaded GPU as the jobs' profiles predict it, not as a
+        // reading says: a time-sliced GPU reads lower the more crowded it is.
+        Policy::LeastUtilized => ok.sort_by(|a, b| {
+            a.slowdown.total_cmp(&b.slowdown).then(a.activity.total_cmp(&b.activity)).then(b.free.cmp(&a.free))
+        }),
         Policy::RoundRobin => {
             let cursor = state.rr_cursor;
-            ok.sort_by_key(|(g, _, _)| (g.index < cursor, g.index));
+            ok.sort_by_key(|e| (e.gpu.index < cursor, e.gpu.index));
         }
+    }
+    // An idle GPU first, under every policy that shares: a job never runs
+    // beside another while a GPU it could have waits idle.
+    if params.idle_first && !need_whole {
+        ok.sort_by_key(|e| !e.idle);
     }
     ok.truncate(want);
     if demand.policy == Policy::RoundRobin {
-        state.rr_cursor = ok.iter().map(|(g, _, _)| g.index).max().unwrap_or(0) + 1;
+        state.rr_cursor = ok.iter().map(|e| e.gpu.index).max().unwrap_or(0) + 1;
         if gpus.iter().all(|g| g.index < state.rr_cursor) {
             state.rr_cursor = 0;
         }
@@ -339,12 +458,22 @@ pub fn choose(
     let smallest = gpus.iter().map(|g| g.total_mib).min().unwrap_or(0);
     let reserve_mib = if need_whole { smallest.max(est) } else { est };
     Ok(Choice {
-        gpus: ok.iter().map(|(g, _, _)| g.index).collect(),
+        gpus: ok.iter().map(|e| e.gpu.index).collect(),
         exclusive: need_whole,
         reserve_mib,
-        free_mib: ok.iter().map(|(_, f, _)| *f).collect(),
-        activity: ok.iter().map(|(_, _, a)| *a).collect(),
+        free_mib: ok.iter().map(|e| e.free).collect(),
+        activity: ok.iter().map(|e| e.activity).collect(),
+        slowdown: ok.iter().map(|e| e.slowdown).collect(),
     })
+}
+
+/// A GPU that can take the demand, with what the policies rank it by.
+struct Eligible<'a> {
+    gpu: &'a GpuReading,
+    free: u64,
+    activity: f64,
+    slowdown: f64,
+    idle: bool,
 }
 
 /// Each GPU against the demand: whether the job needs whole GPUs, the
@@ -379,13 +508,12 @@ fn assess_on(
         Some(est) => demand.policy == Policy::Exclusive || est.saturating_add(params.headroom_mib) > smallest,
     };
     let est = estimate.unwrap_or(smallest);
-    let reasons = gpus
-        .iter()
-        .zip(on)
-        .map(|(g, on)| (g.index, reject(g, on, owners, need_whole, est, demand.mps_uid, params)))
-        .collect();
+    let reasons =
+        gpus.iter().zip(on).map(|(g, on)| (g.index, reject(g, on, owners, need_whole, est, demand, params))).collect();
     (need_whole, est, reasons)
 }
 
+#[cfg(test)]
+mod guard_tests;
 #[cfg(test)]
 mod tests;

@@ -56,6 +56,11 @@ pub struct Request {
     /// job. `None`: any GPU of the node (tools, benches, the simulator).
     #[serde(default)]
     pub within: Option<Vec<u32>>,
+    /// Under which key the job's profile (what it does to a GPU alone) is
+    /// learned and looked up: `uid:` and its model signature, or its job
+    /// script's digest. `None`: it has none, and counts as filling a GPU.
+    #[serde(default)]
+    pub profile_key: Option<String>,
 }
 
 impl Request {
@@ -75,6 +80,7 @@ impl Request {
             batch_step: false,
             uid: None,
             within: None,
+            profile_key: None,
         }
     }
 }
@@ -94,6 +100,10 @@ pub struct Decision {
     /// The capped reading (`metric`) of each chosen GPU when chosen (empty if reused).
     pub metric: carma_config::ActivityMetric,
     pub activity: Vec<f64>,
+    /// The worst predicted slowdown of each chosen GPU's jobs with this one
+    /// (empty if reused).
+    #[serde(default)]
+    pub slowdown: Vec<f64>,
     /// Set when a learned fixed memory replaced the estimate's (and history
     /// did not decide instead), with whose it was: the user's or the node's.
     #[serde(default)]
@@ -118,7 +128,12 @@ impl fmt::Display for Decision {
         } else {
             let free: Vec<String> = self.free_mib.iter().map(|m| format!("{m}M")).collect();
             let act: Vec<String> = self.activity.iter().map(|a| format!("{a:.2}")).collect();
-            write!(f, " effective_free={} {}={}", free.join(","), self.metric, act.join(","))
+            write!(f, " effective_free={} {}={}", free.join(","), self.metric, act.join(","))?;
+            if !self.exclusive && !self.slowdown.is_empty() {
+                let s: Vec<String> = self.slowdown.iter().map(|x| format!("{x:.2}")).collect();
+                write!(f, " predicted_slowdown={}", s.join(","))?;
+            }
+            Ok(())
         }
     }
 }

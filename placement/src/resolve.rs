@@ -152,6 +152,9 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
     // History is per user: another user cannot raise (or learn) this
     // user's estimates by claiming the same signature.
     let signature = signature.map(|s| format!("{}:{s}", f.uid));
+    // What the job does to a GPU is learned under its model's signature,
+    // else its script's (or command line's) digest; per user like history.
+    let profile_key = signature.clone().or_else(|| f.job_signature.as_ref().map(|s| format!("{}:{s}", f.uid)));
     // sharing: mps: a step that shares one GPU becomes a client of that
     // GPU's MPS server, which serves one user at a time.
     let mps_uid = (cfg.sharing == Sharing::Mps && count == 1 && policy != Policy::Exclusive).then_some(f.uid);
@@ -175,6 +178,7 @@ pub fn resolve(f: &StepFacts, node: &NodeFacts, cfg: &Config) -> Result<Resoluti
         // never moves the job to a GPU Slurm may give whole to a job that
         // did not opt in to sharing.
         within: (cfg.gpu_owner == GpuOwner::Slurm).then(|| node.slurm_gpus.clone()),
+        profile_key,
     };
     // One owner per GPU's worth: a step uses at most as many GPUs as Slurm
     // charged its job here (the GPUs its gpu or shard GRES came from),

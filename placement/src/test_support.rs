@@ -20,6 +20,8 @@ pub fn carma(job: u32, gpus: Vec<u32>, reserved_mib: u64, holder: u32) -> Reserv
         mps_uid: None,
         model_mib: None,
         uid: None,
+        profile: None,
+        profile_key: None,
     }
 }
 

@@ -33,11 +33,14 @@ fn node(name: &str, gpus: usize, mib: u64) -> Dir {
 }
 
 // This test process holds its reservations while it lives (LiveHolders):
-// what is tested here is the queue, not who holds.
+// what is tested here is the queue, not who holds. Its jobs are never
+// profiled, so the slowdown guard is off: memory decides (the guard's own
+// tests are placement/src/policy/guard_tests.rs).
 fn placer(dir: &Path) -> Placer {
     let store = StateStore::open(&dir.join("state"), Duration::from_secs(10), Box::new(|_| {})).unwrap();
     let source = Box::new(SimulatedGpus::load(&dir.join("gpus.yaml")).unwrap());
-    Placer::new(store, source, Params::default(), Box::new(LiveHolders), Box::new(|_| {}))
+    let params = Params { max_slowdown: f64::INFINITY, ..Params::default() };
+    Placer::new(store, source, params, Box::new(LiveHolders), Box::new(|_| {}))
 }
 
 fn request(policy: Policy, mib: u64) -> Request {
@@ -363,6 +366,7 @@ fn an_answer_outside_the_jobs_slurm_gpus_is_given_back_and_refused() {
         free_mib: vec![20480],
         metric: carma_config::ActivityMetric::Sm,
         activity: vec![0.0],
+        slowdown: vec![1.0],
         learned_runtime_mib: None,
         learned_from: None,
     };

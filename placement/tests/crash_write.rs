@@ -33,6 +33,8 @@ fn writer_loop() {
                         mps_uid: None,
                         model_mib: None,
                         uid: None,
+                        profile: None,
+                        profile_key: None,
                     })
                     .collect();
             })

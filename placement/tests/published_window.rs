@@ -45,7 +45,9 @@ fn a_job_placed_a_window_ago_counts_until_the_published_window_has_seen_it() {
     let now_ms = carma_placement::clock::now_ms();
     publish(&d.0, &publication(now_ms, 0.0)).unwrap();
     let store = StateStore::open(&d.0, Duration::from_secs(10), Box::new(|_| {})).unwrap();
-    let params = Params { window_secs: 6, ..Params::default() };
+    // The activity window's count is tested, not the slowdown guard (its
+    // jobs are never profiled: guard_tests.rs).
+    let params = Params { window_secs: 6, max_slowdown: f64::INFINITY, ..Params::default() };
     let mut p = Placer::new(
         store,
         Box::new(PublishedSource::new(&cfg, |_| {})),

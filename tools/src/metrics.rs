@@ -50,7 +50,7 @@ impl Page {
 }
 
 /// Reasons a step is not placed, always exported (0 until seen).
-pub const NO_FIT_REASONS: [&str; 5] = ["memory", "activity", "held", "mps_user", "gpu_count"];
+pub const NO_FIT_REASONS: [&str; 6] = ["memory", "activity", "held", "mps_user", "gpu_count", "slowdown"];
 
 pub fn render(node: &str, p: &Published, st: &NodeState, m: &MonitorStats) -> String {
     let mut out = Page(String::with_capacity(8192));
@@ -247,6 +247,8 @@ mod tests {
             mps_uid: None,
             model_mib: None,
             uid: None,
+            profile: None,
+            profile_key: None,
         });
         // Not a CARMA job: not counted in carma_gpu_jobs; a CARMA step in a
         // job Slurm gave the GPU whole is.

@@ -255,10 +255,11 @@ pub fn dry_run(
         }),
         Err(_) => req.estimate_mib,
     };
+    let profile = req.profile_key.as_ref().and_then(|k| state.profiles.get(k)).copied();
     let reasons = match &decision {
         Err(n) => n.reasons.clone(),
         Ok(_) => {
-            let demand = Demand { policy: req.policy, count: req.count, estimate_mib, mps_uid: req.mps_uid };
+            let demand = Demand { policy: req.policy, count: req.count, estimate_mib, mps_uid: req.mps_uid, profile };
             assess(gpus, state, &demand, p, &owners).2
         }
     };
@@ -266,10 +267,11 @@ pub fn dry_run(
     let mut out = String::new();
     for (g, (index, why)) in gpus.iter().zip(&reasons) {
         let reading = format!(
-            "{} {:.2}, effective free {} MiB",
+            "{} {:.2}, effective free {} MiB, predicted slowdown {:.2}x",
             p.metric.label(),
             g.activity(p.metric),
-            effective_free_mib(g, state, &owners)
+            effective_free_mib(g, state, &owners),
+            carma_placement::policy::predicted_slowdown(g, state, profile, p)
         );
         let verdict = match why {
             Some(r) => format!("no: {r}"),
@@ -312,6 +314,7 @@ mod tests {
             batch_step: false,
             uid: None,
             within: None,
+            profile_key: None,
         };
         let p = Params {
             metric: carma_config::ActivityMetric::Sm,

@@ -76,6 +76,8 @@ impl Default for Config {
             activity_metric: ActivityMetric::Sm,
             sm_activity_cap: 0.80,
             busy_cap: 0.80,
+            max_slowdown: 1.6,
+            idle_first: true,
             headroom_mib: 2048,
             monitor_window: Duration::from_secs(60),
             monitor: MonitorConfig {

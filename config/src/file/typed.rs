@@ -208,6 +208,12 @@ pub struct Config {
     pub sm_activity_cap: f64,
     /// The same for busy time (with `activity_metric: busy`).
     pub busy_cap: f64,
+    /// The slowdown guard: no job of a GPU may be predicted (from the
+    /// jobs' learned profiles) to run more than this many times slower
+    /// than alone. Infinite: `off`.
+    pub max_slowdown: f64,
+    /// Collocating policies take an idle GPU before a busy one.
+    pub idle_first: bool,
     /// Free memory that must remain after a job's estimate.
     pub headroom_mib: u64,
     /// Averaging window for SM activity.

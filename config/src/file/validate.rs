@@ -93,6 +93,24 @@ impl Check<'_> {
                 *field = cap;
             }
         }
+        if let Some(v) = &raw.max_slowdown {
+            let text = v.to_string();
+            c.max_slowdown = match text.trim() {
+                "off" => f64::INFINITY,
+                t => match t.parse::<f64>() {
+                    Ok(x) if (1.05..=10.0).contains(&x) => x,
+                    _ => {
+                        return Err(self.bad(
+                            "max_slowdown",
+                            format!("'{text}' is not a bound; use a factor from 1.05 to 10 (1.6: a shared job runs at most 1.6x slower than alone) or off"),
+                        ));
+                    }
+                },
+            };
+        }
+        if let Some(v) = raw.idle_first {
+            c.idle_first = v;
+        }
         if let Some(v) = &raw.headroom {
             c.headroom_mib = self.size("headroom", v)?;
         }

@@ -5,7 +5,7 @@
 use super::{PlaceError, Placer};
 use crate::clock::now_secs;
 use crate::gpu::GpuReading;
-use crate::policy::{NoFit, Params, observe};
+use crate::policy::{NoFit, Params, learn_profiles, observe};
 use crate::request::{Decision, Request, StepRef};
 use crate::slots::{Answer, Refusal, RefusalCount, SlotRef, Slots};
 use crate::state::{Locked, NodeState, StateError, StateStore};
@@ -107,8 +107,10 @@ impl Placer {
         self.collect(&mut st, false);
         let owners = self.processes.owners_on(readings, &st);
         observe(&mut st, readings, &owners);
+        let params = Params { readings_ms: as_of_ms, ..self.params };
+        learn_profiles(&mut st, readings, &owners, &Params { now_secs: now_secs(), ..params });
         // Every request of this round is decided on these readings.
-        let round = Round { readings, owners: &owners, params: Params { readings_ms: as_of_ms, ..self.params } };
+        let round = Round { readings, owners: &owners, params };
         let mut gc_forced = false;
         let mine = self.decide(&mut st, step, req, &round, &mut gc_forced);
         if let Err(why) = &mine {

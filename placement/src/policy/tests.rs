@@ -11,6 +11,11 @@ const P: Params = Params {
     window_secs: 0,
     now_secs: 0,
     readings_ms: None,
+    sharing: carma_config::Sharing::Timeslice,
+    // These tests are of memory, activity and the policies' order: the
+    // guard and the idle-first rule are tested in `guard.rs`.
+    max_slowdown: f64::INFINITY,
+    idle_first: false,
 };
 
 fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
@@ -30,7 +35,7 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
 }
 
 fn demand(policy: Policy, est: u64) -> Demand {
-    Demand { policy, count: 1, estimate_mib: Some(est), mps_uid: None }
+    Demand { policy, count: 1, estimate_mib: Some(est), mps_uid: None, profile: None }
 }
 
 fn pick(gpus: &[GpuReading], state: &mut NodeState, d: Demand) -> Result<Vec<u32>, NoFit> {
@@ -93,7 +98,7 @@ fn round_robin_cycles_and_skips_ineligible() {
 fn multi_gpu_jobs_get_distinct_gpus_or_none() {
     let mut st = NodeState::default();
     let g = node();
-    let d = Demand { policy: Policy::Magm, count: 2, estimate_mib: Some(4096), mps_uid: None };
+    let d = Demand { policy: Policy::Magm, count: 2, estimate_mib: Some(4096), mps_uid: None, profile: None };
     assert_eq!(choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap().gpus, vec![1, 0]);
     let d = Demand { count: 4, ..d };
     let e = choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap_err();
@@ -166,7 +171,7 @@ fn exclusive_policy_never_shares_and_is_not_shared() {
 fn unknown_or_oversized_estimate_needs_whole_gpus() {
     let g = vec![gpu(0, 100, 0.0), gpu(1, 0, 0.0)];
     let mut st = NodeState::default();
-    let d = Demand { policy: Policy::Magm, count: 1, estimate_mib: None, mps_uid: None };
+    let d = Demand { policy: Policy::Magm, count: 1, estimate_mib: None, mps_uid: None, profile: None };
     let c = choose(&g, &mut st, &d, &P, &HashMap::new()).unwrap();
     assert_eq!((c.gpus, c.exclusive), (vec![1], true));
     let c = choose(&g, &mut st, &demand(Policy::Magm, 39000), &P, &HashMap::new()).unwrap();
@@ -211,7 +216,7 @@ proptest! {
             match op {
                 Op::Place { policy, est, count } => {
                     let g = readings(&jobs);
-                    let d = Demand { policy: Policy::ALL[policy], count, estimate_mib: Some(est), mps_uid: None };
+                    let d = Demand { policy: Policy::ALL[policy], count, estimate_mib: Some(est), mps_uid: None, profile: None };
                     if let Ok(c) = choose(&g, &mut st, &d, &P, &owners) {
                         let job = next; next += 1;
                         prop_assert_eq!(c.gpus.len(), count as usize);

@@ -231,6 +231,7 @@ fn the_summary_says_what_decided_the_estimate_in_the_end() {
         free_mib: vec![],
         metric: carma_config::ActivityMetric::Sm,
         activity: vec![],
+        slowdown: vec![],
         learned_runtime_mib: None,
         learned_from: None,
     };

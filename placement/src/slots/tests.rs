@@ -21,6 +21,7 @@ fn decision() -> Decision {
         learned_runtime_mib: None,
         learned_from: None,
         activity: vec![0.25],
+        slowdown: vec![1.0],
     }
 }
 

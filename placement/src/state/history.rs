@@ -46,6 +46,32 @@ impl NodeState {
         }
     }
 
+    /// Raises the profile learned under `key` to `seen` (each reading to
+    /// the larger). Bounded like the history: past [`HISTORY_MAX`] keys,
+    /// one of the user with the most is dropped.
+    pub fn remember_profile(&mut self, key: &str, seen: crate::slowdown::Profile) {
+        let e = self.profiles.entry(key.to_string()).or_insert(seen);
+        *e = e.max(seen);
+        while self.profiles.len() > HISTORY_MAX {
+            let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+            for k in self.profiles.keys() {
+                *count.entry(k.split_once(':').map_or("", |(uid, _)| uid)).or_insert(0) += 1;
+            }
+            let most = count.values().max().copied().unwrap_or(0);
+            let victim = self
+                .profiles
+                .keys()
+                .find(|k| k != &key && count[k.split_once(':').map_or("", |(uid, _)| uid)] == most)
+                .cloned();
+            match victim {
+                Some(k) => {
+                    self.profiles.remove(&k);
+                }
+                None => break,
+            }
+        }
+    }
+
     /// Marks `sig` as the most recently used signature.
     pub fn touch_history(&mut self, sig: &str) {
         let tick = self.history_used.values().max().copied().unwrap_or(0) + 1;

@@ -48,6 +48,10 @@ pub struct NodeState {
     /// node's order of uses (missing: before any), for trimming the least
     /// recently used.
     pub history_used: BTreeMap<String, u64>,
+    /// What each job signature (`uid:...`) does to a GPU alone, learned
+    /// from readings of windows in which one of its jobs ran alone (the
+    /// slowdown guard). Bounded like `history`.
+    pub profiles: BTreeMap<String, crate::slowdown::Profile>,
     /// Ended jobs' observed peaks less their model parts, by user (the
     /// learned fixed memory, `learned.rs`).
     pub runtime_by_user: crate::learned::ByUser,
@@ -83,6 +87,7 @@ impl Default for NodeState {
             reservations: Vec::new(),
             history: BTreeMap::new(),
             history_used: BTreeMap::new(),
+            profiles: BTreeMap::new(),
             runtime_by_user: BTreeMap::new(),
             runtime_samples: Vec::new(),
             counters: Counters::default(),

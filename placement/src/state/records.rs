@@ -56,6 +56,16 @@ pub struct Reservation {
     /// observation moves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
+    /// What the job does to a GPU alone, as far as this node has seen it
+    /// (its signature's learned profile, raised by readings of windows in
+    /// which it ran alone): the slowdown guard's view of it. None: unknown,
+    /// counted as filling the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::slowdown::Profile>,
+    /// Under which key its profile is learned: `uid:` and its model
+    /// signature, or its job script's digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_key: Option<String>,
 }
 
 impl Reservation {
@@ -76,6 +86,8 @@ impl Reservation {
             mps_uid: None,
             model_mib: None,
             uid: None,
+            profile: None,
+            profile_key: None,
         }
     }
 }

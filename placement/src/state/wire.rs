@@ -18,6 +18,8 @@ struct In {
     #[serde(default)]
     history_used: BTreeMap<String, u64>,
     #[serde(default)]
+    profiles: BTreeMap<String, crate::slowdown::Profile>,
+    #[serde(default)]
     runtime_by_user: crate::learned::ByUser,
     #[serde(default)]
     runtime_samples: Vec<u64>,
@@ -48,6 +50,8 @@ struct Out<'a> {
     history: &'a BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     history_used: &'a BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    profiles: &'a BTreeMap<String, crate::slowdown::Profile>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     runtime_by_user: &'a crate::learned::ByUser,
     counters: &'a Counters,
@@ -88,6 +92,7 @@ impl<'de> Deserialize<'de> for NodeState {
             reservations,
             history: w.history,
             history_used: w.history_used,
+            profiles: w.profiles,
             runtime_by_user: w.runtime_by_user,
             runtime_samples: w.runtime_samples,
             counters: w.counters,
@@ -113,6 +118,7 @@ impl Serialize for NodeState {
                 .collect(),
             history: &self.history,
             history_used: &self.history_used,
+            profiles: &self.profiles,
             runtime_by_user: &self.runtime_by_user,
             counters: &self.counters,
             step_parts: &self.step_parts,

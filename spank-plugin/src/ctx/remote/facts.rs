@@ -68,8 +68,9 @@ pub(super) fn read_step(sp: &Spank, carma: &mut bool) -> Result<Option<Step>, Er
     log::set_log_file(cfg.log_file.clone());
     *carma |= resolve::is_carma(&facts, cfg);
     let step_id = sp.item_u32(Item::StepId)?;
-    if facts.request.is_empty() && *carma {
-        // Transparently collocated: its history is keyed by its script.
+    if *carma {
+        // A transparently collocated step's history is keyed by its
+        // script; every CARMA step's profile without a model signature too.
         facts.job_signature = transparent::signature(sp, crate::spank::is_batch_step(step_id));
     }
     // The root-owned job files matter only to a CARMA step: a plain shard

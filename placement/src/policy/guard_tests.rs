@@ -1,0 +1,170 @@
+//! The slowdown guard, idle GPUs first, `lug` by predicted load, and how
+//! profiles are learned (issue #56). The H100 pairs' figures are from
+//! data/h100/collocation.csv (solo busy, SM activity; measured slowdowns);
+//! simulator/tests/guard_h100.rs replays every measured set.
+
+use super::*;
+use crate::gpu::GpuProcess;
+use crate::test_support::carma;
+
+/// carma.yaml's defaults, as of a decision at t = 1000 s.
+const P: Params = Params {
+    metric: ActivityMetric::Sm,
+    sm_activity_cap: 0.8,
+    busy_cap: 0.8,
+    headroom_mib: 2048,
+    window_secs: 0,
+    now_secs: 1000,
+    readings_ms: None,
+    sharing: Sharing::Timeslice,
+    max_slowdown: 1.6,
+    idle_first: true,
+};
+
+const RESNET50: Profile = Profile { busy: 0.98, sm: 0.825 };
+const MOBILENET: Profile = Profile { busy: 0.541, sm: 0.312 };
+const RESNET18: Profile = Profile { busy: 0.703, sm: 0.495 };
+
+/// A GPU of 80 GiB running `jobs` (pid 100 + job), reading `sm`/`busy`.
+fn gpu(index: u32, jobs: &[u32], sm: f64, busy: f64) -> GpuReading {
+    GpuReading {
+        sm_activity: sm,
+        busy,
+        used_mib: 4096 * jobs.len() as u64,
+        processes: jobs.iter().map(|j| GpuProcess { pid: 100 + j, used_mib: 4096 }).collect(),
+        ..GpuReading::idle(index, format!("GPU-{index}"), 81920)
+    }
+}
+
+/// Job `job` placed on `gpus` with `profile`, its process pid 100 + job.
+fn placed(job: u32, gpus: Vec<u32>, profile: Option<Profile>) -> Reservation {
+    Reservation { profile, since: 0, ..carma(job, gpus, 4096, 1000 + job) }
+}
+
+fn owners(jobs: &[u32]) -> HashMap<u32, u32> {
+    jobs.iter().map(|j| (100 + j, 1000 + j)).collect()
+}
+
+fn wants(profile: Option<Profile>, policy: Policy) -> Demand {
+    Demand { policy, count: 1, estimate_mib: Some(4096), mps_uid: None, profile }
+}
+
+fn one(gpus: &[GpuReading], st: &NodeState, d: Demand, p: &Params) -> Result<Vec<u32>, NoFit> {
+    choose(gpus, &mut st.clone(), &d, p, &owners(&[1, 2, 3])).map(|c| c.gpus)
+}
+
+#[test]
+fn the_guard_refuses_a_heavy_pair_whichever_job_comes_first() {
+    // The SM cap admits resnet50 onto mobilenet (reading 0.312) and
+    // refuses the reverse (0.825): the same final set, run 1.95x slower.
+    for (running, newcomer, reading) in [(MOBILENET, RESNET50, 0.312), (RESNET50, MOBILENET, 0.825)] {
+        let mut st = NodeState::default();
+        st.reservations.push(placed(1, vec![0], Some(running)));
+        let g = [gpu(0, &[1], reading, running.busy)];
+        let e = one(&g, &st, wants(Some(newcomer), Policy::Magm), &P).unwrap_err();
+        assert!(matches!(e.reasons[0].1, Some(Reject::Slowdown { .. } | Reject::Activity { .. })), "{e}");
+        // The guard alone refuses it, with the cap out of the way.
+        let no_cap = Params { sm_activity_cap: 1.0, ..P };
+        let e = one(&g, &st, wants(Some(newcomer), Policy::Magm), &no_cap).unwrap_err();
+        assert!(
+            e.to_string().contains("predicted slowdown 1.8") || e.to_string().contains("predicted slowdown 1.9"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn the_guard_admits_a_pair_that_stays_within_the_bound() {
+    // mobilenet + resnet18: measured 1.45x both; predicted about 1.47x.
+    let mut st = NodeState::default();
+    st.reservations.push(placed(1, vec![0], Some(RESNET18)));
+    let g = [gpu(0, &[1], 0.495, 0.703)];
+    let c = choose(&g, &mut st, &wants(Some(MOBILENET), Policy::Magm), &P, &owners(&[1])).unwrap();
+    assert_eq!(c.gpus, vec![0]);
+    assert!(c.slowdown[0] > 1.3 && c.slowdown[0] <= 1.6, "{:?}", c.slowdown);
+    // Off, the bound admits the heavy pair too.
+    let off = Params { max_slowdown: f64::INFINITY, ..P };
+    st.reservations[0].profile = Some(RESNET50);
+    assert_eq!(one(&[gpu(0, &[1], 0.5, 0.98)], &st, wants(Some(RESNET50), Policy::Magm), &off).unwrap(), vec![0]);
+}
+
+#[test]
+fn an_unprofiled_job_counts_as_filling_the_gpu_on_either_side() {
+    let mut st = NodeState::default();
+    st.reservations.push(placed(1, vec![0], Some(MOBILENET)));
+    let g = [gpu(0, &[1], 0.312, 0.541)];
+    let e = one(&g, &st, wants(None, Policy::Magm), &P).unwrap_err();
+    assert!(e.to_string().contains("1 not yet profiled"), "{e}");
+    // And a profiled newcomer beside an unprofiled job.
+    st.reservations[0].profile = None;
+    let e = one(&g, &st, wants(Some(MOBILENET), Policy::Magm), &P).unwrap_err();
+    assert_eq!(e.class(), "slowdown", "{e}");
+    // A very light job still fits beside it (a tiny MLP: busy 0.124).
+    let tiny = Profile { busy: 0.124, sm: 0.006 };
+    assert_eq!(one(&g, &st, wants(Some(tiny), Policy::Magm), &P).unwrap(), vec![0]);
+}
+
+#[test]
+fn an_idle_gpu_is_taken_before_a_busy_one_under_every_sharing_policy() {
+    // GPU0 runs a light job; GPU1 is idle; GPU2 has the most free memory
+    // but runs a job too.
+    let mut st = NodeState::default();
+    st.reservations.push(placed(1, vec![0], Some(MOBILENET)));
+    st.reservations.push(placed(2, vec![2], Some(MOBILENET)));
+    let g = [gpu(0, &[1], 0.3, 0.54), gpu(1, &[], 0.0, 0.0), GpuReading { used_mib: 0, ..gpu(2, &[2], 0.3, 0.54) }];
+    for policy in [Policy::Magm, Policy::BestFit, Policy::FirstFit, Policy::LeastUtilized, Policy::RoundRobin] {
+        let light = Profile { busy: 0.2, sm: 0.1 };
+        assert_eq!(one(&g, &st, wants(Some(light), policy), &P).unwrap(), vec![1], "{policy}");
+        // Without the rule, first fit packs GPU0 and best fit the fullest.
+        if policy == Policy::FirstFit || policy == Policy::BestFit {
+            let packed = one(&g, &st, wants(Some(light), policy), &Params { idle_first: false, ..P }).unwrap();
+            assert_eq!(packed, vec![0], "{policy}");
+        }
+    }
+}
+
+#[test]
+fn least_utilized_ranks_by_predicted_load_not_by_the_reading() {
+    // Time-sliced, GPU0 runs two jobs that slow each other (1.14x) and
+    // read only 0.45 SM; GPU1 runs one light job reading 0.5. The reading
+    // would pick GPU0 (about 1.47x with the newcomer); the prediction
+    // picks GPU1 (1x).
+    let mut st = NodeState::default();
+    let light = Profile { busy: 0.5, sm: 0.25 };
+    st.reservations.push(placed(1, vec![0], Some(light)));
+    st.reservations.push(placed(2, vec![0], Some(light)));
+    st.reservations.push(placed(3, vec![1], Some(Profile { busy: 0.35, sm: 0.5 })));
+    let g = [gpu(0, &[1, 2], 0.45, 0.9), gpu(1, &[3], 0.5, 0.35)];
+    let tiny = Profile { busy: 0.1, sm: 0.05 };
+    let p = Params { idle_first: false, ..P };
+    let c = choose(&g, &mut st.clone(), &wants(Some(tiny), Policy::LeastUtilized), &p, &owners(&[1, 2, 3])).unwrap();
+    assert_eq!(c.gpus, vec![1], "{c:?}");
+}
+
+#[test]
+fn a_job_alone_on_its_gpu_a_window_after_its_start_is_profiled_under_its_key() {
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation { profile_key: Some("7:sig".into()), ..placed(1, vec![0], None) });
+    st.reservations.push(placed(2, vec![1], None));
+    st.reservations.push(placed(3, vec![1], None));
+    let g = [gpu(0, &[1], 0.31, 0.54), gpu(1, &[2, 3], 0.6, 0.99)];
+    let p = Params { window_secs: 60, ..P };
+    // Placed at 0 s, read at 30 s: the window still holds its start.
+    assert_eq!(learn_profiles(&mut st, &g, &owners(&[1, 2, 3]), &Params { now_secs: 30, ..p }), 0);
+    assert_eq!(learn_profiles(&mut st, &g, &owners(&[1, 2, 3]), &p), 1, "only job 1 runs alone");
+    let seen = Profile { busy: 0.54, sm: 0.31 };
+    assert_eq!((st.reservations[0].profile, st.profiles.get("7:sig").copied()), (Some(seen), Some(seen)));
+    assert_eq!((st.reservations[1].profile, st.reservations[2].profile), (None, None));
+    // Profiles only rise: a quieter window leaves it; a busier one raises it.
+    let quiet = [gpu(0, &[1], 0.1, 0.2)];
+    assert_eq!(learn_profiles(&mut st, &quiet, &owners(&[1]), &p), 0);
+    let busier = [gpu(0, &[1], 0.4, 0.5)];
+    assert_eq!(learn_profiles(&mut st, &busier, &owners(&[1]), &p), 1);
+    assert_eq!(st.profiles["7:sig"], Profile { busy: 0.54, sm: 0.4 });
+    // A process that is not the job's on its GPU: nothing is learned.
+    let shared = [GpuReading {
+        processes: vec![GpuProcess { pid: 101, used_mib: 1 }, GpuProcess { pid: 999, used_mib: 1 }],
+        ..gpu(0, &[1], 0.9, 0.9)
+    }];
+    assert_eq!(learn_profiles(&mut st, &shared, &owners(&[1]), &p), 0);
+}
