@@ -10,6 +10,7 @@
 pub mod calibration;
 pub mod engine;
 pub mod input;
+pub mod jobcheck;
 pub mod model;
 pub mod paper;
 pub mod report;

@@ -35,6 +35,9 @@ pub enum Command {
     /// Write the simulation report (docs/simulation.md) from the repository's data/
     #[command(arg_required_else_help = true)]
     SimulateReport(ReportArgs),
+    /// Check the slowdown model on measured sets (collocation.csv's format), job by job
+    #[command(arg_required_else_help = true)]
+    Calibrate(crate::calibrate::CalibrateArgs),
     /// Make a job trace into a test cluster's submissions (tests/scale.sh replay)
     #[command(arg_required_else_help = true)]
     ReplayPlan(crate::replay::PlanArgs),

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod calibrate;
 pub mod cli;
 pub mod cli_log;
 pub mod http;

@@ -8,13 +8,14 @@ const CARMA: &str = env!("CARGO_BIN_EXE_carma");
 const MONITOR: &str = env!("CARGO_BIN_EXE_carma-monitor");
 const FAKEJOB: &str = env!("CARGO_BIN_EXE_carma-fakejob");
 
-const SUBCOMMANDS: [&str; 9] = [
+const SUBCOMMANDS: [&str; 10] = [
     "status",
     "estimate",
     "place",
     "transparent-scopes",
     "simulate",
     "simulate-report",
+    "calibrate",
     "replay-plan",
     "replay-compare",
     "completions",
@@ -121,4 +122,20 @@ fn completion_scripts_cover_the_subcommands_and_their_options() {
             assert!(script.contains(word), "{shell} lacks {word}");
         }
     }
+}
+
+#[test]
+fn calibrate_checks_the_slowdown_model_on_a_measurements_file() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/h100/collocation.csv");
+    let out = run(CARMA, &["calibrate", data]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    assert!(report.contains("all: per-job error median"), "{report}");
+    assert!(report.contains("timeslice  resnet50_64+mobilenetv3_32") && !report.contains("disagrees"), "{report}");
+    // A stricter bound: the pair measured at 1.45x is refused, as predicted.
+    let strict = text(&run(CARMA, &["calibrate", data, "--max-slowdown", "1.3"]).stdout);
+    assert!(strict.contains("worst measured 1.45x: refuse predicted 1.50x: refuse"), "{strict}");
+    let bad = run(CARMA, &["calibrate", "/nonexistent.csv"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("/nonexistent.csv"), "{}", text(&bad.stderr));
 }

@@ -18,6 +18,7 @@ fn main() {
         Command::TransparentScopes(a) => cmd_scopes(&a),
         Command::Simulate(a) => carma_tools::simulate::cmd_simulate(&a),
         Command::SimulateReport(a) => carma_tools::simulate::cmd_report(&a),
+        Command::Calibrate(a) => carma_tools::calibrate::cmd_calibrate(&a),
         Command::ReplayPlan(a) => carma_tools::replay::cmd_plan(&a),
         Command::ReplayCompare(a) => carma_tools::replay::cmd_compare(&a),
         Command::Completions(a) => completions(a.shell),
