@@ -3,6 +3,7 @@
 //! engine runs with these, calibration fits them, input reads with them.
 
 pub use carma_config::Sharing;
+use carma_placement::slowdown::Model;
 
 /// GPU power: `idle_w` always, `active_w` while any job runs on the GPU,
 /// and `sm_w` × SM activity. Fitted on an H100 (see [`crate::calibration`]).
@@ -44,10 +45,20 @@ pub struct Assumptions {
     /// iterations): why memory that is promised but not yet used matters.
     pub ramp_s: f64,
     pub sharing: Sharing,
-    /// Time-slicing: a GPU whose jobs' solo busy fractions sum to B > 1 runs
-    /// each max(1, B)× slower, times 1 + `switch_overhead` per extra job.
+    /// How much slower each job sharing a GPU runs than alone: the model
+    /// the plugin's guard predicts with (`carma_placement::slowdown`), so
+    /// the simulated GPUs behave as the guard expects them to, within the
+    /// model's error against the H100. `None`: the calibrated model of
+    /// `sharing`.
+    pub model: Option<Model>,
+    /// The aggregate (one slowdown per GPU) model of before #56, which
+    /// [`crate::calibration`] still fits and prints; the engine does not
+    /// read it. Time-slicing: a GPU whose jobs' solo busy fractions sum to
+    /// B > 1 runs each max(1, B)× slower, times 1 + `switch_overhead` per
+    /// extra job.
     pub switch_overhead: f64,
-    /// MPS: a GPU whose jobs' solo SM activities sum to S runs each
+    /// The aggregate model under MPS (as `switch_overhead`, not read by the
+    /// engine): a GPU whose jobs' solo SM activities sum to S runs each
     /// max(1, S / `mps_capacity`)× slower, times 1 + `mps_overhead` per
     /// extra job, and every job under MPS at `mps_solo` of its plain speed.
     pub mps_capacity: f64,
@@ -111,7 +122,8 @@ impl Default for Assumptions {
         Assumptions {
             ramp_s: 60.0,
             sharing: Sharing::Timeslice,
-            switch_overhead: carma_placement::source::simulated::SWITCH_OVERHEAD,
+            model: None,
+            switch_overhead: 0.106,
             mps_capacity: 1.06,
             mps_overhead: 0.01,
             mps_solo: 0.87,
@@ -136,12 +148,21 @@ impl Assumptions {
         if self.publish_s > 0.0 { (t / self.publish_s).floor() * self.publish_s } else { t }
     }
 
-    /// How many times slower than alone (and outside MPS) each of these
-    /// jobs, sharing one GPU, runs: `(busy, sm)` are their solo readings.
+    /// The per-job slowdown model the engine runs with.
+    pub fn model(&self) -> Model {
+        self.model.unwrap_or_else(|| Model::of(self.sharing))
+    }
+
+    /// The aggregate model's slowdown of every job of a GPU (see
+    /// `switch_overhead`; for the calibration's figures only): `(busy, sm)`
+    /// are their solo readings.
     pub fn slowdown(&self, jobs: &[(f64, f64)]) -> f64 {
         let extra = jobs.len().saturating_sub(1) as f64;
         match self.sharing {
-            Sharing::Timeslice => carma_placement::source::simulated::timeslice_slowdown(jobs, self.switch_overhead),
+            Sharing::Timeslice => {
+                let busy: f64 = jobs.iter().map(|j| j.0).sum();
+                busy.max(1.0) * (1.0 + self.switch_overhead * extra)
+            }
             Sharing::Mps => {
                 let sm: f64 = jobs.iter().map(|j| j.1).sum();
                 (sm / self.mps_capacity).max(1.0) * (1.0 + self.mps_overhead * extra) / self.mps_solo

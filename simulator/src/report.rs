@@ -21,10 +21,16 @@ pub struct Summary {
     pub recoveries: u32,
     pub unplaceable: usize,
     pub max_jobs_per_gpu: u32,
+    /// Finished jobs' slowdowns: run time against run time alone.
+    pub job_slowdown_p50: f64,
+    pub job_slowdown_p95: f64,
+    pub job_slowdown_max: f64,
+    /// Shared placements of jobs their node had no profile of.
+    pub unprofiled: u32,
 }
 
 pub fn summarize(o: &Outcome) -> Summary {
-    let (jct, waits) = (o.jct(), o.waits());
+    let (jct, waits, slow) = (o.jct(), o.waits(), o.job_slowdowns());
     Summary {
         policy: o.policy.name().to_string(),
         makespan_s: o.makespan_s,
@@ -39,6 +45,10 @@ pub fn summarize(o: &Outcome) -> Summary {
         recoveries: o.recoveries,
         unplaceable: o.jobs.iter().filter(|j| j.rejected).count(),
         max_jobs_per_gpu: o.max_jobs_per_gpu.iter().copied().max().unwrap_or(0),
+        job_slowdown_p50: percentile(&slow, 0.5),
+        job_slowdown_p95: percentile(&slow, 0.95),
+        job_slowdown_max: slow.iter().copied().fold(0.0, f64::max),
+        unprofiled: o.unprofiled,
     }
 }
 
@@ -50,11 +60,11 @@ pub fn pct(x: f64, base: f64) -> String {
 /// A Markdown table; with an `exclusive` row, changes against it follow.
 pub fn table(rows: &[Summary]) -> String {
     let mut s = String::from(
-        "| policy | makespan (h) | mean JCT (h) | p95 JCT (h) | mean wait (h) | p95 wait (h) | SM activity | memory (GiB/GPU) | energy (kWh) | OOMs | max jobs/GPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| policy | makespan (h) | mean JCT (h) | p95 JCT (h) | mean wait (h) | p95 wait (h) | SM activity | memory (GiB/GPU) | energy (kWh) | OOMs | max jobs/GPU | job slowdown p50 / p95 / max |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         s.push_str(&format!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1}% | {:.1} | {:.2} | {} | {} |\n",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1}% | {:.1} | {:.2} | {} | {} | {:.2} / {:.2} / {:.2} |\n",
             r.policy,
             r.makespan_s / 3600.0,
             r.mean_jct_s / 3600.0,
@@ -65,7 +75,10 @@ pub fn table(rows: &[Summary]) -> String {
             r.memory_gib,
             r.energy_kwh,
             r.ooms,
-            r.max_jobs_per_gpu
+            r.max_jobs_per_gpu,
+            r.job_slowdown_p50,
+            r.job_slowdown_p95,
+            r.job_slowdown_max
         ));
     }
     if let Some(base) = rows.iter().find(|r| r.policy == "exclusive") {
@@ -87,11 +100,11 @@ pub fn table(rows: &[Summary]) -> String {
 
 pub fn csv(rows: &[Summary]) -> String {
     let mut s = String::from(
-        "policy,makespan_s,mean_jct_s,p95_jct_s,mean_wait_s,p95_wait_s,sm_activity,memory_gib,energy_kwh,ooms,recoveries,unplaceable,max_jobs_per_gpu\n",
+        "policy,makespan_s,mean_jct_s,p95_jct_s,mean_wait_s,p95_wait_s,sm_activity,memory_gib,energy_kwh,ooms,recoveries,unplaceable,max_jobs_per_gpu,job_slowdown_p50,job_slowdown_p95,job_slowdown_max,unprofiled\n",
     );
     for r in rows {
         s.push_str(&format!(
-            "{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.4},{:.2},{:.3},{},{},{},{}\n",
+            "{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.4},{:.2},{:.3},{},{},{},{},{:.3},{:.3},{:.3},{}\n",
             r.policy,
             r.makespan_s,
             r.mean_jct_s,
@@ -104,7 +117,11 @@ pub fn csv(rows: &[Summary]) -> String {
             r.ooms,
             r.recoveries,
             r.unplaceable,
-            r.max_jobs_per_gpu
+            r.max_jobs_per_gpu,
+            r.job_slowdown_p50,
+            r.job_slowdown_p95,
+            r.job_slowdown_max,
+            r.unprofiled
         ));
     }
     s

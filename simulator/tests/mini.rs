@@ -3,6 +3,7 @@
 
 use carma_config::{GpuOwner, Policy};
 use carma_placement::Params;
+use carma_placement::slowdown::Model;
 use carma_simulator::{
     Admission, Assumptions, Cluster, Estimator, PowerProfile, Sharing, SimConfig, TraceJob, Workload, simulate,
 };
@@ -28,6 +29,14 @@ fn wl(name: &str, peak_gib: u64, solo_s: f64, sm: f64, estimate_gib: Option<u64>
     }
 }
 
+/// Time-slicing without switching's cost, shares in proportion to
+/// demand: jobs whose busy shares add up past 1 each run Σ busy × slower.
+const IDEAL_TIMESLICE: Model =
+    Model { sharing: Sharing::Timeslice, switch: 0.0, capacity: 1.0, weight_exp: 1.0, base: 1.0 };
+/// MPS whose SMs hold one job's worth, shared in proportion to demand, at
+/// no cost of its own.
+const IDEAL_MPS: Model = Model { sharing: Sharing::Mps, switch: 0.0, capacity: 1.0, weight_exp: 1.0, base: 1.0 };
+
 fn job(seq: u32, at: f64, w: &str) -> TraceJob {
     TraceJob { seq, submit_s: at, workload: w.into() }
 }
@@ -42,10 +51,7 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
         assumptions: Assumptions {
             ramp_s,
             sharing: Sharing::Timeslice,
-            switch_overhead: 0.0,
-            mps_capacity: 1.0,
-            mps_overhead: 0.0,
-            mps_solo: 1.0,
+            model: Some(IDEAL_TIMESLICE),
             power: PowerProfile { name: "test", idle_w: 60.0, active_w: 0.0, sm_w: 340.0 },
             sample_s: 0.0,
             window_s: 0.0,
@@ -57,11 +63,19 @@ fn cfg(policy: Policy, estimator: Estimator, ramp_s: f64) -> SimConfig {
             backfill: false,
             backfill_interval_s: 0.0,
             requeue_to_back: false,
+            ..Assumptions::default()
         },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
         least_loaded: false,
     }
+}
+
+/// Without the slowdown guard: every job may join any GPU the activity
+/// cap and memory allow.
+fn unguarded(mut c: SimConfig) -> SimConfig {
+    c.params.max_slowdown = f64::INFINITY;
+    c
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -102,7 +116,8 @@ fn time_slicing_slows_both_jobs_by_their_total_busy_time() {
     // 10 s alone: ends 164.
     let w: HashMap<_, _> = [("heavy".to_string(), wl("heavy", 10, 100.0, 0.8, None))].into();
     let trace = [job(0, 0.0, "heavy"), job(1, 10.0, "heavy")];
-    let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
+    // (The guard, which would keep B waiting, is off.)
+    let o = simulate(&trace, &w, &unguarded(cfg(Policy::Magm, Estimator::Oracle, 0.0))).unwrap();
     assert!(close(o.jobs[0].end_s.unwrap(), 154.0), "{:?}", o.jobs[0]);
     assert!(close(o.jobs[1].end_s.unwrap(), 164.0), "{:?}", o.jobs[1]);
     assert!(close(o.makespan_s, 164.0));
@@ -120,10 +135,11 @@ fn under_mps_kernels_overlap_up_to_the_sms_capacity() {
     let heavy = Workload { busy: 0.8, ..wl("h", 10, 100.0, 0.5, None) };
     let w: HashMap<_, _> = [("h".to_string(), heavy)].into();
     let trace = [job(0, 0.0, "h"), job(1, 10.0, "h")];
-    let mut c = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+    let mut c = unguarded(cfg(Policy::Magm, Estimator::Oracle, 0.0));
     let ts = simulate(&trace, &w, &c).unwrap();
     assert!(close(ts.makespan_s, 164.0), "{}", ts.makespan_s);
     c.assumptions.sharing = Sharing::Mps;
+    c.assumptions.model = Some(IDEAL_MPS);
     let mps = simulate(&trace, &w, &c).unwrap();
     assert!(close(mps.jobs[0].end_s.unwrap(), 100.0) && close(mps.makespan_s, 110.0), "{:?}", mps.jobs);
     // Energy: SM 0.5 for 0..10 and 100..110, 1.0 for 10..100:
@@ -438,7 +454,8 @@ fn under_a_window_recent_placements_count_on_top_of_the_readings() {
     let w: HashMap<_, _> = [("light".to_string(), wl("light", 2, 100.0, 0.25, None))].into();
     let trace: Vec<TraceJob> = (0..4).map(|i| job(i, 0.0, "light")).collect();
     let run = |window_s: f64| {
-        let mut c = cfg(Policy::Magm, Estimator::Oracle, 0.0);
+        // (Without the guard: the jobs are not profiled within the window.)
+        let mut c = unguarded(cfg(Policy::Magm, Estimator::Oracle, 0.0));
         c.assumptions.window_s = window_s;
         simulate(&trace, &w, &c).unwrap()
     };
@@ -526,4 +543,51 @@ fn a_job_that_runs_out_of_memory_alone_is_rejected_not_recovered_for_ever() {
     let w: HashMap<_, _> = [("huge".to_string(), wl("huge", 50, 100.0, 0.2, None))].into();
     let o = simulate(&[job(0, 0.0, "huge")], &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
     assert!(o.jobs[0].rejected && o.jobs[0].ooms == 1 && o.jobs[0].end_s.is_none(), "{:?}", o.jobs[0]);
+}
+
+/// Each job is slowed by its own share of the GPU, not by one figure per
+/// GPU: time-sliced on the H100's model, a heavy job (busy 0.98) loses more
+/// of its time to a light one (busy 0.54) than the light one loses to it.
+/// Both take 100 s alone and start at 0 (guard off): while together, each
+/// runs at its own slowdown s_h > s_l; the light one ends at 100 s_l, the
+/// heavy one has done 100 s_l / s_h of its work then, the rest alone.
+#[test]
+fn the_heavy_job_of_a_time_sliced_pair_is_slowed_more_than_its_light_partner() {
+    // (SM activity under the 0.8 cap, so the light one may join.)
+    let heavy = Workload { busy: 0.98, ..wl("heavy", 10, 100.0, 0.7, None) };
+    let light = Workload { busy: 0.54, ..wl("light", 10, 100.0, 0.31, None) };
+    let w: HashMap<_, _> = [("heavy".to_string(), heavy.clone()), ("light".to_string(), light.clone())].into();
+    let trace = [job(0, 0.0, "heavy"), job(1, 0.0, "light")];
+    let mut c = unguarded(cfg(Policy::Magm, Estimator::Oracle, 0.0));
+    c.assumptions.model = None;
+    let o = simulate(&trace, &w, &c).unwrap();
+    let profile = |w: &Workload| carma_placement::slowdown::Profile { busy: w.busy, sm: w.sm };
+    let s = Model::H100_TIMESLICE.slowdowns(&[profile(&heavy), profile(&light)]);
+    let (light_end, heavy_end) = (100.0 * s[1], 100.0 * s[1] + 100.0 * (1.0 - s[1] / s[0]));
+    assert!(close(o.jobs[1].end_s.unwrap(), light_end), "{:?} vs {light_end}", o.jobs[1]);
+    assert!(close(o.jobs[0].end_s.unwrap(), heavy_end), "{:?} vs {heavy_end}", o.jobs[0]);
+    let (sh, sl) = (o.jobs[0].slowdown().unwrap(), o.jobs[1].slowdown().unwrap());
+    assert!(sh > sl + 0.1, "heavy {sh}, light {sl}");
+}
+
+/// The node learns what a job does to a GPU from its readings while it
+/// runs alone, as carma-monitor does: a workload's second run may join its
+/// first (two jobs of busy 0.3 fit in the GPU's time), while a job of a
+/// signature the node has not seen counts as filling the GPU, which the
+/// guard (1.6) refuses beside a busy one, so it waits for the GPU.
+#[test]
+fn an_unprofiled_job_waits_until_its_signature_is_learned() {
+    let w: HashMap<_, _> = [
+        ("light".to_string(), wl("light", 10, 100.0, 0.3, None)),
+        ("other".to_string(), wl("other", 10, 100.0, 0.3, None)),
+    ]
+    .into();
+    let trace = [job(0, 0.0, "light"), job(1, 10.0, "light"), job(2, 20.0, "other")];
+    let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
+    let starts: Vec<f64> = o.jobs.iter().map(|j| j.start_s.unwrap()).collect();
+    // The unknown one: UNKNOWN beside 0.3 + 0.3 predicts over 1.6; it
+    // starts when both light jobs have ended (100 and 110 s).
+    assert_eq!(starts, [0.0, 10.0, 110.0], "{:?}", o.jobs);
+    // The first run of each signature was placed unprofiled.
+    assert_eq!(o.unprofiled, 2);
 }

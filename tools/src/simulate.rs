@@ -62,18 +62,12 @@ pub struct SimulateArgs {
     /// Seconds a job's memory takes to grow to its peak
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().ramp_s, value_parser = num)]
     pub ramp: f64,
-    /// Time-slicing's cost, a share of each collocated job's time
-    #[arg(long, allow_negative_numbers = true, value_name = "SHARE", default_value_t = Assumptions::default().switch_overhead, value_parser = num)]
-    pub switch_overhead: f64,
-    /// MPS: the GPU's throughput with collocated jobs, relative to one job alone
-    #[arg(long, allow_negative_numbers = true, value_name = "X", default_value_t = Assumptions::default().mps_capacity, value_parser = positive)]
-    pub mps_capacity: f64,
-    /// MPS: cost per further collocated job
-    #[arg(long, allow_negative_numbers = true, value_name = "SHARE", default_value_t = Assumptions::default().mps_overhead, value_parser = num)]
-    pub mps_overhead: f64,
-    /// MPS: a job's speed alone under MPS, relative to without it
-    #[arg(long, allow_negative_numbers = true, value_name = "X", default_value_t = Assumptions::default().mps_solo, value_parser = positive)]
-    pub mps_solo: f64,
+    /// The slowdown guard: no job of a GPU may be predicted to run more than X times slower than alone (carma.yaml max_slowdown); off: no guard
+    #[arg(long, value_name = "X|off", default_value = "1.6", value_parser = max_slowdown)]
+    pub max_slowdown: f64,
+    /// Collocating policies take a GPU with a job before an idle one (carma.yaml idle_first: false)
+    #[arg(long)]
+    pub no_idle_first: bool,
     /// The window activity readings average over (carma.yaml monitor_window with published readings); 0: none
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().window_s, value_parser = num)]
     pub window: f64,
@@ -138,18 +132,18 @@ fn num(v: &str) -> Result<f64, String> {
     v.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| "expected a number >= 0".into())
 }
 
-fn positive(v: &str) -> Result<f64, String> {
-    num(v).and_then(|x| if x > 0.0 { Ok(x) } else { Err("expected a number > 0".into()) })
+/// A bound of at least 1 (no job runs faster than alone), or `off`.
+fn max_slowdown(v: &str) -> Result<f64, String> {
+    if v == "off" {
+        return Ok(f64::INFINITY);
+    }
+    num(v).and_then(|x| if x >= 1.0 { Ok(x) } else { Err("expected a number >= 1 or off".into()) })
 }
 
 fn assumptions(a: &SimulateArgs) -> Assumptions {
     Assumptions {
         ramp_s: a.ramp,
         sharing: a.sharing,
-        switch_overhead: a.switch_overhead,
-        mps_capacity: a.mps_capacity,
-        mps_overhead: a.mps_overhead,
-        mps_solo: a.mps_solo,
         power: PowerProfile {
             name: a.gpu.name,
             idle_w: a.idle_w.unwrap_or(a.gpu.idle_w),
@@ -166,6 +160,8 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
         backfill: a.slurm.backfill,
         backfill_interval_s: a.slurm.backfill_interval,
         requeue_to_back: a.slurm.requeue_to_back,
+        // The calibrated per-job model of the sharing mode.
+        ..Assumptions::default()
     }
 }
 
@@ -175,6 +171,9 @@ fn params(a: &SimulateArgs) -> Params {
         sm_activity_cap: a.sm_cap,
         busy_cap: a.busy_cap,
         headroom_mib: a.headroom,
+        sharing: a.sharing,
+        max_slowdown: a.max_slowdown,
+        idle_first: !a.no_idle_first,
         ..Params::default()
     }
 }
@@ -282,14 +281,9 @@ mod tests {
             "1G",
             "--ramp",
             "30",
-            "--switch-overhead",
-            "0.2",
-            "--mps-capacity",
-            "1.1",
-            "--mps-overhead",
-            "0.02",
-            "--mps-solo",
-            "0.9",
+            "--max-slowdown",
+            "off",
+            "--no-idle-first",
             "--idle-w",
             "50",
             "--window",
@@ -323,10 +317,6 @@ mod tests {
         let want = Assumptions {
             ramp_s: 30.0,
             sharing: Sharing::Mps,
-            switch_overhead: 0.2,
-            mps_capacity: 1.1,
-            mps_overhead: 0.02,
-            mps_solo: 0.9,
             // The profile's own watts where none is given.
             power: PowerProfile { idle_w: 50.0, ..PowerProfile::H100_80GB },
             sample_s: Assumptions::default().sample_s,
@@ -339,10 +329,13 @@ mod tests {
             backfill: false,
             backfill_interval_s: 0.0,
             requeue_to_back: false,
+            ..Assumptions::default()
         };
         assert_eq!(assumptions(&a), want);
         let p = params(&a);
         assert_eq!((p.metric, p.sm_activity_cap, p.busy_cap, p.headroom_mib), (ActivityMetric::Busy, 0.5, 0.9, 1024));
+        assert_eq!((p.sharing, p.max_slowdown, p.idle_first), (Sharing::Mps, f64::INFINITY, false));
+        assert_eq!(parse(&["--max-slowdown", "2"]).unwrap().max_slowdown, 2.0);
         assert_eq!((a.admission, a.gpu_owner), (Admission::parse("node-memory").unwrap(), GpuOwner::Carma));
         assert!(a.least_loaded && a.json);
         assert_eq!((a.csv, a.plots), (Some(PathBuf::from("out.csv")), Some(PathBuf::from("p"))));
@@ -352,7 +345,7 @@ mod tests {
     fn bad_values_name_the_option_and_what_it_takes() {
         for (argv, says) in [
             (&["--sm-cap", "-1"][..], "--sm-cap <FRACTION>': expected a number >= 0"),
-            (&["--mps-solo=0"], "--mps-solo <X>': expected a number > 0"),
+            (&["--max-slowdown=0.5"], "--max-slowdown <X|off>': expected a number >= 1 or off"),
             (&["--headroom", "2X"], "--headroom <SIZE>'"),
             (&["--policy", "fastest"], "--policy <POLICY>'"),
             (&["--gpu", "v100"], "expected a100-40gb or h100-80gb"),

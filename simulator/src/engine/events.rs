@@ -1,9 +1,9 @@
-//! Time between events: each GPU's slowdown and each run's rate, the next
+//! Time between events: each job's slowdown and each run's rate, the next
 //! event, the exact integrals up to it, and what happens then (an OOM, jobs
 //! finishing).
 
 use super::node::Run;
-use super::{Cluster, EPS, Sample, Sim};
+use super::{Cluster, EPS, Sample, Sim, share};
 
 /// How things go until the next event.
 pub(super) struct Pace {
@@ -17,26 +17,21 @@ pub(super) struct Pace {
 }
 
 impl Sim<'_> {
-    /// Per-GPU solo readings of the jobs sharing it → each GPU's slowdown
-    /// (the sharing mode's interference model) → each run's rate.
+    /// Each run's own slowdown among the jobs sharing its GPUs (the
+    /// sharing mode's per-job model) → each run's rate.
     pub(super) fn pace(&mut self) -> Pace {
         let (cl, a) = (self.cfg.cluster, &self.cfg.assumptions);
-        let mut solo: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cl.gpus()];
+        let mut count = vec![0u32; cl.gpus()];
         for r in &self.runs {
             for &g in &r.gpus {
-                solo[cl.slot(r.node, g)].push((r.busy, r.sm));
+                count[cl.slot(r.node, g)] += 1;
             }
         }
-        let count: Vec<u32> = solo.iter().map(|s| s.len() as u32).collect();
         for (m, c) in self.max_jobs.iter_mut().zip(&count) {
             *m = (*m).max(*c);
         }
-        let slow: Vec<f64> = solo.iter().map(|s| a.slowdown(s)).collect();
-        let rel: Vec<f64> = self
-            .runs
-            .iter()
-            .map(|r| 1.0 / r.gpus.iter().map(|&g| slow[cl.slot(r.node, g)]).fold(1.0, f64::max))
-            .collect();
+        let all: Vec<usize> = (0..self.runs.len()).collect();
+        let rel: Vec<f64> = share::slowdowns(&a.model(), cl, &self.runs, &all).iter().map(|s| 1.0 / s).collect();
         let rate: Vec<f64> = self.runs.iter().zip(&rel).map(|(r, k)| k / r.solo_s).collect();
         let mut sm_now = vec![0.0; cl.gpus()];
         for (r, k) in self.runs.iter().zip(&rel) {
@@ -163,6 +158,7 @@ impl Sim<'_> {
                 self.slurm.give_back(&r);
                 self.states[r.node].release_holder(r.pid, r.pid);
                 self.results[r.job].end_s = Some(self.t);
+                self.results[r.job].run_s = Some(self.t - r.start);
                 self.last_end = self.t;
                 self.dirty = true;
             } else {

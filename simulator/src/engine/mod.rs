@@ -13,6 +13,8 @@ mod node;
 mod outcome;
 mod placing;
 mod request;
+mod run;
+mod share;
 mod slurmctld;
 mod window;
 
@@ -35,6 +37,7 @@ pub fn simulate(trace: &[TraceJob], workloads: &HashMap<String, Workload>, cfg: 
         sim.arrivals();
         sim.index_runs_by_node();
         sim.record_readings();
+        sim.learn_profiles();
         sim.retry_on_node()?;
         // Readings and the plugin's count of recent placements change with
         // time under a window: the head may fit at any event.
@@ -119,6 +122,7 @@ struct Sim<'a> {
     recoveries: u32,
     history_raised: u32,
     learned_raised: u32,
+    unprofiled: u32,
     handed_back: u32,
     paused: u32,
     timeline: Vec<Sample>,
@@ -142,7 +146,8 @@ impl<'a> Sim<'a> {
             .collect::<Result<_, _>>()?;
         let results = trace
             .iter()
-            .map(|j| JobResult {
+            .zip(&wl)
+            .map(|(j, w)| JobResult {
                 seq: j.seq,
                 workload: j.workload.clone(),
                 submit_s: j.submit_s,
@@ -153,6 +158,8 @@ impl<'a> Sim<'a> {
                 failed_no_fit: false,
                 wrong_node: false,
                 placed: None,
+                run_s: None,
+                solo_s: w.solo_s.max(1.0),
             })
             .collect();
         // The defaults, the sharing mode, recovery on a GPU of its own. No
@@ -198,6 +205,7 @@ impl<'a> Sim<'a> {
             recoveries: 0,
             history_raised: 0,
             learned_raised: 0,
+            unprofiled: 0,
             handed_back: 0,
             paused: 0,
             timeline: Vec::new(),
@@ -284,6 +292,30 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// What each node's carma-monitor does every interval (here: at every
+    /// event, when something may have changed): profiles of jobs alone on
+    /// their GPUs are learned from what the GPUs read, whether or not a
+    /// job is being placed.
+    fn learn_profiles(&mut self) {
+        let cl = self.cfg.cluster;
+        let params = node::deciding_params(self.cfg, self.t);
+        for node in (0..cl.nodes as usize).filter(|&n| !self.by_node[n].is_empty()) {
+            let on_node = &self.by_node[node];
+            let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
+            let readings = node::NodeView {
+                cluster: cl,
+                node,
+                runs: &self.runs,
+                on_node,
+                t: self.t,
+                assumptions: &self.cfg.assumptions,
+                window: &self.windowed,
+            }
+            .read_now();
+            carma_placement::policy::learn_profiles(&mut self.states[node], &readings, &owners, &params);
+        }
+    }
+
     /// Whether the readings can change no more with nothing running: at
     /// once without a window, else once its means have passed every run.
     fn readings_settled(&self) -> bool {
@@ -329,6 +361,7 @@ impl<'a> Sim<'a> {
             recoveries: self.recoveries,
             history_raised: self.history_raised,
             learned_raised: self.learned_raised,
+            unprofiled: self.unprofiled,
             handed_back: self.handed_back,
             paused: self.paused,
             timeline: self.timeline,

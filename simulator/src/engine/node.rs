@@ -1,37 +1,13 @@
-//! A running job, and one simulated node as CARMA's plugin sees it: GPU
+//! One simulated node as CARMA's plugin sees it: GPU
 //! readings through its `GpuSource` trait and the plugin's decision on them.
 
+pub(super) use super::run::Run;
 use super::window::Windowed;
-use super::{Assumptions, Cluster, SimConfig};
-use carma_placement::policy::observe;
+use super::{Assumptions, Cluster, SimConfig, share};
+use carma_placement::policy::{learn_profiles, observe};
 use carma_placement::state::NodeState;
 use carma_placement::{GpuProcess, GpuReading, GpuSource, SourceError, StepRef};
 use std::collections::HashMap;
-
-pub(super) struct Run {
-    pub(super) job: usize,
-    pub(super) pid: u32,
-    pub(super) node: usize,
-    pub(super) gpus: Vec<u32>,
-    /// Shards slurmctld allocated on each of `slurm_gpus`.
-    pub(super) shards: u32,
-    pub(super) slurm_gpus: Vec<u32>,
-    /// The node-level memory count slurmctld allocated (node-memory).
-    pub(super) node_gib: u32,
-    pub(super) start: f64,
-    pub(super) peak: f64,
-    /// Solo readings: share of time a kernel runs, SM activity.
-    pub(super) busy: f64,
-    pub(super) sm: f64,
-    pub(super) solo_s: f64,
-    pub(super) progress: f64,
-}
-
-impl Run {
-    pub(super) fn alloc(&self, t: f64, ramp: f64) -> f64 {
-        if ramp <= 0.0 { self.peak } else { self.peak * ((t - self.start) / ramp).clamp(0.0, 1.0) }
-    }
-}
 
 /// One simulated node seen through CARMA's GPU-source trait.
 pub(super) struct NodeView<'a> {
@@ -49,18 +25,18 @@ pub(super) struct NodeView<'a> {
 impl NodeView<'_> {
     /// What each GPU reads at this instant `(sm, busy)`.
     pub(super) fn instant(&self) -> Vec<(f64, f64)> {
+        let slow = share::slowdowns(&self.assumptions.model(), self.cluster, self.runs, self.on_node);
         (0..self.cluster.gpus_per_node)
-            .map(|index| self.timesliced(&self.on_gpu(index).map(|r| (r.busy, r.sm)).collect::<Vec<_>>()))
+            .map(|index| {
+                share::reading(
+                    self.on_node
+                        .iter()
+                        .zip(&slow)
+                        .map(|(&i, &s)| (&self.runs[i], s))
+                        .filter(|(r, _)| r.gpus.contains(&index)),
+                )
+            })
             .collect()
-    }
-
-    /// What a GPU whose jobs have these solo `(busy, sm)` reads: each job's
-    /// SM work at its slowed pace, and the share of time any kernel runs
-    /// (the GPU is busy whenever one of its jobs would be).
-    fn timesliced(&self, solo: &[(f64, f64)]) -> (f64, f64) {
-        let sm = solo.iter().map(|j| j.1).sum::<f64>() / self.assumptions.slowdown(solo);
-        let busy = solo.iter().map(|j| j.0).sum::<f64>();
-        (sm.min(1.0), busy.min(1.0))
     }
 
     fn on_gpu(&self, index: u32) -> impl Iterator<Item = &Run> {
@@ -71,22 +47,21 @@ impl NodeView<'_> {
     /// time now or, under a window, their means over it.
     pub(super) fn read_now(&self) -> Vec<GpuReading> {
         let window = self.assumptions.window_s;
+        let now = if window > 0.0 { Vec::new() } else { self.instant() };
         (0..self.cluster.gpus_per_node)
             .map(|index| {
                 let mut used = 0.0;
                 let mut processes = Vec::new();
-                let mut solo = Vec::new();
                 for r in self.on_gpu(index) {
                     let a = r.alloc(self.t, self.assumptions.ramp_s);
                     used += a;
-                    solo.push((r.busy, r.sm));
                     processes.push(GpuProcess { pid: r.pid, used_mib: a.ceil() as u64 });
                 }
                 let (sm, busy) = if window > 0.0 {
                     let at = self.assumptions.published_at(self.t);
                     self.window.mean(self.cluster.slot(self.node, index), at, window)
                 } else {
-                    self.timesliced(&solo)
+                    now[index as usize]
                 };
                 GpuReading {
                     index,
@@ -152,12 +127,13 @@ impl Deciding<'_> {
         .read()
         .map_err(|e| e.0)?;
         // What the placer does under the lock: sample what placed jobs
-        // use, then decide.
+        // use and learn the profiles of jobs alone, then decide.
+        let params = self.params();
         observe(st, &readings, &owners);
+        learn_profiles(st, &readings, &owners, &params);
         if let Some(only) = only {
             readings.retain(|g| only.contains(&g.index));
         }
-        let params = self.params();
         let decided = carma_placement::decide::decide(
             st,
             step,
@@ -184,6 +160,9 @@ impl Deciding<'_> {
 pub(super) fn deciding_params(cfg: &SimConfig, t: f64) -> carma_placement::Params {
     let a = &cfg.assumptions;
     carma_placement::Params {
+        // The cluster's sharing mode is the nodes' (carma.yaml sharing):
+        // the guard predicts with its model.
+        sharing: a.sharing,
         window_secs: window_secs(a.window_s),
         now_secs: t.max(0.0) as u64,
         readings_ms: (a.window_s > 0.0 && a.publish_s > 0.0).then(|| (a.published_at(t).max(0.0) * 1000.0) as u64),

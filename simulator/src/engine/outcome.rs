@@ -19,6 +19,18 @@ pub struct JobResult {
     pub wrong_node: bool,
     /// Where its last run ran: the node's index and the GPUs CARMA chose.
     pub placed: Option<(usize, Vec<u32>)>,
+    /// How long the run that finished it took, and how long it takes
+    /// alone as a plain process.
+    pub run_s: Option<f64>,
+    pub solo_s: f64,
+}
+
+impl JobResult {
+    /// How many times slower than alone its finishing run went (its wait
+    /// in the queue and any run an OOM ended left out).
+    pub fn slowdown(&self) -> Option<f64> {
+        self.run_s.map(|r| r / self.solo_s)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +57,9 @@ pub struct Outcome {
     pub history_raised: u32,
     /// Placements whose estimate the node's learned fixed part raised.
     pub learned_raised: u32,
+    /// Shared placements of a job the node had no profile of (the first
+    /// run of its signature there): the guard counted it as filling a GPU.
+    pub unprofiled: u32,
     /// Times a node handed a job back to slurmctld (it could not place it).
     pub handed_back: u32,
     /// Times a job out of hand-backs paused in the queue (`hand_back_pause_s`).
@@ -63,6 +78,11 @@ impl Outcome {
 
     pub fn waits(&self) -> Vec<f64> {
         self.jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect()
+    }
+
+    /// Each finished job's slowdown ([`JobResult::slowdown`]).
+    pub fn job_slowdowns(&self) -> Vec<f64> {
+        self.jobs.iter().filter_map(JobResult::slowdown).collect()
     }
 
     pub fn mean_sm(&self) -> f64 {

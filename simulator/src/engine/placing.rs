@@ -313,6 +313,10 @@ impl Sim<'_> {
         self.learned_raised += u32::from(choice.learned_runtime_mib.is_some());
         self.results[job].start_s.get_or_insert(self.t);
         self.results[job].placed = Some((node, choice.gpus.clone()));
+        let shared = !choice.exclusive;
+        let known = self.states[node].job_mut(pid).is_some_and(|r| r.profile.is_some());
+        self.unprofiled += u32::from(shared && !known);
+        let mps_client = shared && choice.gpus.len() == 1 && self.cfg.assumptions.sharing == super::Sharing::Mps;
         self.by_node[node].push(self.runs.len());
         self.runs.push(Run {
             job,
@@ -328,6 +332,7 @@ impl Sim<'_> {
             sm: w.sm,
             solo_s: w.solo_s.max(1.0),
             progress: 0.0,
+            mps_client,
         });
         self.slurm.take(self.runs.last().expect("just pushed"));
     }

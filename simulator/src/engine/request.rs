@@ -33,15 +33,21 @@ pub(super) fn plan(
             }
         }
     }
-    let facts = StepFacts { job: 0, uid: SIM_UID, request, estimate, ..StepFacts::default() };
+    // The job script's digest, as the plugin takes it from Slurm's copy:
+    // one per workload. The node learns what a job does to a GPU under its
+    // model's signature where the estimate has one, else under this.
+    let job_signature = Some(format!("job:{:016x}", carma_config::fnv1a(format!("script:{}", w.name).as_bytes())));
+    let facts = StepFacts { job: 0, uid: SIM_UID, request, estimate, job_signature, ..StepFacts::default() };
+    // slurmctld charged every simulated job as many GPUs as it asks for
+    // (which ones: CARMA's policy picks, see `SimConfig::gpu_owner`).
+    let charged: Vec<u32> = (0..w.gpus).collect();
     let node = if from_recovery {
         NodeFacts {
             recovery: Some(Recovery { mode: RecoveryMode::Exclusive, need_mib: Some(w.peak_mib), count: 1 }),
-            slurm_gpus: vec![0],
+            slurm_gpus: charged,
         }
     } else {
-        // slurmctld gave every simulated job its shards.
-        NodeFacts { slurm_gpus: vec![0], ..NodeFacts::default() }
+        NodeFacts { slurm_gpus: charged, ..NodeFacts::default() }
     };
     match resolve::resolve(&facts, &node, resolve_cfg)? {
         Resolution::Place(plan) => Ok(*plan),

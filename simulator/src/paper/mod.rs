@@ -83,7 +83,7 @@ fn report_config(sharing: Sharing, cap: ActivityMetric, estimator: Estimator, d:
         cluster: Cluster { nodes: 1, gpus_per_node: 4, mem_mib: 40 * 1024 },
         policy: Policy::Magm,
         estimator,
-        params: Params { metric: cap, ..Params::default() },
+        params: Params { metric: cap, sharing, ..Params::default() },
         assumptions: Assumptions { sharing, ..d.clone() },
         admission: Admission::Anywhere,
         gpu_owner: GpuOwner::Carma,
@@ -193,10 +193,15 @@ mod tests {
             (Sharing::Mps, ActivityMetric::Sm),
         ] {
             for (estimates, which) in [(&ours, "ours"), (&halved, "halved")] {
-                for trace in ["trace_t1", "trace_t2"] {
-                    let cfg = report_config(sharing, cap, Estimator::Given(estimates.clone()), &Assumptions::default());
+                // With the guard, and without (the guard keeps most jobs
+                // apart, so the halved estimates crash none with it).
+                for (trace, bound) in ["trace_t1", "trace_t2"].into_iter().flat_map(|t| [(t, 1.6), (t, f64::INFINITY)])
+                {
+                    let mut cfg =
+                        report_config(sharing, cap, Estimator::Given(estimates.clone()), &Assumptions::default());
+                    cfg.params.max_slowdown = bound;
                     for o in run_all(&data.join(format!("carma/{trace}.csv")), &w, &cfg, &Policy::ALL).unwrap() {
-                        let what = format!("{which} {trace} {} {} {}", sharing.name(), cap.name(), o.policy);
+                        let what = format!("{which} {trace} {} {} {} {bound}", sharing.name(), cap.name(), o.policy);
                         assert!(o.jobs.iter().all(|j| j.end_s.is_some()), "{what}: a job never finished");
                         assert_eq!(o.recoveries, o.ooms, "{what}");
                         crashes += o.ooms;
