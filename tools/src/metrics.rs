@@ -142,6 +142,20 @@ fn job_families(out: &mut Page, st: &NodeState) {
     for r in &st.reservations {
         out.sample("carma_job_observed_peak_bytes", &[("jobid", &r.job.to_string())], r.observed_mib as f64 * MIB);
     }
+    out.family(
+        "carma_job_profile",
+        "gauge",
+        "What a job did to a GPU alone (busy time, SM activity), as learned; absent until it ran alone.",
+    );
+    for r in &st.reservations {
+        if let Some(p) = r.profile {
+            let job = r.job.to_string();
+            out.sample("carma_job_profile", &[("jobid", &job), ("reading", "busy")], p.busy);
+            out.sample("carma_job_profile", &[("jobid", &job), ("reading", "sm")], p.sm);
+        }
+    }
+    out.family("carma_profiles_learned", "gauge", "Job profiles (per user and job signature) this node has learned.");
+    out.sample("carma_profiles_learned", &[], st.profiles.len() as f64);
     out.family("carma_job_info", "gauge", "A job placed on this node: its policy and sharing mode (value 1).");
     for r in &st.reservations {
         let policy = r.policy.map(|p| p.name()).unwrap_or("slurm-whole");
@@ -247,9 +261,10 @@ mod tests {
             mps_uid: None,
             model_mib: None,
             uid: None,
-            profile: None,
+            profile: Some(carma_placement::slowdown::Profile { busy: 0.5, sm: 0.25 }),
             profile_key: None,
         });
+        st.profiles.insert("7:sig".into(), carma_placement::slowdown::Profile { busy: 0.5, sm: 0.25 });
         // Not a CARMA job: not counted in carma_gpu_jobs; a CARMA step in a
         // job Slurm gave the GPU whole is.
         st.reservations.push(Reservation::slurm_whole(43, vec![0], 1));
@@ -267,6 +282,10 @@ mod tests {
             "carma_job_reserved_bytes{jobid=\"42\",gpu=\"0\"} 8589934592",
             "carma_job_estimate_bytes{jobid=\"42\",source=\"model\"} 8589934592",
             "carma_job_info{jobid=\"42\",policy=\"magm\",sharing=\"timeslice\"} 1",
+            "carma_job_profile{jobid=\"42\",reading=\"busy\"} 0.5",
+            "carma_job_profile{jobid=\"42\",reading=\"sm\"} 0.25",
+            "carma_profiles_learned 1",
+            "carma_no_fits_total{reason=\"slowdown\"} 0",
             "carma_placements_total 3",
             "carma_no_fits_total{reason=\"memory\"} 1",
             "carma_no_fits_total{reason=\"activity\"} 0",

@@ -4,6 +4,7 @@
 
 use carma_config::{EstimatorConfig, LearnRuntime};
 use carma_placement::policy::{Demand, NoFit, Params, assess, effective_free_mib, promised_mib};
+use carma_placement::slowdown::Profile;
 use carma_placement::{Decision, GpuReading, LinuxProcesses, NodeState, Processes, Request, StepRef};
 use serde_json::json;
 use std::collections::HashMap;
@@ -214,7 +215,62 @@ pub fn runtime(est: &EstimatorConfig, state: &NodeState) -> (String, serde_json:
 
 /// The precondition in force, as one line: `precondition: sm <= 0.80, headroom 2048 MiB`.
 pub fn precondition(p: &Params) -> String {
-    format!("precondition: {} <= {:.2} (activity_metric), headroom {} MiB", p.metric, p.cap(), p.headroom_mib)
+    let guard = if p.max_slowdown.is_finite() {
+        format!("predicted slowdown <= {:.2}x ({} model; max_slowdown)", p.max_slowdown, p.sharing.name())
+    } else {
+        "no slowdown guard (max_slowdown: off)".into()
+    };
+    let idle = if p.idle_first { ", idle GPUs first" } else { "" };
+    format!(
+        "precondition: {} <= {:.2} (activity_metric), {guard}, headroom {} MiB{idle}",
+        p.metric,
+        p.cap(),
+        p.headroom_mib
+    )
+}
+
+/// What the slowdown guard sees on each GPU: its jobs' profiles (what each
+/// did to a GPU alone; unprofiled ones count as filling it) and their
+/// predicted slowdowns together, as lines and JSON.
+pub fn slowdowns(gpus: &[GpuReading], state: &NodeState, p: &Params) -> (String, serde_json::Value) {
+    let model = p.model();
+    let mut text = String::new();
+    let mut per_gpu = Vec::new();
+    for g in gpus {
+        let jobs: Vec<&carma_placement::Reservation> = state
+            .reservations
+            .iter()
+            .filter(|r| r.gpus.contains(&g.index) && r.holding == carma_placement::Holding::Carma && !r.exclusive)
+            .collect();
+        if jobs.is_empty() {
+            continue;
+        }
+        let profiles: Vec<Profile> = jobs.iter().map(|r| r.profile.unwrap_or(Profile::UNKNOWN)).collect();
+        let predicted = model.slowdowns(&profiles);
+        let shown: Vec<String> = jobs
+            .iter()
+            .zip(&predicted)
+            .map(|(r, s)| match r.profile {
+                Some(pr) => format!("job {} {s:.2}x (busy {:.2}, SM {:.2} alone)", r.job, pr.busy, pr.sm),
+                None => format!("job {} {s:.2}x (not yet profiled)", r.job),
+            })
+            .collect();
+        text.push_str(&format!("slowdown: GPU{}: {}\n", g.index, shown.join(", ")));
+        per_gpu.push(json!({
+            "index": g.index,
+            "jobs": jobs.iter().zip(&predicted).map(|(r, s)| json!({
+                "job": r.job, "predicted_slowdown": s, "profile": r.profile,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    let v = json!({
+        "max_slowdown": if p.max_slowdown.is_finite() { json!(p.max_slowdown) } else { json!("off") },
+        "model": p.sharing.name(),
+        "gpus": per_gpu,
+        "profiles_learned": state.profiles.len(),
+    });
+    text.push_str(&format!("profiles learned on this node: {} (per user and job)\n", state.profiles.len()));
+    (text, v)
 }
 
 /// A job id no Slurm job has (Slurm's ids stay below 2^26): the dry run's
@@ -404,5 +460,28 @@ mod tests {
         let s = settle(vec![g], &NodeState::default());
         assert_eq!(s[0].used_mib, 1000);
         assert_eq!(s[0].processes, vec![GpuProcess { pid: me, used_mib: 1000 }], "a live process stays");
+    }
+
+    #[test]
+    fn status_shows_each_shared_jobs_profile_and_predicted_slowdown() {
+        use carma_placement::{Holding, Reservation};
+        let carma = |job: u32, profile: Option<Profile>| Reservation {
+            holding: Holding::Carma,
+            exclusive: false,
+            holders: vec![1],
+            profile,
+            ..Reservation::slurm_whole(job, vec![0], 1)
+        };
+        let mut state = NodeState::default();
+        state.reservations.push(carma(1, Some(Profile { busy: 0.541, sm: 0.312 })));
+        state.reservations.push(carma(2, None));
+        let (text, json) = slowdowns(&[reading(0, 0), reading(1, 0)], &state, &Params::default());
+        assert!(text.contains("GPU0: job 1 1.") && text.contains("(busy 0.54, SM 0.31 alone)"), "{text}");
+        assert!(text.contains("job 2 ") && text.contains("(not yet profiled)") && !text.contains("GPU1"), "{text}");
+        assert_eq!(json["max_slowdown"], 1.6);
+        assert!(json["gpus"][0]["jobs"][1]["predicted_slowdown"].as_f64().unwrap() > 1.6, "{json}");
+        let off = Params { max_slowdown: f64::INFINITY, ..Params::default() };
+        assert!(precondition(&off).contains("no slowdown guard"), "{}", precondition(&off));
+        assert!(precondition(&Params::default()).contains("predicted slowdown <= 1.60x (timeslice model"));
     }
 }

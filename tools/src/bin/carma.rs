@@ -77,6 +77,7 @@ fn cmd_status(a: &StatusArgs) -> Result<(), String> {
         v["monitor"] = monitor.1;
         v["runtime"] = status::runtime(&cfg.estimator, &state).1;
         v["gpu_owner"] = cfg.gpu_owner.name().into();
+        v["slowdown"] = status::slowdowns(&gpus, &state, &params).1;
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", status::precondition(&params));
@@ -89,6 +90,7 @@ fn cmd_status(a: &StatusArgs) -> Result<(), String> {
             println!("transparent collocation: {} (policy {policy}, default {size})", s.selectors());
         }
         print!("{}", status::table(&gpus, &state));
+        print!("{}", status::slowdowns(&gpus, &state, &params).0);
     }
     Ok(())
 }
