@@ -18,8 +18,9 @@
 
 use carma_config::{Config, GpuSource, parse_size_mib};
 use carma_placement::index_list;
+use carma_placement::slowdown::{Model, Profile};
 use carma_placement::source::SimulatedGpus;
-use carma_placement::source::simulated::{SWITCH_OVERHEAD, standin_description, timeslice_slowdown};
+use carma_placement::source::simulated::standin_description;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -42,7 +43,7 @@ struct Cli {
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 10.0, value_parser = secs)]
     seconds: f64,
     /// Seconds of work alone: it ends when done, running as much slower as
-    /// the simulator's time-slicing model says for the jobs sharing its
+    /// the slowdown model says this job runs among the jobs sharing its
     /// GPUs (instead of --seconds; `carma replay-plan`'s jobs)
     #[arg(long, allow_negative_numbers = true, value_name = "S", value_parser = secs)]
     work: Option<f64>,
@@ -123,7 +124,11 @@ fn run() -> Result<i32, String> {
     };
     let pid = std::process::id();
     let start = Instant::now();
-    let mut work = a.work.map(|w| Work { left_s: w, at: start });
+    // Its own slowdown among its GPUs' jobs: time-sliced, or as an MPS
+    // client (which pays MPS's own cost even alone).
+    let model = Model::of(if mps { carma_config::Sharing::Mps } else { carma_config::Sharing::Timeslice });
+    let me = Profile { busy, sm };
+    let mut work = a.work.map(|w| Work { left_s: w, at: start, model, me });
     match a.work {
         Some(w) => {
             println!(
@@ -198,18 +203,34 @@ fn run() -> Result<i32, String> {
 struct Work {
     left_s: f64,
     at: Instant,
+    model: Model,
+    /// What it does to a GPU alone.
+    me: Profile,
 }
 
 impl Work {
-    /// Counts the time since the last call at the speed the simulator's
-    /// model gives the jobs now on its GPUs (the slowest of them); true
-    /// when no work is left.
+    /// Counts the time since the last call at the speed the slowdown model
+    /// gives this job among the jobs now on its GPUs (on the slowest of
+    /// its GPUs); true when no work is left.
     fn advance(&mut self, sim: &SimulatedGpus, gpus: &[u32]) -> bool {
         let now = Instant::now();
-        let slowdown = gpus.iter().map(|&g| timeslice_slowdown(&sim.sharers(g), SWITCH_OVERHEAD)).fold(1.0, f64::max);
+        let slowdown = gpus.iter().map(|&g| self.slowdown_on(&sim.sharers(g))).fold(1.0, f64::max);
         self.left_s -= now.duration_since(self.at).as_secs_f64() / slowdown;
         self.at = now;
         self.left_s <= 0.0
+    }
+
+    /// Its slowdown among a GPU's sharers `(busy, sm)`, itself included
+    /// once registered (the model gives jobs of one profile one slowdown,
+    /// so any entry of its profile is its own); before that, as if it had
+    /// joined them.
+    fn slowdown_on(&self, sharers: &[(f64, f64)]) -> f64 {
+        let mut jobs: Vec<Profile> = sharers.iter().map(|&(busy, sm)| Profile { busy, sm }).collect();
+        let at = jobs.iter().position(|p| *p == self.me).unwrap_or_else(|| {
+            jobs.push(self.me);
+            jobs.len() - 1
+        });
+        self.model.slowdowns(&jobs)[at]
     }
 }
 
@@ -230,6 +251,22 @@ mod tests {
 
     fn parse(argv: &[&str]) -> Result<Cli, String> {
         Cli::try_parse_from(std::iter::once(&"carma-fakejob").chain(argv)).map_err(|e| carma_tools::cli::one_line(&e))
+    }
+
+    /// Time-sliced, the heavy job of a pair runs slower than its light
+    /// partner (H100: resnet50 1.95x beside mobilenet, which runs 1.35x).
+    #[test]
+    fn a_work_job_goes_at_its_own_slowdown_among_its_gpus_jobs() {
+        let work =
+            |busy, sm| Work { left_s: 1.0, at: Instant::now(), model: Model::H100_TIMESLICE, me: Profile { busy, sm } };
+        let pair = [(0.98, 0.825), (0.541, 0.312)];
+        let (heavy, light) = (work(0.98, 0.825).slowdown_on(&pair), work(0.541, 0.312).slowdown_on(&pair));
+        assert!(heavy > light + 0.3, "{heavy} {light}");
+        // Alone, registered or not yet: its own pace.
+        assert_eq!(work(0.98, 0.825).slowdown_on(&[]), 1.0);
+        assert_eq!(work(0.98, 0.825).slowdown_on(&[(0.98, 0.825)]), 1.0);
+        // Not yet registered beside the light one: as if it had joined.
+        assert_eq!(work(0.98, 0.825).slowdown_on(&pair[1..]), heavy);
     }
 
     #[test]
