@@ -18,8 +18,9 @@
 //! The weights grow with the demand (a job whose kernels fill the GPU
 //! keeps more of it than a light one, but not in proportion under
 //! time-slicing). Fitted on the H100 sets of data/h100/collocation.csv;
-//! the fit, and its per-job error, are checked by the simulator's
-//! calibration tests and printed by `carma calibrate` (docs/slowdown.md).
+//! the fit, and its per-job error, are checked by the simulator's tests
+//! (`carma_simulator::jobcheck`) and printed by `carma calibrate`
+//! (docs/slowdown.md).
 
 use carma_config::Sharing;
 use serde::{Deserialize, Serialize};
@@ -66,11 +67,11 @@ pub struct Model {
 
 impl Model {
     /// Fitted on the H100's time-sliced pairs (docs/slowdown.md): per-job
-    /// error median 2.4 %, max 9 %.
+    /// error median 3.2 %, max 9.1 % (`carma calibrate`).
     pub const H100_TIMESLICE: Model =
         Model { sharing: Sharing::Timeslice, switch: 0.14, capacity: 1.0, weight_exp: 0.5, base: 1.0 };
     /// Fitted on the H100's MPS pairs and its MPS solo run: per-job error
-    /// median 3.2 %, max 6 %.
+    /// median 2.1 %, max 6.2 %.
     pub const H100_MPS: Model =
         Model { sharing: Sharing::Mps, switch: 0.0, capacity: 1.08, weight_exp: 1.7, base: 1.14 };
 
