@@ -118,8 +118,10 @@ fn row(
     let wrong = o.jobs.iter().filter(|j| j.wrong_node).count();
     let waits: Vec<f64> = o.jobs.iter().filter_map(|j| j.start_s.map(|s| s - j.submit_s)).collect();
     let mem = o.gpu_mem_mib.iter().sum::<f64>() / o.gpu_mem_mib.len().max(1) as f64 / 1024.0;
+    let slow = o.job_slowdowns();
+    let (p95, max) = (crate::engine::percentile(&slow, 0.95), slow.iter().copied().fold(0.0, f64::max));
     Ok(format!(
-        "| {label} | {}x{}x{}G | {} | {} | {} | {finished} | {failed} | {wrong} | {} | {:.2} | {:.1} | {mem:.1} |\n",
+        "| {label} | {}x{}x{}G | {} | {} | {} | {finished} | {failed} | {wrong} | {} | {:.2} | {:.1} | {mem:.1} | {p95:.2} / {max:.2} |\n",
         cluster.nodes,
         cluster.gpus_per_node,
         cluster.mem_mib / 1024,
@@ -160,12 +162,14 @@ const INTRO: &str = "\n## Which node: slurmctld's choice before CARMA's (#30)\n\
      node-memory); `carma` lets the policy pick any GPU of the node. Under `slurm` a job of several GPUs holds\n\
      them whole (`--gres=gpu:N`: Slurm takes one job's shards from one GPU). Shards as memory are Slurm's\n\
      choice either way (assuming `MULTIPLE_SHARING_GRES_PJ` for jobs of several GPUs), `anywhere` is CARMA's.\n\n\
-     | trace | cluster | admission | GPU chosen by | jobs | finished | failed | with room elsewhere | handed back | makespan (h) | mean wait (min) | GPU memory used (GiB, mean) |\n\
-     |---|---|---|---|---|---|---|---|---|---|---|---|\n";
+     | trace | cluster | admission | GPU chosen by | jobs | finished | failed | with room elsewhere | handed back | makespan (h) | mean wait (min) | GPU memory used (GiB, mean) | job slowdown p95 / max |\n\
+     |---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 /// What the table says, and the model's simplifications. Written against
 /// the figures of the committed report.
-const FINDINGS: &str = "\nWhat this says (these runs are the first measurement of #30's design). Slurm\n\
+const FINDINGS: &str = "\nThe figures quoted below predate the slowdown guard (#56, 2026-11-28: carma.yaml's defaults, max_slowdown\n\
+     1.6 and idle GPUs first, now run in every row); the table above is current.\n\n\
+     What this says (these runs are the first measurement of #30's design). Slurm\n\
      fills the lowest-numbered nodes first: with today's 8 shards per GPU it sends up to 32 jobs to a 4-GPU node\n\
      whatever their memory, and in a burst nearly every job lands where CARMA cannot place it while other nodes\n\
      stand empty. Shards as memory stop Slurm from over-promising memory, but not the refusals: slurmctld packs\n\

@@ -1,56 +1,66 @@
 //! The sections drawn from the H100 measurements: the models' calibration
 //! and where each workload's activity comes from.
 
-use crate::Assumptions;
-use crate::PowerProfile;
-use crate::calibration::{fit_interference, fit_power, power_checks, read_collocation, throughput_checks};
+use crate::calibration::{fit_power, power_checks, read_collocation};
+use crate::jobcheck::{error_summary, job_checks};
+use crate::{PowerProfile, Sharing};
+use carma_placement::slowdown::Model;
 use std::path::Path;
 
 /// The calibration section: the models against data/h100/collocation.csv.
 pub(super) fn calibration(measured: &Path) -> Result<String, String> {
     let rows = read_collocation(measured)?;
-    let d = Assumptions::default();
-    let (ts, k, c, m) = fit_interference(&rows)?;
+    let (ts, mps) = (Model::H100_TIMESLICE, Model::H100_MPS);
     let mut md = format!(
         "## Calibration on real collocation measurements\n\n\
          `data/h100/collocation.csv`: training jobs alone and together on one H100, time-sliced and under MPS.\n\n\
-         **Interference models** (`--sharing`):\n\
-         - time-slicing: kernels of different jobs never overlap, so a GPU whose jobs' solo *busy* fractions (NVML\n\
-           utilization.gpu) sum to B runs each max(1, B)× slower, × (1 + {ts_d}) per extra job for switching\n\
-           (`--switch-overhead`);\n\
-         - MPS: kernels overlap up to the SMs' capacity, so a GPU whose jobs' solo *SM activities* sum to S runs each\n\
-           max(1, S / {k_d})× slower (`--mps-capacity`), × (1 + {c_d}) per extra job (`--mps-overhead`), and a job under\n\
-           MPS runs at {m_d} of its plain speed (`--mps-solo`: resnet50 alone under MPS did 22.3 it/s, plainly 25.8).\n\n\
-         The defaults are the fit that minimises the worst error over the measured sets (grid search, re-done now:\n\
-         switch overhead {ts:.3}, MPS capacity {k:.2}, overhead {c:.2}, solo {m:.2}). Predicted vs measured aggregate\n\
-         throughput (Σ over the jobs of throughput / throughput alone):\n\n\
-         | sharing | jobs | measured | predicted | error |\n|---|---|---|---|---|\n",
-        ts_d = d.switch_overhead,
-        k_d = d.mps_capacity,
-        c_d = d.mps_overhead,
-        m_d = d.mps_solo,
+         **Interference** (`--sharing`): each job's own slowdown, from the model the plugin's slowdown guard predicts\n\
+         with (`carma_placement::slowdown`; `carma calibrate` prints the same check). A shared resource is divided\n\
+         by weighted water-filling: each job asks for what it uses alone and, where the asks exceed the capacity,\n\
+         gets the smaller of its ask and a share weighted by ask^w; it runs ask / share times slower.\n\
+         - time-slicing: the resource is the GPU's time, a job's ask its solo *busy* share (NVML utilization.gpu), the\n\
+           capacity 1 / (1 + {sw} × (n − 1)) for n jobs (context switches), w = {tw};\n\
+         - MPS: the resource is the SMs, a job's ask its solo *SM activity*, the capacity {cap} (kernels overlap), w =\n\
+           {mw}, and an MPS client runs {base}× slower even alone (a job that is not one, exclusive or on 2 GPUs, does not).\n\n\
+         The simulated GPUs follow this model over the jobs' true solo readings; the guard predicts with the\n\
+         profiles each node learns from its readings. Predicted vs measured slowdown of each job of each measured\n\
+         set (its it/s alone as a plain process over its it/s in the set):\n\n\
+         | sharing | set | job | measured | predicted | error |\n|---|---|---|---|---|---|\n",
+        sw = ts.switch,
+        tw = ts.weight_exp,
+        cap = mps.capacity,
+        mw = mps.weight_exp,
+        base = mps.base,
     );
-    let checks = throughput_checks(&rows, &d)?;
-    for ch in &checks {
+    let checks = job_checks(&rows)?;
+    for c in &checks {
         md.push_str(&format!(
-            "| {} | {} | {:.3} | {:.3} | {:+.1}% |\n",
-            ch.sharing.name(),
-            ch.jobs,
-            ch.measured,
-            ch.predicted,
-            ch.error() * 100.0
+            "| {} | {} | {} | {:.2} | {:.2} | {:+.1}% |\n",
+            c.sharing.name(),
+            c.set,
+            c.job,
+            c.measured,
+            c.predicted,
+            c.error() * 100.0
         ));
     }
-    let worst = checks.iter().map(|c| c.error().abs()).fold(0.0, f64::max);
+    let errors: Vec<String> = [Sharing::Timeslice, Sharing::Mps]
+        .iter()
+        .map(|&sharing| {
+            let of: Vec<_> = checks.iter().filter(|c| c.sharing == sharing).cloned().collect();
+            let (median, _, max) = error_summary(&of);
+            format!("{}: median {:.1}%, worst {:.1}%", sharing.name(), median * 100.0, max * 100.0)
+        })
+        .collect();
     let p = fit_power(&rows, "h100-80gb")?;
     md.push_str(&format!(
-        "\nWorst error {:.1}% (target ≤ 10%; the fit is in-sample: 9 sets, 4 parameters).\n\n\
+        "\nPer-job error, {} (in-sample: the model was fitted on these sets).\n\n\
          **Power** (`--gpu`, `--idle-w`, `--active-w`, `--sm-w`): idle + a floor while any job runs + a part linear in SM\n\
          activity. Least squares over the measured rows (idle measured): {:.1} W + {:.1} W + {:.0} W × SM activity.\n\
          The A100-40GB profile, which the paper's traces ran on, is not measured here: the H100 fit's dynamic part\n\
          scaled by the TDP ratio (400/700 W) with 60 W idle: {:.0} W + {:.1} W + {:.0} W × SM activity.\n\n\
          | row | measured (W) | predicted (W) | error |\n|---|---|---|---|\n",
-        worst * 100.0,
+        errors.join("; "),
         p.idle_w,
         p.active_w,
         p.sm_w,

@@ -76,8 +76,8 @@ impl RunTables {
                 "## Where we stand\n\n\
                  Best CARMA policy against exclusive assignment, per trace, estimator, sharing mode and the reading the\n\
                  0.80 cap applies to (`sm`: SM activity, CARMA's; `busy`: the share of time any kernel runs):\n\n\
-                 | trace | estimates | sharing | cap on | best policy | makespan | SM activity | energy | OOMs (all recovered) |\n\
-                 |---|---|---|---|---|---|---|---|---|\n",
+                 | trace | estimates | sharing | cap on | best policy | makespan | SM activity | energy | OOMs (all recovered) | job slowdown p50 / p95 / max | placed unprofiled |\n\
+                 |---|---|---|---|---|---|---|---|---|---|---|\n",
             ),
             ours_vs_oracle: String::from(
                 "\nOur estimator against the oracle, per policy (makespan; goal: within 5%):\n\n\
@@ -126,7 +126,7 @@ impl RunTables {
             .min_by(|x, y| x.makespan_s.total_cmp(&y.makespan_s))
             .ok_or("no CARMA policy")?;
         self.summary.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {} |\n",
             s.trace,
             s.est,
             s.sharing.name(),
@@ -135,7 +135,11 @@ impl RunTables {
             pct(best.makespan_s, base.makespan_s),
             pct(best.sm_activity, base.sm_activity),
             pct(best.energy_kwh, base.energy_kwh),
-            best.ooms
+            best.ooms,
+            best.job_slowdown_p50,
+            best.job_slowdown_p95,
+            best.job_slowdown_max,
+            best.unprofiled
         ));
         Ok(())
     }

@@ -12,7 +12,9 @@ pub(super) fn intro(d: &Assumptions) -> String {
      The simulator places jobs as the plugin does: each job's request is resolved by `carma_placement::resolve`\n\
      and decided by `carma_placement::decide` on 4 simulated A100-40GB GPUs (the same preconditions: SM activity\n\
      ≤ 0.80 as a monitor would read it, effective free memory ≥ estimate + 2 GiB headroom; the node's history\n\
-     of a job and its learned fixed part; MPS's one user per GPU).\n\n\
+     of a job and its learned fixed part; MPS's one user per GPU; the slowdown guard, carma.yaml's default: no job\n\
+     of a GPU predicted to run over {bound}× slower than alone, from the profiles the node learned of jobs it saw\n\
+     alone on a GPU, a job it has no profile of counting as filling one; idle GPUs first).\n\n\
      **Paper, for comparison** (real runs, 3 GPUs used): {PAPER}.\n\n\
      ## Assumptions (each is a `carma simulate` flag)\n\n\
      - Run time alone: the paper's `exclusive_minutes` (the mnist row, which has none: minutes per epoch × epochs).\n\
@@ -34,6 +36,7 @@ pub(super) fn intro(d: &Assumptions) -> String {
        hand_back_pause) is 0 here but in the `paused` rows. The queue is strictly in order (`--backfill`, Slurm's\n\
        backfill where jobs have no time limit, is off but in the `backfill` rows).\n\n",
         ramp = d.ramp_s,
+        bound = carma_placement::Params::default().max_slowdown,
     )
 }
 
