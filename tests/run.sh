@@ -27,7 +27,7 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 # monitors' endpoints, which do not depend on Slurm's release.
 # 22.05 (long out of support): recovery and admission run on 24.11 and 26.05,
 # but for the hand-back (#37), which meets each release's requeue.
-SLURM_22_05="foundation transparent package upgrade isolation record load prometheus owner recovery:handed_back,past_its_hand_backs"
+SLURM_22_05="foundation transparent package upgrade isolation record load prometheus owner guard recovery:handed_back,past_its_hand_backs"
 # 24.11 (out of support): what meets its SPANK contexts, requeue and epilog,
 # packages and device cgroups; 26.05 runs the rest (same TRES spelling).
 SLURM_24_11="foundation recovery package upgrade isolation record owner"

@@ -27,7 +27,7 @@ export PYTHONUNBUFFERED=1
     python3 -c 'import torch, pynvml; print("torch", torch.__version__, "pynvml", pynvml.__file__)'
     command -v nvidia-cuda-mps-control runuser
 } >"$work/env.txt" 2>&1
-for check in monitor:180 mps:100; do
+for check in monitor:180 mps:100 guard:170; do
     name=${check%%:*}
     limit=${check#*:}
     t0=$(date +%s)
@@ -35,12 +35,13 @@ for check in monitor:180 mps:100; do
     echo "check_$name.sh: exit $? after $(($(date +%s) - t0)) s" | tee -a "$work/runs.txt"
     grep -E '^(PASS|FAIL)' "$work/$name.out"
     # A check stopped at its limit leaves its daemons and jobs behind.
-    pkill -x carma-monitor; pkill -f tests/gpu/train.py; pkill -f mps_client.py; sleep 1
+    pkill -x carma-monitor; pkill -f tests/gpu/train.py; pkill -f mps_client.py; pkill -f guard_summary.py; sleep 1
     # NVIDIA's MPS daemon and server (the kernel names both so) left by a
     # check stopped at its limit: they daemonised, out of its reach.
     pkill -x nvidia-cuda-mps
 done
 tar czf "$out/gpu-check.tgz" -C "$work" .
 cp "$work/runs.txt" "$work/env.txt" "$out/"
-for f in "$work/monitor/summary.json" "$work/mps/mps-summary.json"; do [ -f "$f" ] && cp "$f" "$out/"; done
+for f in "$work/monitor/summary.json" "$work/mps/mps-summary.json" "$work/guard/guard-summary.json" \
+    "$work/guard/guard.csv" "$work/guard/guard-calibrate.txt"; do [ -f "$f" ] && cp "$f" "$out/"; done
 true
