@@ -239,9 +239,12 @@ gpu_owner: carma
 gpu_source: nvml
 # The suites written before the slowdown guard (#56) place fake jobs no
 # node has profiled yet beside each other, which the guard refuses (an
-# unknown job counts as filling its GPU); the guard's own tests are unit
-# tests and the simulator's (placement/src/policy/guard_tests.rs).
+# unknown job counts as filling its GPU), and expect each policy's own
+# order (ff: the lowest GPU), which idle-first changes. tests/guard.rs
+# turns both on; placement/src/policy/guard_tests.rs and the simulator
+# test them too.
 max_slowdown: off
+idle_first: false
 state_dir: /run/carma
 log_file: /var/log/carma/carma.log
 timeouts: {lock: 5s, wait: 60s, poll: 250ms}

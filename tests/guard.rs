@@ -38,15 +38,23 @@ fn burst(tag: &str, n: usize, seconds: u32) -> Vec<Span> {
             thread::spawn(move || {
                 let out = work_dir().join(format!("{name}-{i}.out"));
                 let out_s = out.to_string_lossy().into_owned();
-                let args = ["sbatch", "--wait", "-J", &name, "-o", &out_s, "--carma-mem=1G", "--carma-policy=magm", &path];
+                let args =
+                    ["sbatch", "--wait", "-J", &name, "-o", &out_s, "--carma-mem=1G", "--carma-policy=magm", &path];
                 let r = user(&args, 240);
                 let text = std::fs::read_to_string(&out).unwrap_or_default();
                 assert_eq!(r.code, 0, "job {i} failed: {} {}\n{text}", r.stdout, r.stderr);
                 let field = |tag: &str, k: usize| -> String {
                     let line = text.lines().find(|l| l.starts_with(tag));
-                    line.and_then(|l| l.split_whitespace().nth(k)).unwrap_or_else(|| panic!("{tag}?\n{text}")).to_string()
+                    line.and_then(|l| l.split_whitespace().nth(k))
+                        .unwrap_or_else(|| panic!("{tag}?\n{text}"))
+                        .to_string()
                 };
-                Span { gpu: field("START", 2), start: field("START", 1).parse().unwrap(), end: field("END", 1).parse().unwrap(), out: text }
+                Span {
+                    gpu: field("START", 2),
+                    start: field("START", 1).parse().unwrap(),
+                    end: field("END", 1).parse().unwrap(),
+                    out: text,
+                }
             })
         })
         .collect();
@@ -62,16 +70,21 @@ fn peak_per_gpu(spans: &[Span]) -> usize {
     spans.iter().map(|s| running(spans, Some(&s.gpu), s.start)).max().unwrap_or(0)
 }
 
-/// carma.yaml with `max_slowdown` set to `value` (the suites' cluster runs
-/// `off`), restored when the guard returned is dropped.
+/// carma.yaml with `max_slowdown` set to `value` and `idle_first: true`
+/// (the suites' cluster runs `off` and `false`), restored when the guard
+/// returned is dropped.
 fn max_slowdown(value: &str) -> Restore {
     let keep = Restore::new(CONF);
     let conf = std::fs::read_to_string(CONF).unwrap();
-    let lines: Vec<String> = conf
-        .lines()
-        .map(|l| if l.starts_with("max_slowdown:") { format!("max_slowdown: {value}") } else { l.to_string() })
-        .collect();
-    assert!(lines.iter().any(|l| l.starts_with("max_slowdown:")), "tests/cluster.sh sets max_slowdown:\n{conf}");
+    let set = |l: &str| match l.split(':').next() {
+        Some("max_slowdown") => format!("max_slowdown: {value}"),
+        Some("idle_first") => "idle_first: true".to_string(),
+        _ => l.to_string(),
+    };
+    let lines: Vec<String> = conf.lines().map(set).collect();
+    for key in ["max_slowdown:", "idle_first:"] {
+        assert!(conf.lines().any(|l| l.starts_with(key)), "tests/cluster.sh sets {key}\n{conf}");
+    }
     std::fs::write(CONF, lines.join("\n") + "\n").unwrap();
     keep
 }
@@ -100,7 +113,9 @@ fn a_burst_of_light_jobs_shares_gpus_only_within_the_bound_and_only_once_no_gpu_
     wait_released();
     report(
         "guard",
-        &format!("a burst of 10 light fake jobs (SM 0.25, busy 0.5) of one script, max_slowdown 1.6: at most {peak} on a GPU, the first on idle GPUs, the rest within 1.14x predicted"),
+        &format!(
+            "a burst of 10 light fake jobs (SM 0.25, busy 0.5) of one script, max_slowdown 1.6: at most {peak} on a GPU, the first on idle GPUs, the rest within 1.14x predicted"
+        ),
     );
 }
 

@@ -420,7 +420,9 @@ pub fn choose(
             free: effective_free_on(g, on, owners),
             activity: expected_activity_on(g, on, params).0,
             slowdown: if need_whole { 1.0 } else { predicted_with(on, demand.profile, params).0 },
-            idle: on.is_empty() && g.processes.is_empty(),
+            // No job, no process, and no load the readings show (a process
+            // NVML does not list, such as another container's).
+            idle: on.is_empty() && g.processes.is_empty() && g.busy < IDLE_BUSY,
         })
         .collect();
     let want = demand.count as usize;
@@ -466,6 +468,11 @@ pub fn choose(
         slowdown: ok.iter().map(|e| e.slowdown).collect(),
     })
 }
+
+/// Below this busy share a GPU with no job and no process counts as idle
+/// (a reading of an idle GPU is 0; the stand-in's and NVML's noise stays
+/// far below this).
+const IDLE_BUSY: f64 = 0.05;
 
 /// A GPU that can take the demand, with what the policies rank it by.
 struct Eligible<'a> {

@@ -110,6 +110,12 @@ pub struct PlaceArgs {
     /// Number of GPUs (as --carma-gpus)
     #[arg(long, value_name = "N")]
     pub gpus: Option<String>,
+    /// The job's busy share alone, 0-1, with --sm: its profile, as the guard learns it (default: not yet profiled, as a first run)
+    #[arg(long, value_name = "X", requires = "sm")]
+    pub busy: Option<f64>,
+    /// The job's SM activity alone, 0-1, with --busy
+    #[arg(long, value_name = "X", requires = "busy")]
+    pub sm: Option<f64>,
     #[command(flatten)]
     pub config: ConfigArg,
 }

@@ -221,10 +221,20 @@ fn cmd_place(a: &PlaceArgs) -> Result<(), String> {
     // depends on whose job it is, is left out of the answer.
     let mut plan = plan;
     plan.request.mps_uid = None;
+    let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
+    let carma_placement::Status { readings: gpus, mut state, params: p } =
+        placer.status().map_err(|e| e.to_string())?;
+    // A job of this profile (--busy, --sm), as if the node had learned it.
+    if let (Some(busy), Some(sm)) = (a.busy, a.sm) {
+        if !((0.0..=1.0).contains(&busy) && (0.0..=1.0).contains(&sm)) {
+            return Err(format!("--busy {busy} --sm {sm}: give each as a fraction from 0 to 1"));
+        }
+        let key = "dry-run:profile".to_string();
+        state.profiles.insert(key.clone(), carma_placement::slowdown::Profile { busy, sm });
+        plan.request.profile_key = Some(key);
+    }
     let r = &plan.request;
     let (policy, count) = (r.policy, r.count);
-    let mut placer = Placer::from_config(&cfg, placer_log).map_err(|e| e.to_string())?;
-    let carma_placement::Status { readings: gpus, state, params: p } = placer.status().map_err(|e| e.to_string())?;
     let now = carma_placement::clock::now_secs();
     let dry = status::dry_run(&gpus, &state, r, &p, &cfg.estimator.learn_runtime, now);
     let (decision, verdicts) = (dry.decision, dry.verdicts);
