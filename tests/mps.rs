@@ -69,11 +69,17 @@ fn a_shared_step_is_an_mps_client_fenced_to_its_reservation() {
     // The fence is the reservation, on the device as the job sees it.
     assert_eq!(r.var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(), Some("0=4096M"));
     assert!(r.var("CARMA_DECISION").unwrap().ends_with("sharing=mps fence=0=4096M"));
-    // Whole GPUs and multi-GPU steps are not MPS clients.
-    for extra in [["--carma-policy=exclusive", "--carma-mem=4G"], ["--carma-gpus=2", "--carma-mem=4G"]] {
-        let mut a = extra.to_vec();
-        a.push("env");
-        let r = user(&on_node2(&node, &a), 60).ok();
+    // Whole GPUs and multi-GPU steps (two GPUs from Slurm: a shard is at
+    // most one GPU's worth) are not MPS clients.
+    let two = ["srun", "-p", "multi", "-w", &node, "--gres=gpu:2", "--carma-gpus=2", "--carma-mem=4G", "env"];
+    for (extra, a) in [
+        (
+            ["--carma-policy=exclusive", "--carma-mem=4G"],
+            on_node2(&node, &["--carma-policy=exclusive", "--carma-mem=4G", "env"]),
+        ),
+        (["--carma-gpus=2", "--carma-mem=4G"], two.to_vec()),
+    ] {
+        let r = user(&a, 60).ok();
         assert!(r.var("CUDA_MPS_PIPE_DIRECTORY").is_none(), "{extra:?}: {}", r.stdout);
         assert!(!r.var("CARMA_DECISION").unwrap().contains("sharing="), "{extra:?}");
     }

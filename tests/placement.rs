@@ -266,7 +266,11 @@ fn one_shard_opens_one_gpus_worth_and_n_gpus_need_n_from_slurm() {
         args.extend_from_slice(&cmd[1..]);
         let r = user_env_as_given(&[], &args, 60);
         assert_ne!(r.code, 0, "{args:?} was accepted");
-        assert!(r.stderr.contains("carma: --carma-gpus=4 asks for 4 GPUs") && r.stderr.contains("--gres=gpu:4"), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("carma: --carma-gpus=4 asks for 4 GPUs") && r.stderr.contains("--gres=gpu:4"),
+            "{}",
+            r.stderr
+        );
     }
     // Past the client (CARMA_GPUS set in a step of a one-shard job, which
     // no job_submit sees): slurmstepd refuses the step, the job goes on.
@@ -303,7 +307,10 @@ fn one_shard_opens_one_gpus_worth_and_n_gpus_need_n_from_slurm() {
     let state = root(&["sinfo", "-h", "-o", "%T"], 10).stdout;
     assert!(!state.contains("drain"), "node drained: {state}");
     wait_released();
-    report("privilege", "one shard opens one GPU's worth under gpu_owner: carma: --carma-gpus=N above the GPUs or shards a job asks Slurm for is refused at sbatch/srun, and a step asking more GPUs than Slurm allocated its job (CARMA_GPUS in the step) is refused by slurmstepd with the gres to ask; gpu:N gives N");
+    report(
+        "privilege",
+        "one shard opens one GPU's worth under gpu_owner: carma: --carma-gpus=N above the GPUs or shards a job asks Slurm for is refused at sbatch/srun, and a step asking more GPUs than Slurm allocated its job (CARMA_GPUS in the step) is refused by slurmstepd with the gres to ask; gpu:N gives N",
+    );
 }
 
 #[test]

@@ -32,7 +32,11 @@ fn tighten(dir: &Path, found: u32, euid: u32, log: &Logger) -> Result<(), StateE
         // Not through a link: lstat, and only the owner's regular files
         // (nobody else could write into the directory).
         let Ok(m) = fs::symlink_metadata(entry.path()) else { continue };
-        if m.is_file() && m.uid() == euid && m.mode() & 0o077 != 0 && fs::set_permissions(entry.path(), private.clone()).is_ok() {
+        if m.is_file()
+            && m.uid() == euid
+            && m.mode() & 0o077 != 0
+            && fs::set_permissions(entry.path(), private.clone()).is_ok()
+        {
             files += 1;
         }
     }
