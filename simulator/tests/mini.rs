@@ -572,22 +572,20 @@ fn the_heavy_job_of_a_time_sliced_pair_is_slowed_more_than_its_light_partner() {
 
 /// The node learns what a job does to a GPU from its readings while it
 /// runs alone, as carma-monitor does: a workload's second run may join its
-/// first (two jobs of busy 0.3 fit in the GPU's time), while a job of a
-/// signature the node has not seen counts as filling the GPU, which the
-/// guard (1.6) refuses beside a busy one, so it waits for the GPU.
+/// first (two jobs of busy 0.65 each run 1.48x slower together, within the
+/// guard's 1.6), while a job of a signature the node has not seen counts
+/// as filling the GPU: beside one such job it would be predicted over 2x
+/// slower itself, beside two far more, so it waits for the GPU to empty.
 #[test]
 fn an_unprofiled_job_waits_until_its_signature_is_learned() {
-    let w: HashMap<_, _> = [
-        ("light".to_string(), wl("light", 10, 100.0, 0.3, None)),
-        ("other".to_string(), wl("other", 10, 100.0, 0.3, None)),
-    ]
-    .into();
+    let light = |name: &str| Workload { busy: 0.65, ..wl(name, 10, 100.0, 0.3, None) };
+    let w: HashMap<_, _> = [("light".to_string(), light("light")), ("other".to_string(), light("other"))].into();
     let trace = [job(0, 0.0, "light"), job(1, 10.0, "light"), job(2, 20.0, "other")];
     let o = simulate(&trace, &w, &cfg(Policy::Magm, Estimator::Oracle, 0.0)).unwrap();
-    let starts: Vec<f64> = o.jobs.iter().map(|j| j.start_s.unwrap()).collect();
-    // The unknown one: UNKNOWN beside 0.3 + 0.3 predicts over 1.6; it
-    // starts when both light jobs have ended (100 and 110 s).
-    assert_eq!(starts, [0.0, 10.0, 110.0], "{:?}", o.jobs);
+    let (starts, ends): (Vec<f64>, Vec<f64>) = o.jobs.iter().map(|j| (j.start_s.unwrap(), j.end_s.unwrap())).unzip();
+    assert_eq!(starts[..2], [0.0, 10.0], "{:?}", o.jobs);
+    assert!(close(starts[2], ends[0].max(ends[1])), "{:?}", o.jobs);
     // The first run of each signature was placed unprofiled.
     assert_eq!(o.unprofiled, 2);
+    assert_eq!(o.jobs.iter().map(|j| j.unprofiled).collect::<Vec<_>>(), [true, false, true]);
 }

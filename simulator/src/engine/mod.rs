@@ -160,6 +160,7 @@ impl<'a> Sim<'a> {
                 placed: None,
                 run_s: None,
                 solo_s: w.solo_s.max(1.0),
+                unprofiled: false,
             })
             .collect();
         // The defaults, the sharing mode, recovery on a GPU of its own. No

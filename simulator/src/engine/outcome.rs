@@ -23,6 +23,9 @@ pub struct JobResult {
     /// alone as a plain process.
     pub run_s: Option<f64>,
     pub solo_s: f64,
+    /// Its last run was placed to share a GPU while its node had no
+    /// profile of it (the guard counted it as filling the GPU).
+    pub unprofiled: bool,
 }
 
 impl JobResult {

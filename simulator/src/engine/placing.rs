@@ -316,6 +316,7 @@ impl Sim<'_> {
         let shared = !choice.exclusive;
         let known = self.states[node].job_mut(pid).is_some_and(|r| r.profile.is_some());
         self.unprofiled += u32::from(shared && !known);
+        self.results[job].unprofiled = shared && !known;
         let mps_client = shared && choice.gpus.len() == 1 && self.cfg.assumptions.sharing == super::Sharing::Mps;
         self.by_node[node].push(self.runs.len());
         self.runs.push(Run {
