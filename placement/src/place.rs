@@ -103,6 +103,7 @@ impl Placer {
             readings_ms: None,
             sharing: cfg.sharing,
             max_slowdown: cfg.max_slowdown,
+            max_slowdown_unprofiled: cfg.max_slowdown_unprofiled,
             idle_first: cfg.idle_first,
         };
         Ok(Placer {

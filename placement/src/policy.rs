@@ -34,6 +34,9 @@ pub struct Params {
     /// The slowdown guard: no job of a GPU may be predicted to run more
     /// than this many times slower than alone. Infinite: no guard.
     pub max_slowdown: f64,
+    /// The bound on a job not yet seen alone, whose own slowdown is taken
+    /// at its worst (as if it filled the GPU): at least `max_slowdown`.
+    pub max_slowdown_unprofiled: f64,
     /// Collocating policies take an idle GPU (no job, no process) before
     /// any busy one, as CARMA's reference server does.
     pub idle_first: bool,
@@ -52,6 +55,7 @@ impl Default for Params {
             readings_ms: None,
             sharing: Sharing::Timeslice,
             max_slowdown: 1.6,
+            max_slowdown_unprofiled: 2.0,
             idle_first: true,
         }
     }
@@ -79,36 +83,54 @@ impl Params {
     pub fn model(&self) -> Model {
         Model::of(self.sharing)
     }
+
+    /// The bound on an unprofiled job's own worst case: never below the
+    /// bound on the others, and off with the guard.
+    pub fn unprofiled_bound(&self) -> f64 {
+        self.max_slowdown_unprofiled.max(self.max_slowdown)
+    }
 }
 
 /// The profiles of the jobs sharing a GPU (CARMA's shared reservations
-/// naming it; an unknown one counts as filling the GPU), and how many of
-/// them are unknown.
-fn profiles_on(on: &[&Reservation]) -> (Vec<Profile>, usize) {
-    let sharing = on.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive);
-    let profiles: Vec<Profile> = sharing.map(|r| r.profile.unwrap_or(Profile::UNKNOWN)).collect();
-    let unknown = on.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive && r.profile.is_none()).count();
-    (profiles, unknown)
+/// naming it), `None` where a job was not yet seen alone.
+fn profiles_on(on: &[&Reservation]) -> Vec<Option<Profile>> {
+    on.iter().filter(|r| r.holding == Holding::Carma && !r.exclusive).map(|r| r.profile).collect()
 }
 
-/// The worst predicted slowdown of a GPU's jobs with `newcomer` among
-/// them, and how many of them are unknown.
-fn predicted_with(on: &[&Reservation], newcomer: Option<Profile>, p: &Params) -> (f64, usize, usize) {
-    let (mut jobs, mut unknown) = profiles_on(on);
-    match newcomer {
-        Some(n) => jobs.push(n),
-        None => {
-            jobs.push(Profile::UNKNOWN);
-            unknown += 1;
-        }
+/// What the guard predicts for a GPU's jobs with a newcomer among them.
+struct Prediction {
+    /// The worst slowdown of any of them.
+    worst: f64,
+    /// The first job over its bound: its slowdown and the bound.
+    over: Option<(f64, f64)>,
+    jobs: usize,
+    unknown: usize,
+}
+
+/// Each job of the GPU with `newcomer` (last) against its bound: a job
+/// whose profile is known may be predicted at most `max_slowdown`; one not
+/// yet seen alone counts as filling the GPU (so its neighbours are
+/// protected against the worst it could be), and that worst case of its
+/// own must stay within `max_slowdown_unprofiled`.
+fn predicted_with(on: &[&Reservation], newcomer: Option<Profile>, p: &Params) -> Prediction {
+    let mut known = profiles_on(on);
+    known.push(newcomer);
+    let jobs: Vec<Profile> = known.iter().map(|k| k.unwrap_or(Profile::UNKNOWN)).collect();
+    let slow = p.model().slowdowns(&jobs);
+    let bound = |k: &Option<Profile>| if k.is_some() { p.max_slowdown } else { p.unprofiled_bound() };
+    let over = known.iter().zip(&slow).find(|(k, s)| **s > bound(k)).map(|(k, s)| (*s, bound(k)));
+    Prediction {
+        worst: slow.iter().copied().fold(1.0, f64::max),
+        over,
+        jobs: jobs.len(),
+        unknown: known.iter().filter(|k| k.is_none()).count(),
     }
-    (p.model().worst(&jobs), jobs.len(), unknown)
 }
 
 /// The worst predicted slowdown of the jobs on `gpu` if a job of profile
 /// `newcomer` (unknown: `None`) joined them (`carma place --dry-run`).
 pub fn predicted_slowdown(gpu: &GpuReading, state: &NodeState, newcomer: Option<Profile>, p: &Params) -> f64 {
-    predicted_with(&on_gpu(gpu, state), newcomer, p).0
+    predicted_with(&on_gpu(gpu, state), newcomer, p).worst
 }
 
 /// The GPU's activity as the precondition sees it: the reading, plus what
@@ -390,9 +412,9 @@ fn reject(
     if free < est.saturating_add(p.headroom_mib) {
         return Some(Reject::Memory { free_mib: free, estimate_mib: est, headroom_mib: p.headroom_mib });
     }
-    let (predicted, jobs, unknown) = predicted_with(on, demand.profile, p);
-    if predicted > p.max_slowdown {
-        return Some(Reject::Slowdown { predicted, bound: p.max_slowdown, jobs, unknown });
+    let guess = predicted_with(on, demand.profile, p);
+    if let Some((predicted, bound)) = guess.over {
+        return Some(Reject::Slowdown { predicted, bound, jobs: guess.jobs, unknown: guess.unknown });
     }
     None
 }
@@ -419,7 +441,7 @@ pub fn choose(
             gpu: g,
             free: effective_free_on(g, on, owners),
             activity: expected_activity_on(g, on, params).0,
-            slowdown: if need_whole { 1.0 } else { predicted_with(on, demand.profile, params).0 },
+            slowdown: if need_whole { 1.0 } else { predicted_with(on, demand.profile, params).worst },
             // No job, no process, and no load the readings show (a process
             // NVML does not list, such as another container's).
             idle: on.is_empty() && g.processes.is_empty() && g.busy < IDLE_BUSY,

@@ -77,6 +77,7 @@ impl Default for Config {
             sm_activity_cap: 0.80,
             busy_cap: 0.80,
             max_slowdown: 1.6,
+            max_slowdown_unprofiled: 2.0,
             idle_first: true,
             headroom_mib: 2048,
             monitor_window: Duration::from_secs(60),

@@ -95,6 +95,7 @@ pub(super) struct RawConfig {
     pub(super) sm_activity_cap: Option<f64>,
     pub(super) busy_cap: Option<f64>,
     pub(super) max_slowdown: Option<Scalar>,
+    pub(super) max_slowdown_unprofiled: Option<Scalar>,
     pub(super) idle_first: Option<bool>,
     pub(super) headroom: Option<Scalar>,
     pub(super) monitor_window: Option<Scalar>,

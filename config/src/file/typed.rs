@@ -212,6 +212,9 @@ pub struct Config {
     /// jobs' learned profiles) to run more than this many times slower
     /// than alone. Infinite: `off`.
     pub max_slowdown: f64,
+    /// The bound on the worst case of a job not yet seen alone (counted as
+    /// filling its GPU); at least `max_slowdown`.
+    pub max_slowdown_unprofiled: f64,
     /// Collocating policies take an idle GPU before a busy one.
     pub idle_first: bool,
     /// Free memory that must remain after a job's estimate.

@@ -94,19 +94,19 @@ impl Check<'_> {
             }
         }
         if let Some(v) = &raw.max_slowdown {
-            let text = v.to_string();
-            c.max_slowdown = match text.trim() {
-                "off" => f64::INFINITY,
-                t => match t.parse::<f64>() {
-                    Ok(x) if (1.05..=10.0).contains(&x) => x,
-                    _ => {
-                        return Err(self.bad(
-                            "max_slowdown",
-                            format!("'{text}' is not a bound; use a factor from 1.05 to 10 (1.6: a shared job runs at most 1.6x slower than alone) or off"),
-                        ));
-                    }
-                },
-            };
+            c.max_slowdown = self.slowdown_bound("max_slowdown", v)?;
+        }
+        if let Some(v) = &raw.max_slowdown_unprofiled {
+            c.max_slowdown_unprofiled = self.slowdown_bound("max_slowdown_unprofiled", v)?;
+        }
+        if c.max_slowdown_unprofiled < c.max_slowdown {
+            return Err(self.bad(
+                "max_slowdown_unprofiled",
+                format!(
+                    "{} is below max_slowdown {}; a job not yet profiled is bounded at least as loosely (raise it or remove it)",
+                    c.max_slowdown_unprofiled, c.max_slowdown
+                ),
+            ));
         }
         if let Some(v) = raw.idle_first {
             c.idle_first = v;
@@ -121,6 +121,21 @@ impl Check<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A slowdown bound: a factor from 1.05 to 10, or `off`.
+    fn slowdown_bound(&self, key: &str, v: &Scalar) -> Result<f64, ConfigError> {
+        let text = v.to_string();
+        match text.trim() {
+            "off" => Ok(f64::INFINITY),
+            t => match t.parse::<f64>() {
+                Ok(x) if (1.05..=10.0).contains(&x) => Ok(x),
+                _ => Err(self.bad(
+                    key,
+                    format!("'{text}' is not a bound; use a factor from 1.05 to 10 (1.6: a shared job runs at most 1.6x slower than alone) or off"),
+                )),
+            },
+        }
     }
 
     /// `monitor:`, carma-monitor's sampling, publishing and serving.

@@ -18,6 +18,7 @@ const P: Params = Params {
     readings_ms: None,
     sharing: Sharing::Timeslice,
     max_slowdown: 1.6,
+    max_slowdown_unprofiled: 2.0,
     idle_first: true,
 };
 
@@ -89,17 +90,39 @@ fn the_guard_admits_a_pair_that_stays_within_the_bound() {
 }
 
 #[test]
-fn an_unprofiled_job_counts_as_filling_the_gpu_on_either_side() {
+fn an_unprofiled_job_counts_as_filling_the_gpu_and_its_own_worst_case_is_bounded_apart() {
     let mut st = NodeState::default();
-    st.reservations.push(placed(1, vec![0], Some(MOBILENET)));
-    let g = [gpu(0, &[1], 0.312, 0.541)];
+    st.reservations.push(placed(1, vec![0], Some(RESNET18)));
+    let g = [gpu(0, &[1], 0.495, 0.703)];
+    // Beside resnet18 (busy 0.70), a job that may fill the GPU would slow
+    // resnet18 1.76x: refused, protecting the profiled job.
     let e = one(&g, &st, wants(None, Policy::Magm), &P).unwrap_err();
-    assert!(e.to_string().contains("1 not yet profiled"), "{e}");
-    // And a profiled newcomer beside an unprofiled job.
+    assert!(
+        e.to_string().contains("predicted slowdown 1.76x > bound 1.60x")
+            && e.to_string().contains("1 not yet profiled"),
+        "{e}"
+    );
+    // Beside mobilenet (0.54): mobilenet 1.46x at worst, and the newcomer's
+    // own worst case 1.98x, within max_slowdown_unprofiled (2.0).
+    st.reservations[0].profile = Some(MOBILENET);
+    let c =
+        choose(&[gpu(0, &[1], 0.312, 0.541)], &mut st.clone(), &wants(None, Policy::Magm), &P, &owners(&[1])).unwrap();
+    assert!((c.slowdown[0] - 1.98).abs() < 0.01, "{:?}", c.slowdown);
+    // Bounded like the others (max_slowdown_unprofiled = max_slowdown), it is refused.
+    let strict = Params { max_slowdown_unprofiled: 1.6, ..P };
+    let e = one(&[gpu(0, &[1], 0.312, 0.541)], &st, wants(None, Policy::Magm), &strict).unwrap_err();
+    assert!(e.to_string().contains("> bound 1.60x"), "{e}");
+    // Two jobs not yet profiled never share (2.28x each at worst).
     st.reservations[0].profile = None;
-    let e = one(&g, &st, wants(Some(MOBILENET), Policy::Magm), &P).unwrap_err();
-    assert_eq!(e.class(), "slowdown", "{e}");
-    // A very light job still fits beside it (a tiny MLP: busy 0.124).
+    let e = one(&g, &st, wants(None, Policy::Magm), &P).unwrap_err();
+    assert!(
+        e.to_string().contains("predicted slowdown 2.28x > bound 2.00x")
+            && e.to_string().contains("2 not yet profiled"),
+        "{e}"
+    );
+    // A heavy profiled job beside an unprofiled one: the latter's worst case is 2.27x.
+    assert_eq!(one(&g, &st, wants(Some(RESNET50), Policy::Magm), &P).unwrap_err().class(), "slowdown");
+    // A very light job fits beside it (a tiny MLP: busy 0.124): 1.33x at worst.
     let tiny = Profile { busy: 0.124, sm: 0.006 };
     assert_eq!(one(&g, &st, wants(Some(tiny), Policy::Magm), &P).unwrap(), vec![0]);
 }

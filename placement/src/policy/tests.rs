@@ -15,6 +15,7 @@ const P: Params = Params {
     // These tests are of memory, activity and the policies' order: the
     // guard and the idle-first rule are tested in `guard.rs`.
     max_slowdown: f64::INFINITY,
+    max_slowdown_unprofiled: f64::INFINITY,
     idle_first: false,
 };
 
