@@ -182,6 +182,10 @@ fn errors_name_the_key_on_one_line() {
     let cases = [
         ("sm_activity_cap: 1.5\n", "sm_activity_cap"),
         ("busy_cap: 0\n", "busy_cap"),
+        ("max_slowdown: 1.0\n", "max_slowdown"),
+        ("max_slowdown: fast\n", "max_slowdown"),
+        ("max_slowdown_unprofiled: 11\n", "max_slowdown_unprofiled"),
+        ("max_slowdown: 2.5\nmax_slowdown_unprofiled: 2.0\n", "max_slowdown_unprofiled"),
         ("activity_metric: smact\n", "activity_metric"),
         ("headroom: lots\n", "headroom"),
         ("default_policy: fastest\n", "default_policy"),
@@ -269,4 +273,15 @@ fn admission_scopes_are_selectors_only() {
     assert_eq!(c.admission[0].selectors(), "partition:wide");
     assert_eq!(c.admission[1].to_string(), "scope partition=* account=ml qos=*");
     assert!(parse("").unwrap().admission.is_empty());
+}
+
+#[test]
+fn the_slowdown_guard_is_on_by_default_and_each_bound_can_be_set_or_turned_off() {
+    let d = parse("").unwrap();
+    assert_eq!((d.max_slowdown, d.max_slowdown_unprofiled, d.idle_first), (1.6, 2.0, true));
+    let c = parse("max_slowdown: 1.3\nmax_slowdown_unprofiled: 1.5\nidle_first: false\n").unwrap();
+    assert_eq!((c.max_slowdown, c.max_slowdown_unprofiled, c.idle_first), (1.3, 1.5, false));
+    assert!(parse("max_slowdown: off\n").unwrap().max_slowdown.is_infinite());
+    let e = parse("max_slowdown: 2.5\nmax_slowdown_unprofiled: 2.0\n").unwrap_err().to_string();
+    assert!(e.contains("below max_slowdown 2.5") && !e.contains('\n'), "{e}");
 }

@@ -99,7 +99,8 @@ impl Check<'_> {
         if let Some(v) = &raw.max_slowdown_unprofiled {
             c.max_slowdown_unprofiled = self.slowdown_bound("max_slowdown_unprofiled", v)?;
         }
-        if c.max_slowdown_unprofiled < c.max_slowdown {
+        // Unset, it follows max_slowdown up (Params::unprofiled_bound).
+        if raw.max_slowdown_unprofiled.is_some() && c.max_slowdown_unprofiled < c.max_slowdown {
             return Err(self.bad(
                 "max_slowdown_unprofiled",
                 format!(
