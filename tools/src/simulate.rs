@@ -9,6 +9,13 @@ use carma_simulator::{Admission, Assumptions, Cluster, PowerProfile, Sharing, Si
 use std::path::{Path, PathBuf};
 
 /// `carma simulate`'s options: each assumption of the model is one.
+/// What slurm-conf-examples/carma.yaml (the configuration the README
+/// installs) sets: carma-monitor publishes every second the means over
+/// monitor_window. `carma simulate` without flags models what such a
+/// site gets.
+const SHIPPED_WINDOW_S: f64 = 60.0;
+const SHIPPED_PUBLISH_S: f64 = 1.0;
+
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
     /// The job trace (CSV)
@@ -65,14 +72,17 @@ pub struct SimulateArgs {
     /// The slowdown guard: no job of a GPU may be predicted to run more than X times slower than alone (carma.yaml max_slowdown); off: no guard
     #[arg(long, value_name = "X|off", default_value = "1.6", value_parser = max_slowdown)]
     pub max_slowdown: f64,
+    /// The bound on a job not yet seen alone, taken at its worst (carma.yaml max_slowdown_unprofiled; never below --max-slowdown)
+    #[arg(long, value_name = "X|off", default_value = "2.0", value_parser = max_slowdown)]
+    pub max_slowdown_unprofiled: f64,
     /// Collocating policies take a GPU with a job before an idle one (carma.yaml idle_first: false)
     #[arg(long)]
     pub no_idle_first: bool,
-    /// The window activity readings average over (carma.yaml monitor_window with published readings); 0: none
-    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().window_s, value_parser = num)]
+    /// The window activity readings average over (carma.yaml monitor_window with published readings, as the shipped carma.yaml has them); 0: none (no carma-monitor)
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = SHIPPED_WINDOW_S, value_parser = num)]
     pub window: f64,
     /// Seconds between the monitor's publications (monitor.interval): readings under a window are as of the last; 0: as of now
-    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().publish_s, value_parser = num)]
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = SHIPPED_PUBLISH_S, value_parser = num)]
     pub publish: f64,
     /// Seconds a job CARMA cannot place waits on its node for a GPU before it is handed back or fails (timeouts.wait); 0: at once
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().node_wait_s, value_parser = num)]
@@ -173,6 +183,7 @@ fn params(a: &SimulateArgs) -> Params {
         headroom_mib: a.headroom,
         sharing: a.sharing,
         max_slowdown: a.max_slowdown,
+        max_slowdown_unprofiled: a.max_slowdown_unprofiled,
         idle_first: !a.no_idle_first,
         ..Params::default()
     }
@@ -235,7 +246,25 @@ mod tests {
         assert_eq!((a.trace.to_str(), a.workloads.to_str()), (Some("t.csv"), Some("w/workloads.csv")));
         assert_eq!(a.cluster, Cluster::parse("1x4x40G").unwrap());
         assert_eq!((a.policy, a.estimator.as_str(), &a.models), (Policy::Magm, "oracle", &None));
-        assert_eq!(assumptions(&a), Assumptions::default());
+        // The configuration the README installs: its monitor's window and
+        // publication interval, its guard.
+        let shipped = carma_config::Config::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../slurm-conf-examples/carma.yaml"),
+        )
+        .unwrap();
+        assert!(shipped.monitor.published);
+        assert_eq!(
+            assumptions(&a),
+            Assumptions {
+                window_s: shipped.monitor_window.as_secs_f64(),
+                publish_s: shipped.monitor.interval.as_secs_f64(),
+                ..Assumptions::default()
+            }
+        );
+        assert_eq!(
+            (params(&a).max_slowdown, params(&a).max_slowdown_unprofiled, params(&a).idle_first),
+            (shipped.max_slowdown, shipped.max_slowdown_unprofiled, shipped.idle_first)
+        );
         let defaults = Params {
             metric: ActivityMetric::default(),
             sm_activity_cap: 0.8,
@@ -336,6 +365,7 @@ mod tests {
         assert_eq!((p.metric, p.sm_activity_cap, p.busy_cap, p.headroom_mib), (ActivityMetric::Busy, 0.5, 0.9, 1024));
         assert_eq!((p.sharing, p.max_slowdown, p.idle_first), (Sharing::Mps, f64::INFINITY, false));
         assert_eq!(parse(&["--max-slowdown", "2"]).unwrap().max_slowdown, 2.0);
+        assert_eq!(parse(&["--max-slowdown-unprofiled", "off"]).unwrap().max_slowdown_unprofiled, f64::INFINITY);
         assert_eq!((a.admission, a.gpu_owner), (Admission::parse("node-memory").unwrap(), GpuOwner::Carma));
         assert!(a.least_loaded && a.json);
         assert_eq!((a.csv, a.plots), (Some(PathBuf::from("out.csv")), Some(PathBuf::from("p"))));

@@ -191,3 +191,25 @@ fn a_job_alone_on_its_gpu_a_window_after_its_start_is_profiled_under_its_key() {
     }];
     assert_eq!(learn_profiles(&mut st, &shared, &owners(&[1]), &p), 0);
 }
+
+#[test]
+fn an_mps_clients_readings_alone_are_taken_back_to_a_plain_processs() {
+    // resnet50 alone as an MPS client read SM 0.70, busy 0.83 on the H100;
+    // plainly 0.825 and 0.98. Its profile is the plain one (the model's
+    // input), within the readings' rounding.
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation {
+        mps_uid: Some(7),
+        profile_key: Some("7:r50".into()),
+        ..placed(1, vec![0], None)
+    });
+    let p = Params { sharing: Sharing::Mps, ..P };
+    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[1], 0.70, 0.828)], &owners(&[1]), &p), 1);
+    let learned = st.profiles["7:r50"];
+    assert!((learned.sm - 0.798).abs() < 0.01 && (learned.busy - 0.944).abs() < 0.01, "{learned:?}");
+    // Time-sliced, or not an MPS client: the reading as it is.
+    let mut plain = NodeState::default();
+    plain.reservations.push(Reservation { profile_key: Some("7:r50".into()), ..placed(1, vec![0], None) });
+    learn_profiles(&mut plain, &[gpu(0, &[1], 0.70, 0.828)], &owners(&[1]), &p);
+    assert_eq!(plain.profiles["7:r50"], Profile { busy: 0.828, sm: 0.70 });
+}
