@@ -280,9 +280,11 @@ local function rewrite(job_desc, job, part_list, batch)
 	end
 	-- Slurm takes a job's shards from one GPU, and a step uses at most the
 	-- GPUs Slurm allocated its job (whoever owns them: issue 58), so a job
-	-- of more GPUs keeps them whole (the scopes file says max_gpus=1).
-	local max = tonumber(scope.max_gpus or "")
-	if max ~= nil and math.max(node_n or 0, job_n or 0) > max then
+	-- of more GPUs keeps them whole (the scopes file says max_gpus=1; a
+	-- file an older `carma transparent-scopes` wrote lacks it, and its jobs
+	-- of more GPUs would be refused when they start: 1 all the same).
+	local max = tonumber(scope.max_gpus or "1") or 1
+	if math.max(node_n or 0, job_n or 0) > max then
 		log_info("job from uid %s keeps whole GPUs: more than %d per node, and one GPU holds a job's shards",
 			tostring(job_desc.user_id), max)
 		return nil

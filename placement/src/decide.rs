@@ -90,6 +90,7 @@ pub fn decide(
         uid: req.uid,
         profile,
         profile_key: req.profile_key.clone(),
+        alone_since: None,
     });
     if req.batch_step {
         st.batch_steps.insert(step.job, step.holder);

@@ -35,6 +35,10 @@ pub struct GpuReading {
     /// measures it (NVML GPM in carma-monitor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sm_occupancy: Option<f64>,
+    /// The GPU's MPS server among `processes`, if one runs: a process of
+    /// NVIDIA's daemon, not of any job, which stays after its clients end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_server_pid: Option<u32>,
 }
 
 impl GpuReading {
@@ -53,6 +57,7 @@ impl GpuReading {
             power_w: None,
             mps_uid: None,
             sm_occupancy: None,
+            mps_server_pid: None,
             minor: None,
         }
     }

@@ -105,6 +105,7 @@ impl Placer {
             max_slowdown: cfg.max_slowdown,
             max_slowdown_unprofiled: cfg.max_slowdown_unprofiled,
             idle_first: cfg.idle_first,
+            profile_after_secs: cfg.monitor_window.as_secs().max(1),
         };
         Ok(Placer {
             store,
@@ -357,7 +358,9 @@ impl Placer {
                 .reservations
                 .iter()
                 .zip(&after.reservations)
-                .filter(|(a, b)| b.observed_mib > a.observed_mib || b.profile != a.profile)
+                .filter(|(a, b)| {
+                    b.observed_mib > a.observed_mib || b.profile != a.profile || b.alone_since != a.alone_since
+                })
                 .count();
             (n, after)
         };

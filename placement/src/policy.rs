@@ -40,6 +40,11 @@ pub struct Params {
     /// Collocating policies take an idle GPU (no job, no process) before
     /// any busy one, as CARMA's reference server does.
     pub idle_first: bool,
+    /// A job's profile is learned from readings of at least this long in
+    /// which it ran alone (carma.yaml monitor_window: what one reading
+    /// averages over, published or read directly). 0: the readings' own
+    /// window (`window_secs`) alone decides.
+    pub profile_after_secs: u64,
 }
 
 impl Default for Params {
@@ -57,6 +62,7 @@ impl Default for Params {
             max_slowdown: 1.6,
             max_slowdown_unprofiled: 2.0,
             idle_first: true,
+            profile_after_secs: 0,
         }
     }
 }
@@ -278,55 +284,6 @@ pub fn observe(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32,
     }
 }
 
-/// Learns what jobs do to a GPU alone: each job (a CARMA reservation) that
-/// is the only one on its GPUs, with processes of its own there and none
-/// of anyone else's, and placed at least a window ago (the readings then
-/// see it alone, not its neighbour before), raises its profile, and its
-/// key's, to the GPUs' readings. Profiles only rise: a window of its
-/// start-up reads low, and a later one corrects it. Returns how many
-/// reservations' profiles changed.
-pub fn learn_profiles(state: &mut NodeState, gpus: &[GpuReading], owners: &HashMap<u32, u32>, p: &Params) -> usize {
-    let on = by_gpu(gpus, state);
-    let window_ms = p.window_secs.saturating_mul(1000);
-    let mut seen: Vec<(usize, Profile)> = Vec::new();
-    for (i, r) in state.reservations.iter().enumerate() {
-        if r.holding != Holding::Carma || r.holders.is_empty() || seen_ms(r.since, p) < window_ms {
-            continue;
-        }
-        let mut reading: Option<Profile> = None;
-        for (g, on) in gpus.iter().zip(&on).filter(|(g, _)| r.gpus.contains(&g.index)) {
-            let mine = |pid: &u32| owners.get(pid).is_some_and(|h| r.holders.contains(h));
-            let alone = on.len() == 1 && !g.processes.is_empty() && g.processes.iter().all(|q| mine(&q.pid));
-            if !alone {
-                reading = None;
-                break;
-            }
-            // An MPS client alone runs at 1/base of its plain pace and reads
-            // that much less (resnet50 alone: 0.70 SM under MPS, 0.825
-            // plainly); profiles are plain processes' (the model's input).
-            let scale = if r.mps_uid.is_some() && p.sharing == Sharing::Mps { p.model().base } else { 1.0 };
-            let here = Profile { busy: g.busy * scale, sm: g.sm_activity * scale }.clamped();
-            reading = Some(reading.map_or(here, |r| r.max(here)));
-        }
-        if let Some(now) = reading {
-            seen.push((i, now));
-        }
-    }
-    let mut changed = 0;
-    for (i, now) in seen {
-        let r = &mut state.reservations[i];
-        let raised = r.profile.map_or(now, |p| p.max(now));
-        if r.profile != Some(raised) {
-            r.profile = Some(raised);
-            changed += 1;
-        }
-        if let Some(key) = r.profile_key.clone() {
-            state.remember_profile(&key, raised);
-        }
-    }
-    changed
-}
-
 /// The estimate a job's history asks for: its highest observed peak plus
 /// 10%, when that is more than the estimate it came with. Observed peaks
 /// are lower bounds (sampled at decisions), so for a job that declared or
@@ -448,7 +405,7 @@ pub fn choose(
             slowdown: if need_whole { 1.0 } else { predicted_with(on, demand.profile, params).worst },
             // No job, no process, and no load the readings show (a process
             // NVML does not list, such as another container's).
-            idle: on.is_empty() && g.processes.is_empty() && g.busy < IDLE_BUSY,
+            idle: on.is_empty() && job_processes(g).next().is_none() && g.busy < IDLE_BUSY,
         })
         .collect();
     let want = demand.count as usize;
@@ -545,6 +502,10 @@ fn assess_on(
         gpus.iter().zip(on).map(|(g, on)| (g.index, reject(g, on, owners, need_whole, est, demand, params))).collect();
     (need_whole, est, reasons)
 }
+
+mod profiles;
+use profiles::job_processes;
+pub use profiles::learn_profiles;
 
 #[cfg(test)]
 mod guard_tests;

@@ -1,6 +1,7 @@
 //! How much slower each job of a set sharing one GPU runs than alone, from
-//! each job's solo profile: the one model the guard, the admission count,
-//! `carma place --dry-run`, the simulator and the NVML stand-in use.
+//! each job's solo profile: the model the guard, `carma place --dry-run`,
+//! the simulator and carma-fakejob use. (Not yet the admission count
+//! slurmctld sees, nor the simulated GPUs' readings: docs/slowdown.md.)
 //!
 //! Both sharing modes are one shared resource divided by weighted
 //! water-filling: each job asks for what it uses alone (its demand), the
@@ -177,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_job_beside_any_busy_job_exceeds_the_default_bound() {
+    fn an_unknown_job_beside_a_half_busy_job_is_predicted_over_1_6x() {
         let m = Model::H100_TIMESLICE;
         assert!(m.worst(&[Profile::UNKNOWN, p(0.54, 0.31)]) > 1.6);
         assert!(m.worst(&[Profile::UNKNOWN]) <= 1.0);

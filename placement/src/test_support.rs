@@ -22,6 +22,7 @@ pub fn carma(job: u32, gpus: Vec<u32>, reserved_mib: u64, holder: u32) -> Reserv
         uid: None,
         profile: None,
         profile_key: None,
+        alone_since: None,
     }
 }
 

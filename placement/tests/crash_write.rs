@@ -35,6 +35,7 @@ fn writer_loop() {
                         uid: None,
                         profile: None,
                         profile_key: None,
+                        alone_since: None,
                     })
                     .collect();
             })

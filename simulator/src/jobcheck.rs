@@ -33,7 +33,7 @@ impl JobCheck {
 /// (a plain process alone).
 pub fn solo_profiles(rows: &[Measured]) -> HashMap<String, (Profile, f64)> {
     rows.iter()
-        .filter(|r| r.sharing == Sharing::Timeslice && r.jobs.len() == 1)
+        .filter(|r| r.sharing == Sharing::Timeslice && r.jobs.len() == 1 && !r.throughputs.is_empty())
         .map(|r| (r.jobs[0].clone(), (Profile { busy: r.busy, sm: r.sm }, r.throughputs[0])))
         .collect()
 }
@@ -43,6 +43,9 @@ pub fn job_checks(rows: &[Measured]) -> Result<Vec<JobCheck>, String> {
     let solo = solo_profiles(rows);
     let mut out = Vec::new();
     for r in rows.iter().filter(|r| !r.jobs.is_empty() && (r.sharing != Sharing::Timeslice || r.jobs.len() > 1)) {
+        if r.throughputs.len() != r.jobs.len() || r.throughputs.iter().any(|t| !(*t > 0.0 && t.is_finite())) {
+            return Err(format!("set {}: give one positive it/s per job, joined by '+'", r.jobs.join("+")));
+        }
         let known = |j: &String| solo.get(j).copied().ok_or_else(|| format!("no solo time-sliced run of '{j}'"));
         let solos: Vec<(Profile, f64)> = r.jobs.iter().map(known).collect::<Result<_, _>>()?;
         let profiles: Vec<Profile> = solos.iter().map(|s| s.0).collect();
@@ -192,6 +195,19 @@ mod tests {
                 sharing.name()
             );
         }
+    }
+
+    #[test]
+    fn a_set_with_fewer_throughputs_than_jobs_is_refused_not_a_panic() {
+        let rows = vec![Measured {
+            sharing: Sharing::Timeslice,
+            jobs: vec!["a".into(), "b".into()],
+            throughputs: vec![1.0],
+            power_w: 0.0,
+            busy: 1.0,
+            sm: 1.0,
+        }];
+        assert!(job_checks(&rows).unwrap_err().contains("one positive it/s per job"));
     }
 
     #[test]

@@ -236,6 +236,7 @@ mod tests {
             power_w: Some(120.0),
             mps_uid: None,
             sm_occupancy: None,
+            mps_server_pid: None,
         };
         let p = Published {
             written_ms: 0,
@@ -263,6 +264,7 @@ mod tests {
             uid: None,
             profile: Some(carma_placement::slowdown::Profile { busy: 0.5, sm: 0.25 }),
             profile_key: None,
+            alone_since: None,
         });
         st.profiles.insert("7:sig".into(), carma_placement::slowdown::Profile { busy: 0.5, sm: 0.25 });
         // Not a CARMA job: not counted in carma_gpu_jobs; a CARMA step in a

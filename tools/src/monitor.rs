@@ -235,6 +235,7 @@ mod tests {
             power_w: None,
             mps_uid: None,
             sm_occupancy: None,
+            mps_server_pid: None,
         }
     }
 

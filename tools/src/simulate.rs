@@ -185,6 +185,8 @@ fn params(a: &SimulateArgs) -> Params {
         max_slowdown: a.max_slowdown,
         max_slowdown_unprofiled: a.max_slowdown_unprofiled,
         idle_first: !a.no_idle_first,
+        // As the plugin: a profile needs a whole window alone.
+        profile_after_secs: a.window.max(0.0).ceil() as u64,
         ..Params::default()
     }
 }
@@ -270,6 +272,7 @@ mod tests {
             sm_activity_cap: 0.8,
             busy_cap: 0.8,
             headroom_mib: 2048,
+            profile_after_secs: shipped.monitor_window.as_secs(),
             ..Params::default()
         };
         assert_eq!(params(&a), defaults);

@@ -456,6 +456,7 @@ mod tests {
             power_w: None,
             mps_uid: None,
             sm_occupancy: None,
+            mps_server_pid: None,
         };
         let s = settle(vec![g], &NodeState::default());
         assert_eq!(s[0].used_mib, 1000);

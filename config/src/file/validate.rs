@@ -100,7 +100,10 @@ impl Check<'_> {
             c.max_slowdown_unprofiled = self.slowdown_bound("max_slowdown_unprofiled", v)?;
         }
         // Unset, it follows max_slowdown up (Params::unprofiled_bound).
-        if raw.max_slowdown_unprofiled.is_some() && c.max_slowdown_unprofiled < c.max_slowdown {
+        if raw.max_slowdown_unprofiled.is_some()
+            && c.max_slowdown.is_finite()
+            && c.max_slowdown_unprofiled < c.max_slowdown
+        {
             return Err(self.bad(
                 "max_slowdown_unprofiled",
                 format!(

@@ -20,6 +20,7 @@ const P: Params = Params {
     max_slowdown: 1.6,
     max_slowdown_unprofiled: 2.0,
     idle_first: true,
+    profile_after_secs: 0,
 };
 
 const RESNET50: Profile = Profile { busy: 0.98, sm: 0.825 };
@@ -165,31 +166,86 @@ fn least_utilized_ranks_by_predicted_load_not_by_the_reading() {
 }
 
 #[test]
-fn a_job_alone_on_its_gpu_a_window_after_its_start_is_profiled_under_its_key() {
+fn a_job_is_profiled_from_a_whole_window_in_which_it_ran_alone_under_its_key() {
     let mut st = NodeState::default();
     st.reservations.push(Reservation { profile_key: Some("7:sig".into()), ..placed(1, vec![0], None) });
     st.reservations.push(placed(2, vec![1], None));
     st.reservations.push(placed(3, vec![1], None));
     let g = [gpu(0, &[1], 0.31, 0.54), gpu(1, &[2, 3], 0.6, 0.99)];
+    let o = owners(&[1, 2, 3]);
     let p = Params { window_secs: 60, ..P };
-    // Placed at 0 s, read at 30 s: the window still holds its start.
-    assert_eq!(learn_profiles(&mut st, &g, &owners(&[1, 2, 3]), &Params { now_secs: 30, ..p }), 0);
-    assert_eq!(learn_profiles(&mut st, &g, &owners(&[1, 2, 3]), &p), 1, "only job 1 runs alone");
+    let at = |t: u64| Params { now_secs: t, ..p };
+    // Placed at 0 s; its process first seen alone at 100 s (its start-up
+    // ran before): timed from then, not from its placement.
+    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[], 0.0, 0.0)], &o, &at(50)), 0, "no process yet");
+    assert_eq!(learn_profiles(&mut st, &g, &o, &at(100)), 1, "alone from now");
+    assert_eq!(st.reservations[0].alone_since, Some(100));
+    assert_eq!(learn_profiles(&mut st, &g, &o, &at(130)), 0, "the window still holds its start");
+    assert_eq!(learn_profiles(&mut st, &g, &o, &at(160)), 1, "only job 1 runs alone");
     let seen = Profile { busy: 0.54, sm: 0.31 };
     assert_eq!((st.reservations[0].profile, st.profiles.get("7:sig").copied()), (Some(seen), Some(seen)));
     assert_eq!((st.reservations[1].profile, st.reservations[2].profile), (None, None));
     // Profiles only rise: a quieter window leaves it; a busier one raises it.
-    let quiet = [gpu(0, &[1], 0.1, 0.2)];
-    assert_eq!(learn_profiles(&mut st, &quiet, &owners(&[1]), &p), 0);
-    let busier = [gpu(0, &[1], 0.4, 0.5)];
-    assert_eq!(learn_profiles(&mut st, &busier, &owners(&[1]), &p), 1);
+    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[1], 0.1, 0.2)], &o, &at(170)), 0);
+    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[1], 0.4, 0.5)], &o, &at(180)), 1);
     assert_eq!(st.profiles["7:sig"], Profile { busy: 0.54, sm: 0.4 });
-    // A process that is not the job's on its GPU: nothing is learned.
+    // A process that is not the job's on its GPU: it is not alone, and
+    // when it is again, a whole window must pass before it is read.
     let shared = [GpuReading {
         processes: vec![GpuProcess { pid: 101, used_mib: 1 }, GpuProcess { pid: 999, used_mib: 1 }],
         ..gpu(0, &[1], 0.9, 0.9)
     }];
-    assert_eq!(learn_profiles(&mut st, &shared, &owners(&[1]), &p), 0);
+    assert_eq!(learn_profiles(&mut st, &shared, &o, &at(190)), 1);
+    assert_eq!(st.reservations[0].alone_since, None);
+    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[1], 0.9, 0.9)], &o, &at(200)), 1);
+    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[1], 0.9, 0.9)], &o, &at(230)), 0);
+    assert_eq!(st.profiles["7:sig"], Profile { busy: 0.54, sm: 0.4 });
+    // Directly read (no published window), profile_after_secs bounds it alike.
+    let direct = Params { window_secs: 0, profile_after_secs: 60, ..P };
+    let mut fresh = NodeState::default();
+    fresh.reservations.push(Reservation { profile_key: Some("7:b".into()), ..placed(1, vec![0], None) });
+    learn_profiles(&mut fresh, &g, &o, &Params { now_secs: 10, ..direct });
+    assert_eq!(learn_profiles(&mut fresh, &g, &o, &Params { now_secs: 40, ..direct }), 0);
+    assert!(learn_profiles(&mut fresh, &g, &o, &Params { now_secs: 70, ..direct }) > 0);
+}
+
+#[test]
+fn every_running_job_of_a_key_takes_what_one_of_them_taught_alone() {
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation { profile_key: Some("7:k".into()), ..placed(1, vec![0], None) });
+    // Job 2 of the same key shares GPU1 with job 3: never alone.
+    st.reservations.push(Reservation { profile_key: Some("7:k".into()), ..placed(2, vec![1], None) });
+    st.reservations.push(placed(3, vec![1], None));
+    let g = [gpu(0, &[1], 0.3, 0.5), gpu(1, &[2, 3], 0.5, 0.9)];
+    let o = owners(&[1, 2, 3]);
+    learn_profiles(&mut st, &g, &o, &Params { now_secs: 10, ..P });
+    learn_profiles(&mut st, &g, &o, &Params { now_secs: 11, ..P });
+    assert_eq!(st.reservations[1].profile, Some(Profile { busy: 0.5, sm: 0.3 }));
+    assert_eq!(st.reservations[2].profile, None);
+}
+
+#[test]
+fn an_mps_server_is_no_jobs_process() {
+    // The server stays after its clients end: the GPU is idle, and a
+    // client alone with it runs alone.
+    let server = GpuProcess { pid: 4242, used_mib: 66 };
+    let idle = GpuReading { processes: vec![server.clone()], mps_server_pid: Some(4242), ..gpu(0, &[], 0.0, 0.0) };
+    let busy = gpu(1, &[], 0.0, 0.0);
+    let mut st = NodeState::default();
+    st.reservations.push(placed(1, vec![1], Some(MOBILENET)));
+    let g =
+        [idle.clone(), GpuReading { processes: vec![GpuProcess { pid: 101, used_mib: 1 }], used_mib: 4096, ..busy }];
+    let light = Profile { busy: 0.1, sm: 0.05 };
+    let p = Params { idle_first: true, ..P };
+    let c = choose(&g, &mut st.clone(), &wants(Some(light), Policy::BestFit), &p, &owners(&[1])).unwrap();
+    assert_eq!(c.gpus, vec![0], "the server's GPU is idle");
+    let mut st = NodeState::default();
+    st.reservations.push(Reservation { mps_uid: Some(7), ..placed(1, vec![0], None) });
+    let alone = GpuReading { processes: vec![server, GpuProcess { pid: 101, used_mib: 1 }], ..idle };
+    let mps = Params { sharing: Sharing::Mps, ..P };
+    learn_profiles(&mut st, std::slice::from_ref(&alone), &owners(&[1]), &Params { now_secs: 10, ..mps });
+    learn_profiles(&mut st, &[alone], &owners(&[1]), &Params { now_secs: 11, ..mps });
+    assert!(st.reservations[0].profile.is_some(), "a client alone with the server is profiled");
 }
 
 #[test]
@@ -204,7 +260,7 @@ fn an_mps_clients_readings_alone_are_taken_back_to_a_plain_processs() {
         ..placed(1, vec![0], None)
     });
     let p = Params { sharing: Sharing::Mps, ..P };
-    assert_eq!(learn_profiles(&mut st, &[gpu(0, &[1], 0.70, 0.828)], &owners(&[1]), &p), 1);
+    assert!(learn_profiles(&mut st, &[gpu(0, &[1], 0.70, 0.828)], &owners(&[1]), &p) > 0);
     let learned = st.profiles["7:r50"];
     assert!((learned.sm - 0.798).abs() < 0.01 && (learned.busy - 0.944).abs() < 0.01, "{learned:?}");
     // Time-sliced, or not an MPS client: the reading as it is.

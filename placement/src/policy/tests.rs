@@ -17,6 +17,7 @@ const P: Params = Params {
     max_slowdown: f64::INFINITY,
     max_slowdown_unprofiled: f64::INFINITY,
     idle_first: false,
+    profile_after_secs: 0,
 };
 
 fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
@@ -32,6 +33,7 @@ fn gpu(index: u32, used: u64, sm: f64) -> GpuReading {
         power_w: None,
         mps_uid: None,
         sm_occupancy: None,
+        mps_server_pid: None,
     }
 }
 

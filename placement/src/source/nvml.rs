@@ -168,7 +168,8 @@ impl NvmlSource {
         };
         // An MPS server runs as a compute process of its GPU, as the
         // user it serves.
-        let mps_uid = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid));
+        let server = processes.iter().find_map(|p| crate::procs::mps_server_uid(p.pid).map(|uid| (p.pid, uid)));
+        let (mps_server_pid, mps_uid) = (server.map(|s| s.0), server.map(|s| s.1));
         Ok(GpuReading {
             index,
             uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-{index}")),
@@ -181,6 +182,7 @@ impl NvmlSource {
             power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
             mps_uid,
             sm_occupancy,
+            mps_server_pid,
         })
     }
 

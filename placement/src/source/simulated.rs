@@ -347,6 +347,7 @@ impl SimulatedGpus {
                     power_w: g.power_w,
                     mps_uid,
                     sm_occupancy: None,
+                    mps_server_pid: None,
                 }
             })
             .collect()

@@ -66,6 +66,10 @@ pub struct Reservation {
     /// signature, or its job script's digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_key: Option<String>,
+    /// Since when (Unix seconds) it has run alone on its GPUs, as last
+    /// seen: what its profile may be learned from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone_since: Option<u64>,
 }
 
 impl Reservation {
@@ -88,6 +92,7 @@ impl Reservation {
             uid: None,
             profile: None,
             profile_key: None,
+            alone_since: None,
         }
     }
 }

@@ -75,6 +75,7 @@ impl NodeView<'_> {
                     power_w: None,
                     mps_uid: None,
                     sm_occupancy: None,
+                    mps_server_pid: None,
                 }
             })
             .collect()
