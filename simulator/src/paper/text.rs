@@ -74,13 +74,13 @@ their memory, which carries no fixed part to learn, and did not move.\n";
 /// How to read the figures. Written against the figures of the committed
 /// report: regenerate and re-read it when the models change.
 pub(super) const READING: &str = "## Reading these numbers\n\n\
-- **With the slowdown guard** (#56, 2026-11-28; carma.yaml's defaults: max_slowdown 1.6, idle GPUs first),\n\
-  collocation on one server is safe but rare: the best policy ends 1.7% to 5.7% before exclusive (table\n\
-  above). 35 to 39 of each trace's 60 jobs are the first run of their signature on the node, which the guard\n\
-  counts as filling a GPU, so they run alone; two profiled jobs pass only where both are light (two\n\
-  mobilenet-class jobs: 1.23× each). Time-sliced, no job ran over 1.6×. Under MPS some did (1.74×): a node\n\
-  learns a job's profile from what its GPU reads while the job runs there alone as an MPS client, which\n\
-  MPS's own cost lowers 1.14×, so the guard under-predicts. The bullets below predate the guard.\n\
+- **With the slowdown guard** (#56, 2026-11-28; carma.yaml's defaults: max_slowdown 1.6, a job not yet\n\
+  profiled at most 2.0× at its worst, idle GPUs first), collocation on one server is bounded and pays a\n\
+  little: time-sliced, the best policy ends 5.4% to 9.8% before exclusive; under MPS 2.6% to 4.8% (table\n\
+  above). 31 to 42 of each trace's 60 jobs are placed before the node has seen their signature run alone;\n\
+  such a job counts as filling its GPU, so it joins only light jobs, and its own worst case (up to 1.95×)\n\
+  is the largest slowdown of any run; p95 stays at or below 1.45×. A node learns profiles only from its\n\
+  own jobs (docs/slowdown.md). The bullets below predate the guard.\n\
 - **Under time-slicing, CARMA's SM-activity cap lets collocation hurt.** Jobs that share a GPU's time slow\n\
   each other, so a monitor reads less SM activity than the jobs' solo figures and lets more jobs onto a GPU\n\
   whose time is already spent: with the oracle, even the best policy takes +2% to +10% longer than exclusive. Capping the *busy* share instead (NVML\n\
