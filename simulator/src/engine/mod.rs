@@ -301,20 +301,27 @@ impl<'a> Sim<'a> {
         let cl = self.cfg.cluster;
         let params = node::deciding_params(self.cfg, self.t);
         for node in (0..cl.nodes as usize).filter(|&n| !self.by_node[n].is_empty()) {
-            let on_node = &self.by_node[node];
-            let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
-            let readings = node::NodeView {
-                cluster: cl,
-                node,
-                runs: &self.runs,
-                on_node,
-                t: self.t,
-                assumptions: &self.cfg.assumptions,
-                window: &self.windowed,
-            }
-            .read_now();
+            let (readings, owners) = self.read_node(node);
             carma_placement::policy::learn_profiles(&mut self.states[node], &readings, &owners, &params);
         }
+    }
+
+    /// What `node`'s GPUs read now, and whose each process is (a run's pid
+    /// is its own holder).
+    fn read_node(&self, node: usize) -> (Vec<carma_placement::GpuReading>, HashMap<u32, u32>) {
+        let on_node = &self.by_node[node];
+        let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
+        let readings = node::NodeView {
+            cluster: self.cfg.cluster,
+            node,
+            runs: &self.runs,
+            on_node,
+            t: self.t,
+            assumptions: &self.cfg.assumptions,
+            window: &self.windowed,
+        }
+        .read_now();
+        (readings, owners)
     }
 
     /// Whether the readings can change no more with nothing running: at

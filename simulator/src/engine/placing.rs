@@ -7,7 +7,6 @@ use super::slurmctld::{Ask, Slurmctld};
 use super::{Admission, Sim};
 use carma_config::GpuOwner;
 use carma_placement::{Decision, NodeState, Request, StepRef};
-use std::collections::HashMap;
 
 /// A job slurmctld sent to a node where CARMA found no GPU yet: it holds
 /// its allocation there and is tried again until `deadline`.
@@ -278,18 +277,7 @@ impl Sim<'_> {
             if self.t + super::EPS < self.counts[node].0 {
                 continue;
             }
-            let on_node = &self.by_node[node];
-            let owners: HashMap<u32, u32> = on_node.iter().map(|&i| (self.runs[i].pid, self.runs[i].pid)).collect();
-            let readings = super::node::NodeView {
-                cluster: self.cfg.cluster,
-                node,
-                runs: &self.runs,
-                on_node,
-                t: self.t,
-                assumptions: &self.cfg.assumptions,
-                window: &self.windowed,
-            }
-            .read_now();
+            let (readings, owners) = self.read_node(node);
             let params = super::node::deciding_params(self.cfg, self.t);
             let gib = carma_placement::policy::admissible_gib(&readings, &self.states[node], &owners, &params);
             // The next point of the node's schedule (from its first count).
