@@ -32,5 +32,5 @@ pub use options::{
 pub use plugstack::{PluginArgs, PluginArgsError};
 pub use policy::Policy;
 pub use scope::{JobScopeFacts, Scope};
-pub use sharing::Sharing;
+pub use sharing::{MPS_SOLO_SLOWDOWN, Sharing};
 pub use units::{parse_duration, parse_size_mib};

@@ -73,8 +73,13 @@ impl Model {
         Model { sharing: Sharing::Timeslice, switch: 0.14, capacity: 1.0, weight_exp: 0.5, base: 1.0 };
     /// Fitted on the H100's MPS pairs and its MPS solo run: per-job error
     /// median 2.1 %, max 6.2 %.
-    pub const H100_MPS: Model =
-        Model { sharing: Sharing::Mps, switch: 0.0, capacity: 1.08, weight_exp: 1.7, base: 1.14 };
+    pub const H100_MPS: Model = Model {
+        sharing: Sharing::Mps,
+        switch: 0.0,
+        capacity: 1.08,
+        weight_exp: 1.7,
+        base: carma_config::MPS_SOLO_SLOWDOWN,
+    };
 
     /// The calibrated model of a sharing mode.
     pub fn of(sharing: Sharing) -> Model {

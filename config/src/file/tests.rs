@@ -186,6 +186,7 @@ fn errors_name_the_key_on_one_line() {
         ("max_slowdown: fast\n", "max_slowdown"),
         ("max_slowdown_unprofiled: 11\n", "max_slowdown_unprofiled"),
         ("max_slowdown: 2.5\nmax_slowdown_unprofiled: 2.0\n", "max_slowdown_unprofiled"),
+        ("sharing: mps\nmax_slowdown: 1.1\n", "max_slowdown"),
         ("activity_metric: smact\n", "activity_metric"),
         ("headroom: lots\n", "headroom"),
         ("default_policy: fastest\n", "default_policy"),

@@ -26,6 +26,18 @@ impl RawConfig {
             v.monitor(m, &mut c.monitor)?;
         }
         v.sharing(&self, &mut c)?;
+        // Under MPS a step alone on an idle GPU is predicted 1.14x (MPS's
+        // own cost): a bound at or below that refuses every shared step.
+        if c.sharing == Sharing::Mps && c.max_slowdown <= crate::sharing::MPS_SOLO_SLOWDOWN {
+            return Err(v.bad(
+                "max_slowdown",
+                format!(
+                    "{} refuses every shared step under sharing: mps, where a job alone runs {}x slower than a plain process; use 1.2 or more, or off",
+                    c.max_slowdown,
+                    crate::sharing::MPS_SOLO_SLOWDOWN
+                ),
+            ));
+        }
         v.gpus(&self, &mut c)?;
         v.paths(&self, &mut c)?;
         v.no_fit(&self, &mut c)?;
