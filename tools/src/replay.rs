@@ -58,6 +58,8 @@ pub struct CompareArgs {
     /// The reading the nodes' activity cap applies to: sm, or busy where SM activity cannot be read (no GPM, no DCGM), as busy time then stands in for it
     #[arg(long, value_name = "METRIC", default_value_t = ActivityMetric::default(), value_parser = ActivityMetric::parse)]
     pub cap_metric: ActivityMetric,
+    #[command(flatten)]
+    pub guard: crate::simulate::GuardArgs,
     /// The nodes' monitor_window, seconds (their readings are published)
     #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = seconds)]
     pub window: f64,
@@ -307,7 +309,7 @@ fn simulated_run(a: &CompareArgs, real: &[RealJob], noise: Option<(u64, f64)>) -
         cluster: a.cluster,
         policy: a.policy,
         estimator: Estimator::Oracle,
-        params: Params { metric: a.cap_metric, ..Params::default() },
+        params: a.guard.apply(Params { metric: a.cap_metric, ..Params::default() }),
         assumptions: a.slurm.apply(Assumptions {
             ramp_s: ramp_s(compress),
             window_s: a.window,

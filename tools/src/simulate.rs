@@ -16,6 +16,33 @@ use std::path::{Path, PathBuf};
 const SHIPPED_WINDOW_S: f64 = 60.0;
 const SHIPPED_PUBLISH_S: f64 = 1.0;
 
+/// The slowdown guard's flags, one definition for `carma simulate` and
+/// `carma replay-compare`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct GuardArgs {
+    /// The slowdown guard: no job of a GPU may be predicted to run more than X times slower than alone (carma.yaml max_slowdown); off: no guard
+    #[arg(long, value_name = "X|off", default_value = "1.6", value_parser = max_slowdown)]
+    pub max_slowdown: f64,
+    /// The bound on a job not yet seen alone, taken at its worst (carma.yaml max_slowdown_unprofiled; never below --max-slowdown)
+    #[arg(long, value_name = "X|off", default_value = "2.0", value_parser = max_slowdown)]
+    pub max_slowdown_unprofiled: f64,
+    /// Collocating policies take a GPU with a job before an idle one (carma.yaml idle_first: false)
+    #[arg(long)]
+    pub no_idle_first: bool,
+}
+
+impl GuardArgs {
+    /// `p` with the guard these flags set.
+    pub fn apply(&self, p: Params) -> Params {
+        Params {
+            max_slowdown: self.max_slowdown,
+            max_slowdown_unprofiled: self.max_slowdown_unprofiled,
+            idle_first: !self.no_idle_first,
+            ..p
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
     /// The job trace (CSV)
@@ -69,15 +96,8 @@ pub struct SimulateArgs {
     /// Seconds a job's memory takes to grow to its peak
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = Assumptions::default().ramp_s, value_parser = num)]
     pub ramp: f64,
-    /// The slowdown guard: no job of a GPU may be predicted to run more than X times slower than alone (carma.yaml max_slowdown); off: no guard
-    #[arg(long, value_name = "X|off", default_value = "1.6", value_parser = max_slowdown)]
-    pub max_slowdown: f64,
-    /// The bound on a job not yet seen alone, taken at its worst (carma.yaml max_slowdown_unprofiled; never below --max-slowdown)
-    #[arg(long, value_name = "X|off", default_value = "2.0", value_parser = max_slowdown)]
-    pub max_slowdown_unprofiled: f64,
-    /// Collocating policies take a GPU with a job before an idle one (carma.yaml idle_first: false)
-    #[arg(long)]
-    pub no_idle_first: bool,
+    #[command(flatten)]
+    pub guard: GuardArgs,
     /// The window activity readings average over (carma.yaml monitor_window with published readings, as the shipped carma.yaml has them); 0: none (no carma-monitor)
     #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = SHIPPED_WINDOW_S, value_parser = num)]
     pub window: f64,
@@ -143,7 +163,7 @@ fn num(v: &str) -> Result<f64, String> {
 }
 
 /// A bound of at least 1 (no job runs faster than alone), or `off`.
-fn max_slowdown(v: &str) -> Result<f64, String> {
+pub(crate) fn max_slowdown(v: &str) -> Result<f64, String> {
     if v == "off" {
         return Ok(f64::INFINITY);
     }
@@ -176,19 +196,16 @@ fn assumptions(a: &SimulateArgs) -> Assumptions {
 }
 
 fn params(a: &SimulateArgs) -> Params {
-    Params {
+    a.guard.apply(Params {
         metric: a.cap_metric,
         sm_activity_cap: a.sm_cap,
         busy_cap: a.busy_cap,
         headroom_mib: a.headroom,
         sharing: a.sharing,
-        max_slowdown: a.max_slowdown,
-        max_slowdown_unprofiled: a.max_slowdown_unprofiled,
-        idle_first: !a.no_idle_first,
         // As the plugin: a profile needs a whole window alone.
         profile_after_secs: a.window.max(0.0).ceil() as u64,
         ..Params::default()
-    }
+    })
 }
 
 pub fn cmd_simulate(a: &SimulateArgs) -> Result<(), String> {
@@ -367,8 +384,8 @@ mod tests {
         let p = params(&a);
         assert_eq!((p.metric, p.sm_activity_cap, p.busy_cap, p.headroom_mib), (ActivityMetric::Busy, 0.5, 0.9, 1024));
         assert_eq!((p.sharing, p.max_slowdown, p.idle_first), (Sharing::Mps, f64::INFINITY, false));
-        assert_eq!(parse(&["--max-slowdown", "2"]).unwrap().max_slowdown, 2.0);
-        assert_eq!(parse(&["--max-slowdown-unprofiled", "off"]).unwrap().max_slowdown_unprofiled, f64::INFINITY);
+        assert_eq!(parse(&["--max-slowdown", "2"]).unwrap().guard.max_slowdown, 2.0);
+        assert_eq!(parse(&["--max-slowdown-unprofiled", "off"]).unwrap().guard.max_slowdown_unprofiled, f64::INFINITY);
         assert_eq!((a.admission, a.gpu_owner), (Admission::parse("node-memory").unwrap(), GpuOwner::Carma));
         assert!(a.least_loaded && a.json);
         assert_eq!((a.csv, a.plots), (Some(PathBuf::from("out.csv")), Some(PathBuf::from("p"))));
