@@ -130,7 +130,10 @@ fn a_burst_of_light_jobs_shares_gpus_only_within_the_bound_and_only_once_no_gpu_
         .skip(1)
         .filter_map(|rest| rest.split(|c: char| c == ' ' || c == ',').next()?.parse().ok())
         .collect();
-    assert!(predicted.iter().any(|p| *p > 1.0 && *p <= 1.6), "no shared decision within the bound: {predicted:?}\n{log}");
+    assert!(
+        predicted.iter().any(|p| *p > 1.0 && *p <= 1.6),
+        "no shared decision within the bound: {predicted:?}\n{log}"
+    );
     assert!(predicted.iter().all(|p| *p <= 2.0), "{predicted:?}");
     wait_released();
     report(
