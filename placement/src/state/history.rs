@@ -53,22 +53,8 @@ impl NodeState {
         let e = self.profiles.entry(key.to_string()).or_insert(seen);
         *e = e.max(seen);
         while self.profiles.len() > HISTORY_MAX {
-            let mut count: BTreeMap<&str, usize> = BTreeMap::new();
-            for k in self.profiles.keys() {
-                *count.entry(k.split_once(':').map_or("", |(uid, _)| uid)).or_insert(0) += 1;
-            }
-            let most = count.values().max().copied().unwrap_or(0);
-            let victim = self
-                .profiles
-                .keys()
-                .find(|k| k != &key && count[k.split_once(':').map_or("", |(uid, _)| uid)] == most)
-                .cloned();
-            match victim {
-                Some(k) => {
-                    self.profiles.remove(&k);
-                }
-                None => break,
-            }
+            let Some(victim) = of_busiest_user(self.profiles.keys()).find(|k| *k != key).cloned() else { break };
+            self.profiles.remove(&victim);
         }
     }
 
@@ -85,15 +71,22 @@ impl NodeState {
     /// of the user who has the most, so that one user's many signatures
     /// evict only that user's. Signatures are `uid:hash` (resolve.rs).
     fn history_victim(&self) -> Option<String> {
-        fn owner(k: &str) -> &str {
-            k.split_once(':').map_or("", |(uid, _)| uid)
-        }
         let used = |k: &str| self.history_used.get(k).copied().unwrap_or(0);
-        let mut count: BTreeMap<&str, usize> = BTreeMap::new();
-        for k in self.history.keys() {
-            *count.entry(owner(k)).or_insert(0) += 1;
-        }
-        let most = count.values().max().copied()?;
-        self.history.keys().filter(|k| count[owner(k)] == most).min_by_key(|k| used(k)).cloned()
+        of_busiest_user(self.history.keys()).min_by_key(|k| used(k)).cloned()
     }
+}
+
+/// The keys (`uid:...`, resolve.rs) of the user who has the most of them:
+/// a full store drops one of these, so one user's many keys evict only
+/// that user's.
+fn of_busiest_user<'a>(keys: impl Iterator<Item = &'a String> + Clone) -> impl Iterator<Item = &'a String> {
+    fn owner(k: &str) -> &str {
+        k.split_once(':').map_or("", |(uid, _)| uid)
+    }
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for k in keys.clone() {
+        *count.entry(owner(k)).or_insert(0) += 1;
+    }
+    let most = count.values().max().copied().unwrap_or(0);
+    keys.filter(move |k| count.get(owner(k)) == Some(&most))
 }
