@@ -32,7 +32,7 @@ impl RawConfig {
             return Err(v.bad(
                 "max_slowdown",
                 format!(
-                    "{} refuses every shared step under sharing: mps, where a job alone runs {}x slower than a plain process; use 1.2 or more, or off",
+                    "{} refuses every shared step under sharing: mps, where a job alone runs {}x slower than a plain process; use more than that (1.6 admits pairs of light jobs), or off",
                     c.max_slowdown,
                     crate::sharing::MPS_SOLO_SLOWDOWN
                 ),
