@@ -52,9 +52,14 @@ fn a_users_flock_on_the_state_lock_cannot_stall_placement() {
     require_cluster();
     const LOCK: &str = "/run/carma/state.lock";
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
-    // As an older build left it: tightened by the next step, with a log line.
-    root(&["chmod", "755", "/run/carma"], 10).ok();
+    // Its epilog opens the state too: once it is done, nothing but the next
+    // step sees the loosened modes (an epilog between the two chmods saw a
+    // 755 directory over 600 files and tightened the directory alone).
+    wait_released();
+    // As an older build left it (files, then the directory): tightened by
+    // the next step, with a log line.
     root(&["chmod", "644", LOCK, "/run/carma/state.json", "/run/carma/queue.slots"], 10).ok();
+    root(&["chmod", "755", "/run/carma"], 10).ok();
     user(&["srun", "--carma-mem=1G", "true"], 60).ok();
     let log = std::fs::read_to_string("/var/log/carma/carma.log").unwrap();
     assert!(log.contains("state_dir /run/carma was mode 755") && log.contains("made it 700"), "no tightening logged");
